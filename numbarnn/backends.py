@@ -1,0 +1,52 @@
+"""The one place that picks a backend.
+
+A backend is a module with the functions `rnn_forward`, `rnn_backward`, `block_lstm`, `block_lstm_grad`,
+`swap01` (swap the first two axes into a contiguous array) and `zeros(shape, dtype, like)`; see
+`numbarnn/reference/backend.py` for the contract.  Selection: the `backend=` argument of an op, else
+`set_default_backend(...)`, else the environment variable NUMBARNN_BACKEND, else "cuda" when a real GPU
+is present and "reference" otherwise (the CUDA simulator is for tests and teaching, far too slow for work).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+from .validation import check_choice
+
+BACKENDS = {"reference": "numbarnn.reference.backend", "cuda": "numbarnn.kernels.backend"}
+ENV_VAR = "NUMBARNN_BACKEND"
+_default: str | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def real_gpu_available() -> bool:
+    """A real CUDA device (not the simulator) is usable."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    try:
+        from numba import cuda
+        return bool(cuda.is_available())
+    except Exception:  # pragma: no cover - broken driver installs
+        return False
+
+
+def set_default_backend(name: str | None) -> None:
+    """Set the backend used when an op gets backend=None; None restores automatic selection."""
+    global _default
+    _default = None if name is None else check_choice("backend", name, tuple(BACKENDS))
+
+
+def get_default_backend() -> str:
+    if _default is not None:
+        return _default
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return check_choice(f"{ENV_VAR} (environment variable)", env, tuple(BACKENDS))
+    return "cuda" if real_gpu_available() else "reference"
+
+
+def get_backend(name: str | None = None):
+    """The backend module for `name` (None = the default)."""
+    name = get_default_backend() if name is None else check_choice("backend", name, tuple(BACKENDS))
+    return importlib.import_module(BACKENDS[name])

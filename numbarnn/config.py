@@ -1,0 +1,306 @@
+"""The RNN description shared by every backend, and every SPEC section 11 check of the cuDNN ops.
+
+`RNNConfig` is the network (mode, layers, units, sizes, directions, projection, dropout, seeds); `RNNCall`
+adds one call's shapes (T, B), dtype and layout. The ops validate once, here, before any backend does
+work; backends receive arrays already checked and normalised to time-major.
+
+Letters: T time, B batch, I input size, H num_units, P width of h (num_proj or H), L layers,
+D directions, G gates per cell.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .validation import (as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
+                         check_shape, is_device_array, shape_of)
+
+RNN_MODES = ("rnn_relu", "rnn_tanh", "lstm", "gru")
+INPUT_MODES = ("linear_input", "skip_input", "auto_select")
+DIRECTIONS = ("unidirectional", "bidirectional")
+GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
+#: gate names in cuDNN order (also the order of the linear-layer ids, SPEC 4.1)
+GATE_NAMES = {"rnn_relu": ("h",), "rnn_tanh": ("h",), "lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
+
+
+@dataclass(frozen=True)
+class RNNConfig:
+    """A validated network description.  `input_mode` is resolved: never "auto_select"."""
+
+    rnn_mode: str
+    num_layers: int      # L
+    num_units: int       # H
+    input_size: int      # I
+    input_mode: str = "linear_input"
+    direction: str = "unidirectional"
+    num_proj: int = 0    # 0 = no projection, else P
+    dropout: float = 0.0
+    seed: int = 0
+    seed2: int = 0
+
+    # fixed letters ------------------------------------------------------------------------------
+    @property
+    def L(self) -> int:
+        return self.num_layers
+
+    @property
+    def H(self) -> int:
+        return self.num_units
+
+    @property
+    def I(self) -> int:  # noqa: E743 - the SPEC's letter
+        return self.input_size
+
+    @property
+    def G(self) -> int:
+        return GATES[self.rnn_mode]
+
+    @property
+    def D(self) -> int:
+        return 2 if self.direction == "bidirectional" else 1
+
+    @property
+    def P(self) -> int:
+        return self.num_proj if self.num_proj else self.num_units
+
+    @property
+    def has_proj(self) -> bool:
+        return self.num_proj > 0
+
+    @property
+    def skip_input(self) -> bool:
+        return self.input_mode == "skip_input"
+
+    @property
+    def is_lstm(self) -> bool:
+        return self.rnn_mode == "lstm"
+
+    @property
+    def gate_names(self) -> tuple:
+        return GATE_NAMES[self.rnn_mode]
+
+    def layer_input_size(self, layer: int) -> int:
+        """I_l: I for layer 0, D*P above."""
+        return self.I if layer == 0 else self.D * self.P
+
+    def has_w(self, layer: int) -> bool:
+        """False for the layer-0 W matrices of skip_input (x is added to every gate: W = identity)."""
+        return not (self.skip_input and layer == 0)
+
+    def pseudo_layers(self):
+        """(p, l, d) for p = l*D + d: forward of layer l, then its reverse."""
+        for layer in range(self.L):
+            for d in range(self.D):
+                yield layer * self.D + d, layer, d
+
+
+def rnn_config(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="linear_input",
+               direction="unidirectional", num_proj=0, dropout=0.0, seed=0, seed2=0) -> RNNConfig:
+    """Validate the op attributes (SPEC 3, 11) and resolve auto_select."""
+    rnn_mode = check_choice("rnn_mode", rnn_mode, RNN_MODES)
+    input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
+    direction = check_choice("direction", direction, DIRECTIONS)
+    L = check_int("num_layers", num_layers, minimum=1)
+    H = check_int("num_units", num_units, minimum=1)
+    I = check_int("input_size", input_size, minimum=1)  # noqa: E741
+    num_proj = 0 if num_proj is None else check_int("num_proj", num_proj, minimum=0)
+    if num_proj and rnn_mode != "lstm":
+        raise ValueError(f"num_proj: projection is only defined for rnn_mode='lstm', got num_proj={num_proj} "
+                         f"with rnn_mode={rnn_mode!r}")
+    if num_proj > H:
+        raise ValueError(f"num_proj: expected 0 < num_proj <= num_units = {H}, got {num_proj}")
+    dropout = check_float("dropout", dropout, 0.0, 1.0)
+    seed = check_int("seed", seed)
+    seed2 = check_int("seed2", seed2)
+    if input_mode == "auto_select":
+        input_mode = "skip_input" if I == H else "linear_input"
+    elif input_mode == "skip_input" and I != H:
+        raise ValueError(f"input_mode: 'skip_input' requires input_size == num_units, got input_size={I}, "
+                         f"num_units={H}")
+    return RNNConfig(rnn_mode, L, H, I, input_mode, direction, num_proj, dropout, seed, seed2)
+
+
+@dataclass(frozen=True)
+class RNNCall:
+    """One forward/backward call: the config plus shapes, dtype and layout."""
+
+    config: RNNConfig
+    T: int
+    B: int
+    dtype: np.dtype
+    time_major: bool = True
+    is_training: bool = True
+    lengths: tuple = field(default=(), repr=False)   # B ints, each in [0, T]; all T when None was given
+
+    @property
+    def dropout_active(self) -> bool:
+        """Dropout applies to the inputs of layers 1..L-1, only in training with p > 0."""
+        return self.is_training and self.config.dropout > 0.0 and self.config.L > 1
+
+    def lengths_array(self) -> np.ndarray:
+        return np.asarray(self.lengths, dtype=np.int32).reshape(self.B)
+
+    def fingerprint(self) -> dict:
+        """What host_reserved records about the forward call (SPEC 7)."""
+        c = self.config
+        return {"rnn_mode": c.rnn_mode, "input_mode": c.input_mode, "direction": c.direction,
+                "num_layers": c.L, "num_units": c.H, "input_size": c.I, "num_proj": c.num_proj,
+                "dropout": c.dropout if self.dropout_active else 0.0,
+                "seed": c.seed if self.dropout_active else 0, "seed2": c.seed2 if self.dropout_active else 0,
+                "T": self.T, "B": self.B, "dtype": str(self.dtype), "time_major": self.time_major,
+                "lengths": list(self.lengths)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# array checks of one call
+# ---------------------------------------------------------------------------------------------------
+
+def _lengths(sequence_lengths, T: int, B: int) -> tuple:
+    """SPEC 5: int32-compatible [B], each 0 <= len <= T; None = all T."""
+    if sequence_lengths is None:
+        return (T,) * B
+    if is_device_array(sequence_lengths):
+        sequence_lengths = sequence_lengths.copy_to_host() if hasattr(sequence_lengths, "copy_to_host") \
+            else np.asarray(sequence_lengths)
+    lens = np.asarray(sequence_lengths)
+    if lens.dtype == object or not (np.issubdtype(lens.dtype, np.integer)):
+        raise TypeError(f"sequence_lengths: expected integers (int32), got dtype {lens.dtype}")
+    if lens.ndim != 1:
+        raise ValueError(f"sequence_lengths: expected rank 1 with shape (B,) = ({B},), got rank {lens.ndim} "
+                         f"with shape {lens.shape}")
+    if lens.shape[0] != B:
+        raise ValueError(f"sequence_lengths: expected {B} lengths (one per batch entry), got {lens.shape[0]}")
+    bad = np.flatnonzero((lens < 0) | (lens > T))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"sequence_lengths: expected every length in [0, T={T}], got {int(lens[b])} at index {b}")
+    return tuple(int(v) for v in lens)
+
+
+def state_shapes(call: RNNCall) -> tuple[tuple, tuple]:
+    """User-facing shapes of (h, c) states in the call's layout."""
+    c = call.config
+    LD = c.L * c.D
+    if call.time_major:
+        return (LD, call.B, c.P), (LD, call.B, c.H)
+    return (call.B, LD, c.P), (call.B, LD, c.H)
+
+
+def output_shape(call: RNNCall) -> tuple:
+    c = call.config
+    return (call.T, call.B, c.D * c.P) if call.time_major else (call.B, call.T, c.D * c.P)
+
+
+def input_shape(call: RNNCall) -> tuple:
+    c = call.config
+    return (call.T, call.B, c.I) if call.time_major else (call.B, call.T, c.I)
+
+
+def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode, direction,
+                     dropout, seed, seed2, num_proj, is_training, time_major, num_layers=None, num_units=None):
+    """Checks of CudnnRNNV3's inputs.  Returns (call, arrays) with arrays = dict of the checked arrays.
+
+    `num_layers`/`num_units` are not op attributes in TF (they come from the params size and input_h);
+    numbarnn infers them as TF does: L from input_h, H from input_c (LSTM) or input_h, unless given.
+    """
+    from .params import params_size  # params builds on config; imported here to keep config importable alone
+
+    if not isinstance(time_major, (bool, np.bool_)):
+        raise TypeError(f"time_major: expected a bool, got {time_major!r}")
+    if not isinstance(is_training, (bool, np.bool_)):
+        raise TypeError(f"is_training: expected a bool, got {is_training!r}")
+    time_major, is_training = bool(time_major), bool(is_training)
+    x = as_array("input", input)
+    h0 = as_array("input_h", input_h)
+    w = as_array("params", params)
+    rnn_mode = check_choice("rnn_mode", rnn_mode, RNN_MODES)
+    is_lstm = rnn_mode == "lstm"
+    c0 = as_array("input_c", input_c) if (is_lstm or input_c is not None) else None
+    dtype = check_same_dtype({"input": x, "input_h": h0, "params": w, **({"input_c": c0} if is_lstm else {})})
+
+    legend_x = "[T, B, I]" if time_major else "[B, T, I]"
+    xs = check_rank("input", x, 3, legend_x)
+    T, B, I = (xs[0], xs[1], xs[2]) if time_major else (xs[1], xs[0], xs[2])
+    hs = check_rank("input_h", h0, 3, "[L*D, B, P]" if time_major else "[B, L*D, P]")
+    check_rank("params", w, 1, "(a 1-D opaque buffer)")
+    LD_given, P_given = (hs[0], hs[2]) if time_major else (hs[1], hs[2])
+    D = 2 if direction == "bidirectional" else 1
+
+    if num_layers is None:   # as TF: L from input_h, H from input_c (LSTM) or input_h (other modes)
+        if LD_given % D:
+            raise ValueError(f"input_h: expected a first dimension L*D divisible by D={D} ({direction}), "
+                             f"got shape {hs}")
+        num_layers = LD_given // D
+    if num_units is None:
+        if is_lstm:
+            cs = check_rank("input_c", c0, 3, "[L*D, B, H]" if time_major else "[B, L*D, H]")
+            num_units = cs[2]
+        else:
+            num_units = P_given
+    cfg = rnn_config(num_layers, num_units, I, rnn_mode, input_mode, direction, num_proj, dropout, seed, seed2)
+    lengths = _lengths(sequence_lengths, T, B)
+    call = RNNCall(cfg, T, B, dtype, time_major, is_training, lengths)
+
+    h_shape, c_shape = state_shapes(call)
+    legend_h = "[L*D, B, P]" if time_major else "[B, L*D, P]"
+    check_shape("input_h", h0, h_shape, legend_h)
+    if is_lstm:
+        check_shape("input_c", c0, c_shape, "[L*D, B, H]" if time_major else "[B, L*D, H]")
+    n = params_size(cfg)
+    if shape_of(w)[0] != n:
+        raise ValueError(f"params: expected length params_size = {n} for this configuration, got {shape_of(w)[0]}")
+    return call, {"input": x, "input_h": h0, "input_c": c0, "params": w}
+
+
+# ---------------------------------------------------------------------------------------------------
+# host_reserved: a fingerprint of the forward call (SPEC 7, choice)
+# ---------------------------------------------------------------------------------------------------
+_MAGIC = b"NRNN1"
+
+
+def encode_host_reserved(call: RNNCall, reserve_size: int) -> np.ndarray:
+    """int8 1-D: magic, then the JSON of the fingerprint and reserve size (readable with `decode_host_reserved`)."""
+    payload = json.dumps({**call.fingerprint(), "reserve_size": int(reserve_size)}, sort_keys=True).encode()
+    digest = hashlib.sha256(payload).digest()[:8]
+    return np.frombuffer(_MAGIC + digest + payload, dtype=np.int8).copy()
+
+
+def decode_host_reserved(host_reserved) -> dict:
+    a = np.asarray(host_reserved)
+    if a.ndim != 1 or a.dtype != np.int8:
+        raise ValueError(f"host_reserved: expected the int8 1-D array returned by the forward call, got dtype "
+                         f"{a.dtype} with shape {a.shape}")
+    raw = a.tobytes()
+    if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 8:
+        raise ValueError("host_reserved: not produced by a numbarnn forward call with is_training=True")
+    digest, payload = raw[len(_MAGIC):len(_MAGIC) + 8], raw[len(_MAGIC) + 8:]
+    if hashlib.sha256(payload).digest()[:8] != digest:
+        raise ValueError("host_reserved: corrupted (checksum mismatch)")
+    return json.loads(payload)
+
+
+def check_host_reserved(call: RNNCall, host_reserved, reserve_space, expected_reserve_size: int) -> None:
+    """Backprop's arguments must describe the same call as the forward that produced the reserve."""
+    if host_reserved is None:
+        raise ValueError("host_reserved: expected the host_reserved returned by the training forward call, got None")
+    if reserve_space is None:
+        raise ValueError("reserve_space: expected the reserve_space returned by the training forward call, got None")
+    recorded = decode_host_reserved(host_reserved)
+    mine = {**call.fingerprint(), "reserve_size": int(expected_reserve_size)}
+    for key, value in mine.items():
+        if key == "reserve_size":
+            continue
+        if recorded.get(key) != value:
+            raise ValueError(f"host_reserved: the forward call had {key}={recorded.get(key)!r} but backprop was "
+                             f"given {key}={value!r}")
+    rs = shape_of(reserve_space)
+    if len(rs) != 1 or rs[0] != expected_reserve_size or recorded.get("reserve_size") != expected_reserve_size:
+        raise ValueError(f"reserve_space: expected a 1-D buffer of {expected_reserve_size} elements (from the "
+                         f"forward call with is_training=True), got shape {rs}")
+
+
+def config_dict(cfg: RNNConfig) -> dict:
+    return asdict(cfg)

@@ -1,0 +1,197 @@
+"""TensorFlow-style ops: one function per TF op, same argument names; validate, then dispatch to a backend.
+
+NumPy arrays in -> NumPy arrays out (in the input's dtype).  On backend="cuda", device arrays in ->
+device arrays out.  `backend=None` uses the default backend (see `numbarnn.backends`).
+
+    cudnn_rnn_params_size / cudnn_rnn_canonical_to_params / cudnn_rnn_params_to_canonical
+    cudnn_rnn_v3 (CudnnRNNV3) and cudnn_rnn_backprop_v3 (CudnnRNNBackpropV3)
+    block_lstm / block_lstm_v2 (BlockLSTM, BlockLSTMV2) and block_lstm_grad / block_lstm_grad_v2
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import params as _params
+from .backends import get_backend
+from .block_lstm_config import validate_block_lstm, validate_block_lstm_grad
+from .config import (RNNCall, check_host_reserved, encode_host_reserved, output_shape, rnn_config, state_shapes,
+                     validate_forward)
+from .reserve import reserve_size
+from .validation import as_array, check_same_dtype, check_shape, shape_of
+
+__all__ = ["cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params", "cudnn_rnn_params_to_canonical",
+           "cudnn_rnn_canonical_weight_shapes", "cudnn_rnn_canonical_bias_shapes",
+           "cudnn_rnn_v3", "cudnn_rnn_backprop_v3", "block_lstm", "block_lstm_v2", "block_lstm_grad",
+           "block_lstm_grad_v2"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# parameters
+# ---------------------------------------------------------------------------------------------------
+
+def cudnn_rnn_params_size(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="linear_input",
+                          direction="unidirectional", num_proj=0, dropout=0.0, seed=0, seed2=0) -> int:
+    """Length of the opaque params buffer (SPEC 4.2)."""
+    return _params.params_size(rnn_config(num_layers, num_units, input_size, rnn_mode, input_mode, direction,
+                                          num_proj, dropout, seed, seed2))
+
+
+def cudnn_rnn_canonical_weight_shapes(num_layers, num_units, input_size, rnn_mode="lstm",
+                                      input_mode="linear_input", direction="unidirectional", num_proj=0):
+    """Shapes of `weights` in canonical order (SPEC 4.3), skip_input and projection included."""
+    return _params.canonical_weight_shapes(rnn_config(num_layers, num_units, input_size, rnn_mode, input_mode,
+                                                      direction, num_proj))
+
+
+def cudnn_rnn_canonical_bias_shapes(num_layers, num_units, input_size, rnn_mode="lstm",
+                                    input_mode="linear_input", direction="unidirectional", num_proj=0):
+    return _params.canonical_bias_shapes(rnn_config(num_layers, num_units, input_size, rnn_mode, input_mode,
+                                                    direction, num_proj))
+
+
+def cudnn_rnn_canonical_to_params(num_layers, num_units, input_size, weights, biases, rnn_mode="lstm",
+                                  input_mode="linear_input", direction="unidirectional", num_proj=0,
+                                  dropout=0.0, seed=0, seed2=0):
+    """Canonical weights and biases (lists, SPEC 4.3) -> the opaque 1-D params buffer."""
+    cfg = rnn_config(num_layers, num_units, input_size, rnn_mode, input_mode, direction, num_proj, dropout, seed,
+                     seed2)
+    return _params.canonical_to_params(cfg, list(weights), list(biases))
+
+
+def cudnn_rnn_params_to_canonical(num_layers, num_units, input_size, params, rnn_mode="lstm",
+                                  input_mode="linear_input", direction="unidirectional", num_proj=0,
+                                  dropout=0.0, seed=0, seed2=0):
+    """The opaque params buffer -> (weights, biases), lists in canonical order (SPEC 4.3)."""
+    cfg = rnn_config(num_layers, num_units, input_size, rnn_mode, input_mode, direction, num_proj, dropout, seed,
+                     seed2)
+    return _params.params_to_canonical(cfg, params)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CudnnRNNV3 / CudnnRNNBackpropV3
+# ---------------------------------------------------------------------------------------------------
+
+def _time_major(be, call: RNNCall, *arrays):
+    """Batch-major arrays ([B, T, ...] / [B, L*D, ...]) become time-major by a real transpose (SPEC 3)."""
+    if call.time_major:
+        return arrays
+    return tuple(None if a is None else be.swap01(a) for a in arrays)
+
+
+_back_to_layout = _time_major   # the same swap of the first two axes, applied on the way out
+
+
+def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mode="lstm",
+                 input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0, num_proj=0,
+                 is_training=True, time_major=True, backend=None):
+    """CudnnRNNV3: -> (output, output_h, output_c, reserve_space, host_reserved).
+
+    output [T, B, D*P] (batch-major: [B, T, D*P]), output_h [L*D, B, P], output_c [L*D, B, H] (LSTM; other
+    modes: empty (0,)), reserve_space 1-D (empty unless is_training), host_reserved int8 1-D fingerprint.
+    """
+    call, a = validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+                               input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
+                               num_proj=num_proj, is_training=is_training, time_major=time_major)
+    be = get_backend(backend)
+    lstm = call.config.is_lstm
+    x, h0, c0 = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None)
+    y, hT, cT, reserve = be.rnn_forward(call, x, h0, c0, a["params"])
+    y, hT = _back_to_layout(be, call, y, hT)
+    if lstm:
+        (cT,) = _back_to_layout(be, call, cT)
+    if call.is_training:
+        host_reserved = encode_host_reserved(call, reserve_size(call))
+    else:
+        host_reserved = np.zeros((0,), dtype=np.int8)
+    return y, hT, cT, reserve, host_reserved
+
+
+def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
+                          output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
+                          rnn_mode="lstm", input_mode="linear_input", direction="unidirectional", dropout=0.0,
+                          seed=0, seed2=0, num_proj=0, time_major=True, backend=None):
+    """CudnnRNNBackpropV3: -> (input_backprop, input_h_backprop, input_c_backprop, params_backprop).
+
+    Shaped like input, input_h, input_c, params; params_backprop is a fresh buffer in the opaque layout.
+    For non-LSTM modes input_c_backprop is zeros shaped like input_c (empty if it was None).
+    """
+    call, a = validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+                               input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
+                               num_proj=num_proj, is_training=True, time_major=time_major)
+    lstm = call.config.is_lstm
+    h_shape, c_shape = state_shapes(call)
+    y_shape = output_shape(call)
+    h_legend = "[L*D, B, P]" if call.time_major else "[B, L*D, P]"
+    c_legend = "[L*D, B, H]" if call.time_major else "[B, L*D, H]"
+    y_legend = "[T, B, D*P]" if call.time_major else "[B, T, D*P]"
+    grads = {"output": (output, y_shape, y_legend), "output_h": (output_h, h_shape, h_legend),
+             "output_backprop": (output_backprop, y_shape, y_legend),
+             "output_h_backprop": (output_h_backprop, h_shape, h_legend)}
+    if lstm:
+        grads.update({"output_c": (output_c, c_shape, c_legend),
+                      "output_c_backprop": (output_c_backprop, c_shape, c_legend)})
+    checked = {}
+    for name, (arr, shape, legend) in grads.items():
+        checked[name] = as_array(name, arr)
+        check_shape(name, checked[name], shape, legend)
+    check_same_dtype({"input": a["input"], **checked})
+    check_host_reserved(call, host_reserved, reserve_space, reserve_size(call))
+    reserve = as_array("reserve_space", reserve_space)
+    check_same_dtype({"input": a["input"], "reserve_space": reserve})
+
+    be = get_backend(backend)
+    x, h0, c0, dy, dhT, dcT = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None,
+                                          checked["output_backprop"], checked["output_h_backprop"],
+                                          checked.get("output_c_backprop"))
+    dx, dh0, dc0, dparams = be.rnn_backward(call, x, h0, c0, a["params"], dy, dhT, dcT, reserve)
+    dx, dh0, dc0 = _back_to_layout(be, call, dx, dh0, dc0)
+    if not lstm:
+        dc0 = be.zeros(shape_of(input_c) if input_c is not None else (0,), call.dtype, a["input"])
+    return dx, dh0, dc0, dparams
+
+
+# ---------------------------------------------------------------------------------------------------
+# BlockLSTM family (SPEC 9)
+# ---------------------------------------------------------------------------------------------------
+
+def _block_lstm(layout, seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                use_peephole, backend):
+    call = validate_block_lstm(layout, seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
+                               cell_clip, use_peephole)
+    return get_backend(backend).block_lstm(call, x, cs_prev, h_prev, w, wci, wcf, wco, b)
+
+
+def _block_lstm_grad(layout, seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                     cs_grad, h_grad, use_peephole, backend):
+    call = validate_block_lstm_grad(layout, seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o,
+                                    ci, co, h, cs_grad, h_grad, use_peephole)
+    return get_backend(backend).block_lstm_grad(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci,
+                                                co, h, cs_grad, h_grad)
+
+
+def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0,
+               use_peephole=False, backend=None):
+    """BlockLSTM (gate layout i, ci, f, o) -> (i, cs, f, o, ci, co, h), each [T, B, C]."""
+    return _block_lstm("icfo", seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                       use_peephole, backend)
+
+
+def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_clip=0.0, use_peephole=False,
+                  backend=None):
+    """BlockLSTMV2 (gate layout i, f, ci, o; no forget_bias) -> (i, cs, f, o, ci, co, h), each [T, B, C]."""
+    return _block_lstm("ifco", seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, 0.0, cell_clip,
+                       use_peephole, backend)
+
+
+def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad, h_grad,
+                    use_peephole=False, backend=None):
+    """BlockLSTMGrad -> (x_grad, cs_prev_grad, h_prev_grad, w_grad, wci_grad, wcf_grad, wco_grad, b_grad)."""
+    return _block_lstm_grad("icfo", seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                            cs_grad, h_grad, use_peephole, backend)
+
+
+def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad,
+                       h_grad, use_peephole=False, backend=None):
+    """BlockLSTMGradV2 (layout i, f, ci, o) -> the same eight gradients as block_lstm_grad."""
+    return _block_lstm_grad("ifco", seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                            cs_grad, h_grad, use_peephole, backend)

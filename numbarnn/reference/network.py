@@ -1,0 +1,170 @@
+"""The reference network driver: layers, directions, ragged lengths, dropout, projection (SPEC 3, 5, 6).
+
+Structured the way the kernels run, so that each kernel has a readable twin here:
+
+    per layer l, per direction d (pseudo-layer p = l*D + d):
+        gx = x_l @ W^T + bW                        one big matmul over all T steps  [T, B, G*H]
+        for step s = 0 .. T-1:                     rows b with s < len[b] are active
+            t  = s (forward) or len[b]-1-s (reverse: reversal within each sequence's length)
+            gh = h @ R^T + bR                      the recurrent matmul             [B, G*H]
+            m, c, acts = cell.forward(gx[t], gh, h, c)       fused pointwise update
+            h = m @ W_proj^T (projection) or m ;   y[t, b, d*P:(d+1)*P] = h
+    backward mirrors it: per step the pointwise backward and dh_prev = dgh @ R, then after the time loop
+    dW = dgx^T x_l, dR = dgh^T h_prev, dW_proj = dh^T m, biases = column sums, dx_l = dgx @ W.
+
+Everything is float64 here; `backend.py` casts at the boundary.  Rows past their length keep their state
+and write 0 outputs; `len[b] == 0` rows never become active (final state = initial state).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import RNNCall
+from ..params import unpack
+from ..reserve import reserve_entries
+from . import gru, lstm, rnn
+from .philox import dropout_keep_mask
+
+CELLS = {"lstm": (lstm.forward, lstm.backward), "gru": (gru.forward, gru.backward),
+         "rnn_tanh": (rnn.tanh_forward, rnn.tanh_backward), "rnn_relu": (rnn.relu_forward, rnn.relu_backward)}
+
+
+def dropout_scale(p: float) -> float:
+    """Inverted dropout: kept values scale by 1/(1-p); p == 1 drops everything (scale unused)."""
+    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+
+
+def _input_projection(lp, x_l, G):
+    """gx = x_l @ W^T + bW for all steps at once; skip_input: W = identity per gate.  -> [T, B, G*H]"""
+    if lp.W is None:
+        return np.tile(x_l, (1, 1, G)) + lp.bW
+    return x_l @ lp.W.T + lp.bW
+
+
+def _steps(lens, s, d):
+    """Active rows b (s < len[b]) and their time index t at step s of direction d."""
+    b = np.flatnonzero(s < lens)
+    t = s if d == 0 else lens[b] - 1 - s
+    return b, np.broadcast_to(t, b.shape)
+
+
+def new_reserve(call: RNNCall) -> dict:
+    return {e.name: np.zeros(e.shape) for e in reserve_entries(call)}
+
+
+def forward(call: RNNCall, x, h0, c0, params):
+    """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params 1-D (all float64)
+    -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, saved: dict of reserve arrays)."""
+    cfg, T, B = call.config, call.T, call.B
+    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
+    cell_forward, _ = CELLS[cfg.rnn_mode]
+    lens = call.lengths_array()
+    layers = unpack(cfg, params)
+    saved = new_reserve(call)
+    hT = np.array(h0, dtype=np.float64)                     # [L*D, B, P]
+    cT = np.array(c0, dtype=np.float64) if cfg.is_lstm else None   # [L*D, B, H]
+
+    x_l = x                                                 # [T, B, I_l]
+    for layer in range(cfg.L):
+        if layer > 0 and call.dropout_active:
+            keep = dropout_keep_mask(cfg.seed, cfg.seed2, layer, T, B, D * P, cfg.dropout)   # [T, B, D*P]
+            saved[f"keep{layer}"][...] = keep
+            x_l = x_l * keep * dropout_scale(cfg.dropout)
+        y = np.zeros((T, B, D * P))                         # [T, B, D*P]
+        for d in range(D):
+            p = layer * D + d
+            lp = layers[p]
+            gx = _input_projection(lp, x_l, G)              # [T, B, G*H]
+            h, c = hT[p], (cT[p] if cT is not None else None)   # views: updated in place, end as final state
+            for s in range(T):
+                b, t = _steps(lens, s, d)
+                if b.size == 0:
+                    break
+                gh = h[b] @ lp.R.T + lp.bR                  # [n, G*H]
+                m, c_new, acts = cell_forward(gx[t, b], gh, h[b], c[b] if c is not None else None)
+                h_new = m @ lp.W_proj.T if lp.W_proj is not None else m   # [n, P]
+                saved[f"acts{p}"][t, b] = acts
+                if c is not None:
+                    saved[f"c{p}"][t, b] = c_new
+                    c[b] = c_new
+                if lp.W_proj is not None:
+                    saved[f"m{p}"][t, b] = m
+                y[t, b, d * P:(d + 1) * P] = h_new
+                h[b] = h_new
+        saved[f"y{layer}"][...] = y
+        x_l = y
+    return x_l, hT, cT, saved
+
+
+def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
+    """Hand-written backprop through the whole network from the saved activations.
+
+    dy [T, B, D*P] (ignored at padded positions), dhT [L*D, B, P], dcT [L*D, B, H] or None
+    -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams 1-D), all float64.
+    """
+    cfg, T, B = call.config, call.T, call.B
+    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
+    _, cell_backward = CELLS[cfg.rnn_mode]
+    lens = call.lengths_array()
+    dparams = np.zeros(params.shape[0])
+    layers, dlayers = unpack(cfg, params), unpack(cfg, dparams)
+    dh0 = np.array(dhT, dtype=np.float64)                    # [L*D, B, P], becomes input_h_backprop in place
+    dc0 = np.array(dcT, dtype=np.float64) if cfg.is_lstm else None
+    valid = np.arange(T)[:, None] < lens[None, :]           # [T, B]
+    dy_l = np.where(valid[:, :, None], dy, 0.0)             # [T, B, D*P] padded positions ignored
+    scale = dropout_scale(cfg.dropout)
+
+    for layer in reversed(range(cfg.L)):
+        if layer == 0:
+            x_l = x                                         # [T, B, I]
+        else:
+            x_l = saved[f"y{layer - 1}"]
+            if call.dropout_active:
+                x_l = x_l * saved[f"keep{layer}"] * scale
+        y = saved[f"y{layer}"]                              # [T, B, D*P]
+        dx_l = np.zeros(x_l.shape)                          # [T, B, I_l]
+        for d in range(D):
+            p = layer * D + d
+            lp, dlp = layers[p], dlayers[p]
+            step = 1 if d == 0 else -1                      # t of the previous step is t - step
+            acts, cs = saved[f"acts{p}"], saved.get(f"c{p}")
+            dgx = np.zeros((T, B, G * H))                   # [T, B, G*H] W-side pre-activation grads
+            dgh = np.zeros((T, B, G * H))                   # [T, B, G*H] R-side pre-activation grads
+            h_prev_all = np.zeros((T, B, P))                # [T, B, P]   h entering each step
+            dh_all = np.zeros((T, B, P))                    # [T, B, P]   total dh' at each step (projection)
+            dh, dc = dh0[p], (dc0[p] if dc0 is not None else None)
+            for s in reversed(range(T)):
+                b, t = _steps(lens, s, d)
+                if b.size == 0:
+                    continue
+                first = s == 0
+                h_prev = h0[p][b] if first else y[t - step, b, d * P:(d + 1) * P]
+                c_prev = None
+                if cs is not None:
+                    c_prev = c0[p][b] if first else cs[t - step, b]
+                dh_tot = dy_l[t, b, d * P:(d + 1) * P] + dh[b]    # [n, P]
+                dm = dh_tot @ lp.W_proj if lp.W_proj is not None else dh_tot   # [n, H]
+                gx_b, gh_b, dh_direct, dc_prev = cell_backward(
+                    dm, dc[b] if dc is not None else None, acts[t, b], h_prev, c_prev,
+                    cs[t, b] if cs is not None else None)
+                dgx[t, b], dgh[t, b], h_prev_all[t, b], dh_all[t, b] = gx_b, gh_b, h_prev, dh_tot
+                dh[b] = dh_direct + gh_b @ lp.R
+                if dc is not None:
+                    dc[b] = dc_prev
+            # weight gradients as big matmuls after the time loop
+            gx2, gh2 = dgx.reshape(-1, G * H), dgh.reshape(-1, G * H)
+            if lp.W is not None:
+                dlp.W[...] = gx2.T @ x_l.reshape(-1, x_l.shape[-1])
+                dx_l += dgx @ lp.W
+            else:
+                dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
+            dlp.R[...] = gh2.T @ h_prev_all.reshape(-1, P)
+            dlp.bW[...] = gx2.sum(axis=0)
+            dlp.bR[...] = gh2.sum(axis=0)
+            if lp.W_proj is not None:
+                dlp.W_proj[...] = dh_all.reshape(-1, P).T @ saved[f"m{p}"].reshape(-1, H)
+        if layer == 0:
+            dx = dx_l
+        else:
+            dy_l = dx_l * saved[f"keep{layer}"] * scale if call.dropout_active else dx_l
+    return dx, dh0, dc0, dparams

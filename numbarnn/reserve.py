@@ -1,0 +1,75 @@
+"""The reserve_space layout (SPEC 7): what backward needs, saved by a training forward call.
+
+One layout for every backend, so a reserve written by the kernels can be read by the reference and
+vice versa, and so `numbarnn explain` can show it.  All arrays are time-major and indexed by the
+*original* time index t (the reverse direction writes step s of sequence b at t = len[b]-1-s).
+Entries at t >= len[b] are 0.  In the input's dtype::
+
+    for p in 0..L*D-1:   acts_p  [T, B, S*H]   gate activations (S per cell, below)
+                         c_p     [T, B, H]     LSTM: the cell state c' after step t
+                         m_p     [T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
+    for l in 0..L-1:     y_l     [T, B, D*P]   layer l's output h' (before dropout; y_{L-1} is `output`)
+    for l in 1..L-1:     keep_l  [T, B, D*P]   dropout keep flags 0/1 of layer l's input (training, p > 0)
+
+Activations per cell (S): lstm i, f, g, o (4); gru r, z, n and hn = R_n h + bR_n, the recurrent part
+that the reset gate multiplies (4); rnn_tanh / rnn_relu h' (1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import RNNCall
+
+#: activation slots saved per cell, in order
+ACTS = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n", "hn"), "rnn_tanh": ("h",), "rnn_relu": ("h",)}
+
+
+@dataclass(frozen=True)
+class ReserveEntry:
+    name: str
+    offset: int
+    shape: tuple
+    meaning: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
+    cfg, T, B = call.config, call.T, call.B
+    H, P, D, S = cfg.H, cfg.P, cfg.D, len(ACTS[cfg.rnn_mode])
+    out, offset = [], 0
+
+    def add(name, shape, meaning):
+        nonlocal offset
+        out.append(ReserveEntry(name, offset, tuple(shape), meaning))
+        offset += out[-1].size
+
+    for p, layer, d in cfg.pseudo_layers():
+        way = "fwd" if d == 0 else "rev"
+        add(f"acts{p}", (T, B, S * H), f"layer {layer} {way}: activations {', '.join(ACTS[cfg.rnn_mode])}")
+        if cfg.is_lstm:
+            add(f"c{p}", (T, B, H), f"layer {layer} {way}: cell state c' after each step")
+        if cfg.has_proj:
+            add(f"m{p}", (T, B, H), f"layer {layer} {way}: o*tanh(c'), input of the projection")
+    for layer in range(cfg.L):
+        add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")
+    if call.dropout_active:
+        for layer in range(1, cfg.L):
+            add(f"keep{layer}", (T, B, D * P), f"layer {layer}: dropout keep flags (0/1) of its input")
+    return out
+
+
+def reserve_size(call: RNNCall) -> int:
+    """Elements of reserve_space for a training call (0 for inference)."""
+    if not call.is_training:
+        return 0
+    return sum(e.size for e in reserve_entries(call))
+
+
+def reserve_views(call: RNNCall, reserve) -> dict:
+    """name -> view of `reserve` (NumPy or device array: slicing and reshape only)."""
+    return {e.name: reserve[e.offset:e.offset + e.size].reshape(e.shape) for e in reserve_entries(call)}
