@@ -5,11 +5,13 @@ vice versa, and so `numbarnn explain` can show it.  All arrays are time-major an
 *original* time index t (the reverse direction writes step s of sequence b at t = len[b]-1-s).
 Entries at t >= len[b] are 0.  In the input's dtype::
 
-    for p in 0..L*D-1:   acts_p  [T, B, S*H]   gate activations (S per cell, below)
-                         c_p     [T, B, H]     LSTM: the cell state c' after step t
-                         m_p     [T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
-    for l in 0..L-1:     y_l     [T, B, D*P]   layer l's output h' (before dropout; y_{L-1} is `output`)
-    for l in 1..L-1:     keep_l  [T, B, D*P]   dropout keep flags 0/1 of layer l's input (training, p > 0)
+    for l in 0..L-1:     acts_l  [D, T, B, S*H]   gate activations of both directions (S per cell, below)
+                         c_l     [D, T, B, H]     LSTM: the cell state c' after step t
+                         m_l     [D, T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
+                         y_l     [T, B, D*P]      layer l's output h' (before dropout; y_{L-1} is `output`)
+    for l in 1..L-1:     keep_l  [T, B, D*P]      dropout keep flags 0/1 of layer l's input (training, p > 0)
+
+Grouping by layer lets one kernel launch serve both directions of a layer with plain views.
 
 Activations per cell (S): lstm i, f, g, o (4); gru r, z, n and hn = R_n h + bR_n, the recurrent part
 that the reset gate multiplies (4); rnn_tanh / rnn_relu h' (1).
@@ -48,14 +50,13 @@ def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
         out.append(ReserveEntry(name, offset, tuple(shape), meaning))
         offset += out[-1].size
 
-    for p, layer, d in cfg.pseudo_layers():
-        way = "fwd" if d == 0 else "rev"
-        add(f"acts{p}", (T, B, S * H), f"layer {layer} {way}: activations {', '.join(ACTS[cfg.rnn_mode])}")
-        if cfg.is_lstm:
-            add(f"c{p}", (T, B, H), f"layer {layer} {way}: cell state c' after each step")
-        if cfg.has_proj:
-            add(f"m{p}", (T, B, H), f"layer {layer} {way}: o*tanh(c'), input of the projection")
     for layer in range(cfg.L):
+        add(f"acts{layer}", (D, T, B, S * H), f"layer {layer}: activations {', '.join(ACTS[cfg.rnn_mode])}"
+            f" per direction")
+        if cfg.is_lstm:
+            add(f"c{layer}", (D, T, B, H), f"layer {layer}: cell state c' after each step")
+        if cfg.has_proj:
+            add(f"m{layer}", (D, T, B, H), f"layer {layer}: o*tanh(c'), the input of the projection")
         add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")
     if call.dropout_active:
         for layer in range(1, cfg.L):

@@ -83,12 +83,12 @@ def forward(call: RNNCall, x, h0, c0, params):
                 gh = h[b] @ lp.R.T + lp.bR                  # [n, G*H]
                 m, c_new, acts = cell_forward(gx[t, b], gh, h[b], c[b] if c is not None else None)
                 h_new = m @ lp.W_proj.T if lp.W_proj is not None else m   # [n, P]
-                saved[f"acts{p}"][t, b] = acts
+                saved[f"acts{layer}"][d, t, b] = acts
                 if c is not None:
-                    saved[f"c{p}"][t, b] = c_new
+                    saved[f"c{layer}"][d, t, b] = c_new
                     c[b] = c_new
                 if lp.W_proj is not None:
-                    saved[f"m{p}"][t, b] = m
+                    saved[f"m{layer}"][d, t, b] = m
                 y[t, b, d * P:(d + 1) * P] = h_new
                 h[b] = h_new
         saved[f"y{layer}"][...] = y
@@ -127,7 +127,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
             step = 1 if d == 0 else -1                      # t of the previous step is t - step
-            acts, cs = saved[f"acts{p}"], saved.get(f"c{p}")
+            acts = saved[f"acts{layer}"][d]                   # [T, B, S*H]
+            cs = saved[f"c{layer}"][d] if cfg.is_lstm else None   # [T, B, H]
             dgx = np.zeros((T, B, G * H))                   # [T, B, G*H] W-side pre-activation grads
             dgh = np.zeros((T, B, G * H))                   # [T, B, G*H] R-side pre-activation grads
             h_prev_all = np.zeros((T, B, P))                # [T, B, P]   h entering each step
@@ -162,7 +163,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             dlp.bW[...] = gx2.sum(axis=0)
             dlp.bR[...] = gh2.sum(axis=0)
             if lp.W_proj is not None:
-                dlp.W_proj[...] = dh_all.reshape(-1, P).T @ saved[f"m{p}"].reshape(-1, H)
+                dlp.W_proj[...] = dh_all.reshape(-1, P).T @ saved[f"m{layer}"][d].reshape(-1, H)
         if layer == 0:
             dx = dx_l
         else:
