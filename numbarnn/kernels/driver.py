@@ -1,0 +1,300 @@
+"""The driver: sequences the kernel launches of a whole network, forward and backward.
+
+It mirrors `numbarnn/reference/network.py` step for step.  Per layer l (both directions in each launch):
+
+    forward                                               launches
+      [dropout_forward]  x_l = y_{l-1} * keep * scale     1 per layer (l > 0, training, p > 0)
+      gemm v3            gx[d] = x_l @ W_d^T              D per layer (tile_gates for skip_input)
+      per step s:        <cell>_forward_step              1 per step: recurrent matvec + cell, both directions
+                         [lstm_project]                   +1 per step with num_proj
+    backward
+      per step s (T-1 .. 0):
+                         <cell>_backward_step             1 per step (projection fused in for LSTM)
+                         recurrent_backward               1 per step: dh_prev = dgh @ R (+ GRU's z*dh)
+      gemm v3            dW_d = dgx_d^T x_l, dR_d = dgh_d^T h_prev, dW_proj_d = dh_d^T m_d, dx_l = sum_d dgx_d W_d
+      column_sums        dbW, dbR (deterministic)
+      [apply_mask]       dy_{l-1} = dx_l * keep * scale
+
+Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
+live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
+Arrays here are device arrays, time-major, in the call's dtype; `backend.py` handles NumPy and layouts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from numba import cuda
+
+from ..params import param_regions, unpack
+from ..reference.philox import dropout_key, dropout_threshold
+from ..reference.network import dropout_scale
+from ..reserve import reserve_size, reserve_views
+from . import gru, lstm, rnn
+from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
+from .gemm import gemm
+from .layer_ops import (make_apply_mask, make_column_sums, make_dropout_forward, make_sum_gates,
+                        make_tile_gates)
+from .recurrent import make_recurrent_backward
+
+
+@dataclass
+class LaunchLog:
+    """Kernel launches of the last forward/backward call, total and per time step."""
+
+    total: int = 0
+    per_step: int = 0          # launches inside one step of the time loop (both directions together)
+    steps: int = 0
+    by_kernel: dict = field(default_factory=dict)
+
+    def __call__(self, kernel, name, grid, block, *args):
+        if min(grid) <= 0 or block <= 0:
+            return
+        kernel[grid, block](*args)
+        self.count(name)
+
+    def count(self, name):
+        self.total += 1
+        self.by_kernel[name] = self.by_kernel.get(name, 0) + 1
+
+
+_last: dict = {}
+
+
+def last_launch_count() -> dict:
+    """{"forward": LaunchLog, "backward": LaunchLog} of the last calls (shown by `numbarnn check`)."""
+    return dict(_last)
+
+
+# ---------------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------------
+
+def device_zeros(shape, dtype, log: LaunchLog | None = None):
+    a = cuda.device_array(shape, dtype=dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    if n:
+        k = jit(make_fill, str(np.dtype(dtype)))
+        k[blocks(n, threads(n, 256)), threads(n, 256)](a.reshape(n), 0.0)
+        if log is not None:
+            log.count("fill")
+    return a
+
+
+def cast_into(src, dst, log: LaunchLog):
+    """dst = src converted (same number of elements; both contiguous)."""
+    n = int(np.prod(dst.shape, dtype=np.int64))
+    if n:
+        k = jit(make_cast_copy, str(src.dtype), str(dst.dtype))
+        log(k, "cast_copy", (blocks(n, threads(n, 256)),), threads(n, 256), src.reshape(n), dst.reshape(n))
+
+
+def _flat(a):
+    return a.reshape(int(np.prod(a.shape, dtype=np.int64)))
+
+
+def _bias_views(cfg, params):
+    """Per layer, the [D, 2, G*H] view of bW, bR for both directions (contiguous in the buffer)."""
+    first_bias = {r.p: r.offset for r in reversed(param_regions(cfg)) if r.kind == "bW"}
+    n = cfg.D * 2 * cfg.G * cfg.H
+    return [params[first_bias[layer * cfg.D]:first_bias[layer * cfg.D] + n].reshape(cfg.D, 2, cfg.G * cfg.H)
+            for layer in range(cfg.L)]
+
+
+def _cell_kernels(cfg, dtype):
+    dt, proj = str(dtype), cfg.has_proj
+    if cfg.rnn_mode == "lstm":
+        return jit(lstm.make_forward_step, dt, proj), jit(lstm.make_backward_step, dt, proj)
+    if cfg.rnn_mode == "gru":
+        return jit(gru.make_forward_step, dt), jit(gru.make_backward_step, dt)
+    nl = cfg.rnn_mode.split("_")[1]
+    return jit(rnn.make_forward_step, dt, nl), jit(rnn.make_backward_step, dt, nl)
+
+
+def _dropout_args(cfg, layer, T, B):
+    k0, k1 = dropout_key(cfg.seed, cfg.seed2)
+    base = (layer - 1) * T * B * cfg.D * cfg.P
+    return np.uint64(base), np.uint32(k0), np.uint32(k1), np.uint32(dropout_threshold(cfg.dropout))
+
+
+# ---------------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------------
+
+def forward(call, x, h0, c0, params):
+    """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params [N] (device, dtype)
+    -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R])."""
+    cfg, T, B, dt = call.config, call.T, call.B, np.dtype(call.dtype)
+    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
+    a = acc_dtype(dt)
+    log = LaunchLog()
+    train_call = call if call.is_training else replace(call, is_training=True)
+    reserve = device_zeros((reserve_size(train_call),), dt, log)   # inference: scratch for the kernels
+    saved = reserve_views(train_call, reserve)
+    lens = cuda.to_device(call.lengths_array())                    # [B] int32
+    steps = max(call.lengths, default=0)
+    layers, biases = unpack(cfg, params), _bias_views(cfg, params)
+    cell_forward, _ = _cell_kernels(cfg, dt)
+    project = jit(lstm.make_project, str(dt)) if cfg.has_proj else None
+    scale = a.type(dropout_scale(cfg.dropout))
+    hT = cuda.device_array((cfg.L * D, B, P), dtype=dt)            # [L*D, B, P]
+    cT = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.is_lstm else None
+    dummy3, dummy4 = cuda.device_array((1, 1, 1), dtype=a), cuda.device_array((1, 1, 1, 1), dtype=dt)
+
+    x_l = x                                                        # [T, B, I_l]
+    for layer in range(cfg.L):
+        ps = slice(layer * D, (layer + 1) * D)
+        if layer > 0 and call.dropout_active:
+            x_drop = cuda.device_array((T, B, D * P), dtype=dt)
+            n = T * B * D * P
+            log(jit(make_dropout_forward, str(dt)), "dropout_forward", (blocks(n, threads(n, 256)),),
+                threads(n, 256), _flat(x_l), *_dropout_args(cfg, layer, T, B), scale,
+                _flat(saved[f"keep{layer}"]), _flat(x_drop))
+            x_l = x_drop
+        I_l = cfg.layer_input_size(layer)
+        gx = cuda.device_array((D, T, B, G * H), dtype=dt)         # [D, T, B, G*H] W x for all steps
+        for d in range(D):
+            lp = layers[layer * D + d]
+            if T * B == 0:
+                break
+            if lp.W is not None:
+                gemm(x_l.reshape(T * B, I_l), lp.W, gx[d].reshape(T * B, G * H), trans_b=True)
+                log.count("gemm")
+            else:
+                n = T * B * G * H
+                log(jit(make_tile_gates, str(dt)), "tile_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
+                    x_l.reshape(T * B, H), gx[d].reshape(T * B, G * H))
+        h_in = cuda.device_array((D, B, P), dtype=a)               # [D, B, P] state, double-buffered
+        h_out = cuda.device_array((D, B, P), dtype=a)
+        cast_into(h0[ps], h_in, log)
+        c = cuda.device_array((D, B, H), dtype=a) if cfg.is_lstm else dummy3   # [D, B, H] in place
+        if cfg.is_lstm:
+            cast_into(c0[ps], c, log)
+        R_fwd, R_rev = layers[layer * D].R, layers[layer * D + D - 1].R
+        y_l = saved[f"y{layer}"]                                   # [T, B, D*P] (zeros past the lengths)
+        acts = saved[f"acts{layer}"]
+        cs = saved[f"c{layer}"] if cfg.is_lstm else dummy4
+        ms = saved[f"m{layer}"] if cfg.has_proj else dummy4
+        log.steps, before = steps, log.total
+        for s in range(steps):
+            log(cell_forward, "forward_step", (blocks(H, threads(H)), B, D), threads(H),
+                s, lens, gx, biases[layer], R_fwd, R_rev, h_in, h_out, c, y_l, acts, cs, ms)
+            if project is not None:
+                log(project, "lstm_project", (blocks(P, threads(P)), B, D), threads(P),
+                    s, lens, ms, layers[layer * D].W_proj, layers[layer * D + D - 1].W_proj, h_in, h_out, y_l)
+            h_in, h_out = h_out, h_in
+        if steps:
+            log.per_step = (log.total - before) // steps
+        cast_into(h_in, hT[ps], log)
+        if cfg.is_lstm:
+            cast_into(c, cT[ps], log)
+        x_l = y_l
+    y = cuda.device_array((T, B, D * P), dtype=dt)
+    if y.size:
+        y.copy_to_device(x_l)
+    _last["forward"] = log
+    if not call.is_training:
+        reserve = cuda.device_array((0,), dtype=dt)
+    return y, hT, cT, reserve
+
+
+# ---------------------------------------------------------------------------------------------------
+# backward
+# ---------------------------------------------------------------------------------------------------
+
+def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
+    """Device arrays, time-major: -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams [N])."""
+    cfg, T, B, dt = call.config, call.T, call.B, np.dtype(call.dtype)
+    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
+    a = acc_dtype(dt)
+    TB, GH = T * B, G * H
+    log = LaunchLog()
+    saved = reserve_views(call, reserve)
+    lens = cuda.to_device(call.lengths_array())
+    steps = max(call.lengths, default=0)
+    layers, dparams = unpack(cfg, params), device_zeros((params.shape[0],), dt, log)
+    dlayers, dbiases = unpack(cfg, dparams), _bias_views(cfg, dparams)
+    _, cell_backward = _cell_kernels(cfg, dt)
+    is_gru = cfg.rnn_mode == "gru"
+    recurrent = jit(make_recurrent_backward, str(dt), is_gru)
+    scale = a.type(dropout_scale(cfg.dropout))
+    dh0 = cuda.device_array((cfg.L * D, B, P), dtype=dt)
+    dc0 = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.is_lstm else None
+    dummy2, dummy3, dummy4 = (cuda.device_array((1,) * k, dtype=dt) for k in (2, 3, 4))
+    dummy3a = cuda.device_array((1, 1, 1), dtype=a)
+
+    def masked(src, layer):
+        """src * keep_layer * scale into a new array (dropout backward, and x_l for dW)."""
+        out = cuda.device_array(src.shape, dtype=dt)
+        n = int(np.prod(src.shape, dtype=np.int64))
+        log(jit(make_apply_mask, str(dt)), "apply_mask", (blocks(n, threads(n, 256)),), threads(n, 256),
+            _flat(src), _flat(saved[f"keep{layer}"]), scale, _flat(out))
+        return out
+
+    dy_l = dy                                                      # [T, B, D*P]
+    dx_l = None
+    for layer in reversed(range(cfg.L)):
+        ps = slice(layer * D, (layer + 1) * D)
+        I_l = cfg.layer_input_size(layer)
+        if layer == 0:
+            x_l = x
+        else:
+            x_l = masked(saved[f"y{layer - 1}"], layer) if call.dropout_active else saved[f"y{layer - 1}"]
+        dgx = device_zeros((D, T, B, GH), dt, log)                 # [D, T, B, G*H] zeros at padded steps
+        dgh = device_zeros((D, T, B, GH), dt, log) if is_gru else dgx
+        h_prev = device_zeros((D, T, B, P), dt, log)               # [D, T, B, P]
+        dh_total = device_zeros((D, T, B, P), dt, log) if cfg.has_proj else dummy4
+        dh_in = cuda.device_array((D, B, P), dtype=a)
+        dh_out = cuda.device_array((D, B, P), dtype=a)
+        cast_into(dhT[ps], dh_in, log)
+        dc = cuda.device_array((D, B, H), dtype=a) if cfg.is_lstm else dummy3a
+        if cfg.is_lstm:
+            cast_into(dcT[ps], dc, log)
+        direct = cuda.device_array((D, B, P), dtype=a) if is_gru else dummy3a
+        lp_f, lp_r = layers[layer * D], layers[layer * D + D - 1]
+        Wp_f = lp_f.W_proj if cfg.has_proj else dummy2
+        Wp_r = lp_r.W_proj if cfg.has_proj else dummy2
+        args_c0 = c0[ps] if cfg.is_lstm else dummy3
+        cs = saved[f"c{layer}"] if cfg.is_lstm else dummy4
+        y_l = saved[f"y{layer}"]
+        log.steps, before = steps, log.total
+        for s in reversed(range(steps)):
+            log(cell_backward, "backward_step", (blocks(H, threads(H)), B, D), threads(H),
+                s, lens, dy_l, y_l, h0[ps], args_c0, saved[f"acts{layer}"], cs, Wp_f, Wp_r, dh_in, dc, dgx, dgh,
+                h_prev, dh_total, direct)
+            log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
+                s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out, direct)
+            dh_in, dh_out = dh_out, dh_in
+        if steps:
+            log.per_step = (log.total - before) // steps
+        cast_into(dh_in, dh0[ps], log)
+        if cfg.is_lstm:
+            cast_into(dc, dc0[ps], log)
+
+        # weight gradients and dx as big GEMMs after the time loop
+        dx_l = cuda.device_array((T, B, I_l), dtype=dt)
+        sums = jit(make_column_sums, str(dt))
+        for d in range(D):
+            p = layer * D + d
+            lp, dlp = layers[p], dlayers[p]
+            gx2, gh2 = dgx[d].reshape(TB, GH), dgh[d].reshape(TB, GH)
+            if lp.W is not None:
+                gemm(gx2, x_l.reshape(TB, I_l), dlp.W, trans_a=True)
+                gemm(gx2, lp.W, dx_l.reshape(TB, I_l), beta=0.0 if d == 0 else 1.0)
+                log.count("gemm")
+                log.count("gemm")
+            gemm(gh2, h_prev[d].reshape(TB, P), dlp.R, trans_a=True)
+            log.count("gemm")
+            if cfg.has_proj:
+                gemm(dh_total[d].reshape(TB, P), saved[f"m{layer}"][d].reshape(TB, H), dlp.W_proj, trans_a=True)
+                log.count("gemm")
+            log(sums, "column_sums", (blocks(2 * GH, threads(2 * GH, 256)),), threads(2 * GH, 256),
+                gx2, gh2, dbiases[layer][d])
+        if layers[layer * D].W is None and TB:
+            n = TB * H
+            log(jit(make_sum_gates, str(dt)), "sum_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
+                dgx.reshape(D, TB, GH), dx_l.reshape(TB, H))
+        if layer > 0:
+            dy_l = masked(dx_l, layer) if call.dropout_active else dx_l
+    _last["backward"] = log
+    return dx_l, dh0, dc0, dparams

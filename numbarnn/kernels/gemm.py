@@ -1,0 +1,483 @@
+"""GEMM kernels, numbered side by side like llm.c's dev/cuda: C = alpha * op(A) @ op(B) + beta * C.
+
+    op(X) = X or X^T (flags ``trans_a`` / ``trans_b``): a transposed operand is read through swapped
+            indices (its strides), never copied.
+    shapes: op(A) [M, K], op(B) [K, N], C [M, N]; batched: every array gets a leading batch
+            dimension Z (directions, steps, ...) and batch z runs in grid dimension z.
+    dtypes: float16 is stored as half and accumulated in float32; float32 and float64 accumulate in
+            their own dtype (float64 stays float64 all the way).
+    beta:   BLAS rule: beta == 0 means C is write-only (it is never read, so garbage or NaN in an
+            uninitialised C does not leak into the result).
+
+Versions (one line each at the top of its factory, the "what changed and why"):
+    v1 naive                one thread per output element, a straight port of the sum.
+    v2 shared-memory tiles  TILE x TILE threads stage TILE x TILE tiles of op(A) and op(B) in shared memory.
+    v3 register blocking    each thread computes TM x TN outputs of a BM x BN block tile from shared
+                            tiles; the version the rest of numbarnn uses.
+
+Tile sizes (compile-time constants of the factories; ``GemmVersion.gpu_config`` / ``sim_config``):
+    on a GPU   v1 16 x 16 threads; v2 TILE=16 (256 threads); v3 BM=BN=64, BK=8, TM=TN=4
+               (16 x 16 = 256 threads, 16 outputs each, 4 KiB (float32) of shared memory).
+    simulator  v1 4 x 4 threads; v2 TILE=8 (64 threads); v3 BM=BN=8, BK=4, TM=TN=2 (16 threads): the
+               simulator runs one Python thread per CUDA thread, and small tiles keep several blocks and
+               several k-tiles in play even for the tiny shapes the tests use.
+The same kernel source runs both ways; ``gemm(..., config=...)`` picks other tiles.
+
+Layers: factory ``make_gemm_vN_pyfunc`` (plain Python function closing over the compile-time constants;
+the kernel report compiles exactly that function), ``get_kernel`` (cached ``cuda.jit`` of it with an
+explicit signature, compiled once per specialisation), launcher ``gemm`` (validates, computes the
+grid, launches) and ``matmul`` (NumPy in, NumPy out).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numba import config as numba_config
+from numba import cuda, types
+
+from numbarnn.validation import check_same_dtype, shape_of
+
+DTYPES = ("float16", "float32", "float64")
+
+#: accumulation dtype per storage dtype: half is computed in float32
+ACCUMULATE = {"float16": "float32", "float32": "float32", "float64": "float64"}
+
+#: CUDA grid limits in y and z (x is 2**31 - 1)
+_MAX_GRID_YZ = 65535
+
+
+def _numpy_scalar(dtype: str):
+    """np.float32 / np.float64: a cast that reads the same in a kernel and in the simulator."""
+    return getattr(np, dtype)
+
+
+def _numba_type(dtype: str):
+    return getattr(types, dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# element access: op(X)[row, col] of batch z, chosen once per (trans, batched) at factory time
+# --------------------------------------------------------------------------------------------------
+@functools.cache
+def _op_loader(trans: bool, batched: bool):
+    """Device function ``at(x, z, row, col)`` = op(x)[row, col] of batch z (z ignored unless batched)."""
+    if batched and trans:
+        def at(x, z, row, col):  # x: [Z, cols, rows]
+            return x[z, col, row]
+    elif batched:
+        def at(x, z, row, col):  # x: [Z, rows, cols]
+            return x[z, row, col]
+    elif trans:
+        def at(x, z, row, col):  # x: [cols, rows]
+            return x[col, row]
+    else:
+        def at(x, z, row, col):  # x: [rows, cols]
+            return x[row, col]
+    return cuda.jit(device=True, inline="always")(at)
+
+
+@functools.cache
+def _c_updater(dtype: str, batched: bool):
+    """Device function ``update(c, z, row, col, alpha, acc, beta)``: C = alpha * acc + beta * C.
+
+    beta == 0 never reads C (BLAS rule).  C is read and the sum formed in the accumulation dtype, the
+    store casts back to C's dtype.
+    """
+    ACC = _numpy_scalar(ACCUMULATE[dtype])
+    if batched:
+        def update(c, z, row, col, alpha, acc, beta):  # c: [Z, M, N]
+            if beta == 0:
+                c[z, row, col] = alpha * acc
+            else:
+                c[z, row, col] = alpha * acc + beta * ACC(c[z, row, col])
+    else:
+        def update(c, z, row, col, alpha, acc, beta):  # c: [M, N]
+            if beta == 0:
+                c[row, col] = alpha * acc
+            else:
+                c[row, col] = alpha * acc + beta * ACC(c[row, col])
+    return cuda.jit(device=True, inline="always")(update)
+
+
+def kernel_signature(dtype: str, batched: bool) -> tuple:
+    """numba argument types of every GEMM kernel: (M, N, K, alpha, a, b, beta, c).
+
+    Layout 'A' (any strides): transposed views and slices run through the same compiled kernel.
+    """
+    nd = 3 if batched else 2
+    array = types.Array(_numba_type(dtype), nd, "A")
+    acc = _numba_type(ACCUMULATE[dtype])
+    return (types.int64, types.int64, types.int64, acc, array, array, acc, array)
+
+
+# --------------------------------------------------------------------------------------------------
+# v1
+# --------------------------------------------------------------------------------------------------
+def make_gemm_v1_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool, BX: int, BY: int):
+    # v1 naive: one thread per C element, the sum over k straight from global memory (the reference point).
+    ACC = _numpy_scalar(ACCUMULATE[dtype])
+    op_a = _op_loader(trans_a, batched)
+    op_b = _op_loader(trans_b, batched)
+    update_c = _c_updater(dtype, batched)
+
+    def gemm_v1(
+        M,      # int: rows of op(A) and C
+        N,      # int: columns of op(B) and C
+        K,      # int: columns of op(A) = rows of op(B)
+        alpha,  # scalar (accumulation dtype)
+        a,      # [M, K] ([K, M] if trans_a), [Z, ...] if batched
+        b,      # [K, N] ([N, K] if trans_b), [Z, ...] if batched
+        beta,   # scalar (accumulation dtype)
+        c,      # [M, N], [Z, M, N] if batched (read unless beta == 0, written)
+    ):
+        col = cuda.blockIdx.x * BX + cuda.threadIdx.x  # block: BX x BY threads
+        row = cuda.blockIdx.y * BY + cuda.threadIdx.y
+        z = cuda.blockIdx.z
+        if row < M and col < N:
+            acc = ACC(0)
+            for k in range(K):  # acc = sum_k op(A)[row, k] * op(B)[k, col]
+                acc += ACC(op_a(a, z, row, k)) * ACC(op_b(b, z, k, col))
+            update_c(c, z, row, col, alpha, acc, beta)
+
+    return gemm_v1
+
+
+def launch_v1(M: int, N: int, Z: int, config: tuple) -> tuple:
+    BX, BY = config
+    return (math.ceil(N / BX), math.ceil(M / BY), Z), (BX, BY, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# v2
+# --------------------------------------------------------------------------------------------------
+def make_gemm_v2_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool, TILE: int):
+    # v2 shared-memory tiles: each op(A)/op(B) element is read from global memory once per block, not once per thread.
+    ACC = _numpy_scalar(ACCUMULATE[dtype])
+    ACC_T = _numba_type(ACCUMULATE[dtype])
+    op_a = _op_loader(trans_a, batched)
+    op_b = _op_loader(trans_b, batched)
+    update_c = _c_updater(dtype, batched)
+    # Coalescing: threadIdx.x (consecutive threads) should walk the operand's contiguous axis; for a
+    # transposed operand that is the other tile axis, so the two loading threads swap roles.
+    A_SWAP = trans_a   # op(A) = A^T: A[k, row] is contiguous along row
+    B_SWAP = trans_b   # op(B) = B^T: B[col, k] is contiguous along k
+
+    def gemm_v2(
+        M,      # int: rows of op(A) and C
+        N,      # int: columns of op(B) and C
+        K,      # int: columns of op(A) = rows of op(B)
+        alpha,  # scalar (accumulation dtype)
+        a,      # [M, K] ([K, M] if trans_a), [Z, ...] if batched
+        b,      # [K, N] ([N, K] if trans_b), [Z, ...] if batched
+        beta,   # scalar (accumulation dtype)
+        c,      # [M, N], [Z, M, N] if batched (read unless beta == 0, written)
+    ):
+        a_tile = cuda.shared.array((TILE, TILE), ACC_T)  # [TILE, TILE]: op(A)[row0 + i, k0 + kk] at [i, kk]
+        b_tile = cuda.shared.array((TILE, TILE), ACC_T)  # [TILE, TILE]: op(B)[k0 + kk, col0 + j] at [kk, j]
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row0 = cuda.blockIdx.y * TILE
+        col0 = cuda.blockIdx.x * TILE
+        z = cuda.blockIdx.z
+        acc = ACC(0)
+        for k0 in range(0, K, TILE):
+            # stage one element of each tile per thread, zero outside the matrices
+            ai, ak = (tx, ty) if A_SWAP else (ty, tx)
+            inside = row0 + ai < M and k0 + ak < K
+            a_tile[ai, ak] = ACC(op_a(a, z, row0 + ai, k0 + ak)) if inside else ACC(0)
+            bk, bj = (tx, ty) if B_SWAP else (ty, tx)
+            inside = k0 + bk < K and col0 + bj < N
+            b_tile[bk, bj] = ACC(op_b(b, z, k0 + bk, col0 + bj)) if inside else ACC(0)
+            cuda.syncthreads()
+            for kk in range(TILE):  # acc += sum over this k-tile of op(A)[row, k] * op(B)[k, col]
+                acc += a_tile[ty, kk] * b_tile[kk, tx]
+            cuda.syncthreads()
+        if row0 + ty < M and col0 + tx < N:
+            update_c(c, z, row0 + ty, col0 + tx, alpha, acc, beta)
+
+    return gemm_v2
+
+
+def launch_v2(M: int, N: int, Z: int, config: tuple) -> tuple:
+    (TILE,) = config
+    return (math.ceil(N / TILE), math.ceil(M / TILE), Z), (TILE, TILE, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# v3
+# --------------------------------------------------------------------------------------------------
+def make_gemm_v3_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
+                        BM: int, BN: int, BK: int, TM: int, TN: int):
+    # v3 register blocking: a thread keeps TM x TN sums in registers, so each shared-memory read feeds TM (or TN) FMAs.
+    if BM % TM or BN % TN:
+        raise ValueError(f"config: BM={BM} must be a multiple of TM={TM} and BN={BN} of TN={TN}")
+    ACC = _numpy_scalar(ACCUMULATE[dtype])
+    ACC_T = _numba_type(ACCUMULATE[dtype])
+    op_a = _op_loader(trans_a, batched)
+    op_b = _op_loader(trans_b, batched)
+    update_c = _c_updater(dtype, batched)
+    TX = BN // TN            # threads along x (columns of C)
+    TY = BM // TM            # threads along y (rows of C)
+    THREADS = TX * TY
+    if (BM * BK) % THREADS or (BK * BN) % THREADS:
+        raise ValueError(f"config: the tiles BM*BK={BM * BK} and BK*BN={BK * BN} must be multiples of the "
+                         f"{THREADS} threads (BM/TM * BN/TN)")
+    # Every thread stages the same fixed number of elements: a constant trip count lets the compiler
+    # unroll the staging loops (a grid-stride loop `range(tid, BM*BK, THREADS)` cost 122 registers
+    # instead of 68 for the GPU tiles, see numbarnn.kernels.report).
+    LOADS_A = BM * BK // THREADS
+    LOADS_B = BK * BN // THREADS
+    # Thread (ty, tx) owns rows ty + m*TY (m < TM) and columns tx + n*TX (n < TN) of the block tile:
+    # strided ownership keeps the C stores and the b_tile reads of a warp on consecutive addresses.
+    # Staging order: consecutive threads take consecutive elements along the operand's contiguous axis.
+    A_K_FASTEST = not trans_a   # A [M, K]: contiguous along k; A^T stored [K, M]: along rows
+    B_N_FASTEST = not trans_b   # B [K, N]: contiguous along n; B^T stored [N, K]: along k
+
+    def gemm_v3(
+        M,      # int: rows of op(A) and C
+        N,      # int: columns of op(B) and C
+        K,      # int: columns of op(A) = rows of op(B)
+        alpha,  # scalar (accumulation dtype)
+        a,      # [M, K] ([K, M] if trans_a), [Z, ...] if batched
+        b,      # [K, N] ([N, K] if trans_b), [Z, ...] if batched
+        beta,   # scalar (accumulation dtype)
+        c,      # [M, N], [Z, M, N] if batched (read unless beta == 0, written)
+    ):
+        a_tile = cuda.shared.array((BK, BM), ACC_T)  # [BK, BM]: op(A)[row0 + i, k0 + kk] at [kk, i]
+        b_tile = cuda.shared.array((BK, BN), ACC_T)  # [BK, BN]: op(B)[k0 + kk, col0 + j] at [kk, j]
+        acc = cuda.local.array((TM, TN), ACC_T)      # [TM, TN]: this thread's sums (registers)
+        a_reg = cuda.local.array(TM, ACC_T)          # [TM]: op(A)[its rows, k]
+        b_reg = cuda.local.array(TN, ACC_T)          # [TN]: op(B)[k, its columns]
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * TX + tx
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        z = cuda.blockIdx.z
+        for m in range(TM):
+            for n in range(TN):
+                acc[m, n] = ACC(0)
+        for k0 in range(0, K, BK):
+            # stage the k-tile: THREADS threads copy BM*BK + BK*BN elements, zero outside the matrices
+            for load in range(LOADS_A):
+                e = tid + load * THREADS   # element of the [BM, BK] tile
+                if A_K_FASTEST:
+                    i = e // BK
+                    kk = e % BK
+                else:
+                    i = e % BM
+                    kk = e // BM
+                inside = row0 + i < M and k0 + kk < K
+                a_tile[kk, i] = ACC(op_a(a, z, row0 + i, k0 + kk)) if inside else ACC(0)
+            for load in range(LOADS_B):
+                e = tid + load * THREADS   # element of the [BK, BN] tile
+                if B_N_FASTEST:
+                    kk = e // BN
+                    j = e % BN
+                else:
+                    kk = e % BK
+                    j = e // BK
+                inside = k0 + kk < K and col0 + j < N
+                b_tile[kk, j] = ACC(op_b(b, z, k0 + kk, col0 + j)) if inside else ACC(0)
+            cuda.syncthreads()
+            for kk in range(BK):
+                for m in range(TM):
+                    a_reg[m] = a_tile[kk, ty + m * TY]
+                for n in range(TN):
+                    b_reg[n] = b_tile[kk, tx + n * TX]
+                for m in range(TM):  # outer product: acc[m, n] += op(A)[row_m, k] * op(B)[k, col_n]
+                    for n in range(TN):
+                        acc[m, n] += a_reg[m] * b_reg[n]
+            cuda.syncthreads()
+        for m in range(TM):
+            for n in range(TN):
+                row = row0 + ty + m * TY
+                col = col0 + tx + n * TX
+                if row < M and col < N:
+                    update_c(c, z, row, col, alpha, acc[m, n], beta)
+
+    return gemm_v3
+
+
+def launch_v3(M: int, N: int, Z: int, config: tuple) -> tuple:
+    BM, BN, BK, TM, TN = config
+    return (math.ceil(N / BN), math.ceil(M / BM), Z), (BN // TN, BM // TM, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# versions, cached kernels, specs for the kernel report
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmVersion:
+    number: int
+    title: str
+    make_pyfunc: Callable   # (dtype, trans_a, trans_b, batched, *config) -> plain Python kernel function
+    launch: Callable        # (M, N, Z, config) -> (grid, block)
+    gpu_config: tuple       # tile sizes on a real GPU
+    sim_config: tuple       # tile sizes in the CUDA simulator
+
+    def default_config(self) -> tuple:
+        return self.sim_config if numba_config.ENABLE_CUDASIM else self.gpu_config
+
+    def threads(self, config: tuple) -> int:
+        block = self.launch(1, 1, 1, config)[1]
+        return block[0] * block[1] * block[2]
+
+
+VERSIONS = {
+    1: GemmVersion(1, "naive", make_gemm_v1_pyfunc, launch_v1, gpu_config=(16, 16), sim_config=(4, 4)),
+    2: GemmVersion(2, "shared-memory tiles", make_gemm_v2_pyfunc, launch_v2, gpu_config=(16,), sim_config=(8,)),
+    3: GemmVersion(3, "register blocking", make_gemm_v3_pyfunc, launch_v3,
+                   gpu_config=(64, 64, 8, 4, 4), sim_config=(8, 8, 4, 2, 2)),
+}
+
+
+def kernel_name(version: int, trans_a: bool, trans_b: bool, batched: bool) -> str:
+    """e.g. gemm_v3_nt_batched: n/t = op of A, op of B (BLAS letters)."""
+    ops = ("t" if trans_a else "n") + ("t" if trans_b else "n")
+    return f"gemm_v{version}_{ops}" + ("_batched" if batched else "")
+
+
+@functools.cache
+def get_kernel(version: int, dtype: str, trans_a: bool = False, trans_b: bool = False,
+               batched: bool = False, config: tuple | None = None):
+    """The compiled kernel of one specialisation (cached: each one is compiled once per process)."""
+    v = VERSIONS[version]
+    config = v.default_config() if config is None else tuple(config)
+    pyfunc = v.make_pyfunc(dtype, bool(trans_a), bool(trans_b), bool(batched), *config)
+    return cuda.jit(kernel_signature(dtype, batched))(pyfunc)
+
+
+def kernel_specs() -> list:
+    """(name, dtype, pyfunc, signature, threads per block) of every GEMM specialisation with its GPU tiles,
+    for numbarnn.kernels.registry / report (building them compiles nothing)."""
+    specs = []
+    for number, v in VERSIONS.items():
+        for dtype in DTYPES:
+            for trans_a in (False, True):
+                for trans_b in (False, True):
+                    for batched in (False, True):
+                        pyfunc = v.make_pyfunc(dtype, trans_a, trans_b, batched, *v.gpu_config)
+                        specs.append((kernel_name(number, trans_a, trans_b, batched), dtype, pyfunc,
+                                      kernel_signature(dtype, batched), v.threads(v.gpu_config)))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------------
+# launchers
+# --------------------------------------------------------------------------------------------------
+def _is_device_array(x) -> bool:
+    if isinstance(x, np.ndarray):
+        return False
+    return cuda.devicearray.is_cuda_ndarray(x) or hasattr(x, "__cuda_array_interface__")
+
+
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_scalar(name: str, value) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    return value
+
+
+def result_shape(a_shape: tuple, b_shape: tuple, trans_a: bool, trans_b: bool) -> tuple:
+    """Shape of C = op(A) @ op(B): (M, N), or (Z, M, N) batched.  ValueError naming the mismatch."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    for name, shape in (("a", a_shape), ("b", b_shape)):
+        if len(shape) not in (2, 3):
+            raise ValueError(f"{name}: expected rank 2 ([rows, cols]) or 3 ([Z, rows, cols]), "
+                             f"got rank {len(shape)} with shape {shape}")
+    if len(a_shape) != len(b_shape):
+        raise ValueError(f"b: expected rank {len(a_shape)} like a (both 2-D or both 3-D batched), "
+                         f"got shape {b_shape} with a {a_shape}")
+    batch = ()
+    if len(a_shape) == 3:
+        if b_shape[0] != a_shape[0]:
+            raise ValueError(f"b: expected batch size Z = {a_shape[0]} (the leading dimension of a), "
+                             f"got shape {b_shape}")
+        batch = a_shape[:1]
+    a_2d, b_2d = a_shape[-2:], b_shape[-2:]
+    M, K = (a_2d[1], a_2d[0]) if trans_a else a_2d
+    Kb, N = (b_2d[1], b_2d[0]) if trans_b else b_2d
+    if Kb != K:
+        a_what = "[K, M]" if trans_a else "[M, K]"
+        b_what = "[N, K]" if trans_b else "[K, N]"
+        raise ValueError(f"b: expected {b_what} with K = {K} (a is {a_what} = {a_2d}), got {b_2d}"
+                         f" (shapes a {a_shape}, b {b_shape}, trans_a={trans_a}, trans_b={trans_b})")
+    return batch + (M, N)
+
+
+def gemm_shapes(a_shape: tuple, b_shape: tuple, c_shape: tuple, trans_a: bool, trans_b: bool) -> tuple:
+    """(Z, M, N, K) of C = op(A) @ op(B), Z = 1 when not batched.  ValueError naming the mismatch."""
+    expected = result_shape(a_shape, b_shape, trans_a, trans_b)
+    if tuple(c_shape) != expected:
+        legend = "[Z, M, N]" if len(expected) == 3 else "[M, N]"
+        raise ValueError(f"c: expected shape {legend} = {expected}, got {tuple(c_shape)}")
+    K = a_shape[-2] if trans_a else a_shape[-1]
+    Z = expected[0] if len(expected) == 3 else 1
+    return Z, expected[-2], expected[-1], K
+
+
+def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=3, stream=0, config=None):
+    """C = alpha * op(A) @ op(B) + beta * C on the device, in place; returns c.
+
+    a, b, c: numba device arrays (or any CUDA array), 2-D, or 3-D with a leading batch dimension Z;
+             views with any strides work (a transposed view plus the matching flag is free).
+             op(A) [M, K] (a is [K, M] if trans_a), op(B) [K, N] (b is [N, K] if trans_b), c [M, N].
+    alpha, beta: real numbers; beta == 0 means c is write-only.
+    version: 1, 2 or 3 (see VERSIONS); config: tile sizes of that version (default: the GPU or the
+             simulator tiles of VERSIONS[version]).
+    stream: a CUDA stream or 0 (the default stream).
+    """
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if not _is_device_array(x):
+            raise TypeError(f"{name}: expected a device array (numba.cuda.to_device / device_array), "
+                            f"got {type(x).__name__}; use numbarnn.kernels.gemm.matmul for NumPy arrays")
+    dtype = str(check_same_dtype({"a": a, "b": b, "c": c}))
+    trans_a = _check_flag("trans_a", trans_a)
+    trans_b = _check_flag("trans_b", trans_b)
+    alpha = _check_scalar("alpha", alpha)
+    beta = _check_scalar("beta", beta)
+    if version not in VERSIONS:
+        raise ValueError(f"version: expected one of {sorted(VERSIONS)}, got {version!r}")
+    Z, M, N, K = gemm_shapes(shape_of(a), shape_of(b), shape_of(c), trans_a, trans_b)
+    batched = len(shape_of(a)) == 3
+    if M == 0 or N == 0 or Z == 0:
+        return c  # nothing to write
+    v = VERSIONS[version]
+    config = v.default_config() if config is None else tuple(config)
+    grid, block = v.launch(M, N, Z, config)
+    if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
+        raise ValueError(f"a: M = {M} and batch Z = {Z} need a grid of {grid}, over the CUDA limit of "
+                         f"{_MAX_GRID_YZ} blocks in y and z")
+    kernel = get_kernel(version, dtype, trans_a, trans_b, batched, config)
+    kernel[grid, block, stream](M, N, K, alpha, a, b, beta, c)
+    return c
+
+
+def matmul(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=3, config=None):
+    """NumPy convenience: copies a, b (and c) to the device, runs ``gemm`` and returns C as a NumPy array.
+
+    Without c, C starts as zeros of the inputs' dtype (beta is then irrelevant).  For tests and teaching:
+    real code keeps its operands on the device and calls ``gemm``.
+    """
+    a = np.ascontiguousarray(a)  # host side only: the device copy needs one contiguous buffer
+    b = np.ascontiguousarray(b)
+    if c is None:
+        c = np.zeros(result_shape(a.shape, b.shape, bool(trans_a), bool(trans_b)), dtype=a.dtype)
+    c = np.ascontiguousarray(c)
+    d_a, d_b, d_c = cuda.to_device(a), cuda.to_device(b), cuda.to_device(c)
+    gemm(d_a, d_b, d_c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, version=version,
+         config=config)
+    return d_c.copy_to_host()
