@@ -1,0 +1,952 @@
+"""The ``numbarnn`` command line (also ``python -m numbarnn``).
+
+    numbarnn check    [config flags]   forward + backward on random data: finite-difference check of the
+                                       reference, every backend against the float64 reference (SPEC 10);
+                                       with no config flags, a sweep of ~12 small configurations
+    numbarnn explain  [config flags]   the opaque params layout, the reserve_space layout, the launch plan
+    numbarnn kernels  [--json] [--cc 80 90]   registers / spills / occupancy of every kernel (no GPU needed)
+    numbarnn bench    [args]           the benchmark scripts (need a real GPU)
+
+No GPU: the cuda backend runs in numba's CUDA simulator. NUMBA_ENABLE_CUDASIM must be set before numba
+is imported, so nothing here imports numba (or a module that does) at module level: `main` first decides
+whether a real GPU is present (``nvidia-smi -L``, or NUMBARNN_REAL_GPU=1), sets NUMBA_ENABLE_CUDASIM=1 when
+none is and the user did not set the variable, and only then imports numbarnn's ops and backends.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+SIM_VAR = "NUMBA_ENABLE_CUDASIM"
+REAL_GPU_VAR = "NUMBARNN_REAL_GPU"
+CUDA_BACKEND_MODULE = "numbarnn.kernels.backend"
+
+MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+DIRECTIONS = ("unidirectional", "bidirectional")
+INPUT_MODES = ("linear_input", "skip_input", "auto_select")
+DTYPES = ("float16", "float32", "float64")
+BACKEND_NAMES = ("reference", "cuda")
+
+#: relative-error tolerance of the float64 finite-difference check of the reference (directional, eps=1e-6)
+FD_TOLERANCE = 1e-5
+
+RNN_OUTPUTS = ("output", "output_h", "output_c", "reserve_space")
+RNN_GRADIENTS = ("input_backprop", "input_h_backprop", "input_c_backprop", "params_backprop")
+BLOCK_OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
+BLOCK_GRADIENTS = ("x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad",
+                   "b_grad")
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU or simulator: decided before numba is imported
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def real_gpu_present() -> bool:
+    """A real NVIDIA GPU, found without importing numba: NUMBARNN_REAL_GPU=1, or `nvidia-smi -L` lists one."""
+    if os.environ.get(REAL_GPU_VAR) == "1":
+        return True
+    if os.environ.get(REAL_GPU_VAR) == "0":
+        return False
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        proc = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0 and "GPU" in proc.stdout
+
+
+def setup_cuda_environment() -> str:
+    """Enable the CUDA simulator when there is no GPU and the user did not choose; returns a description."""
+    if SIM_VAR in os.environ:
+        where = "CUDA simulator" if os.environ[SIM_VAR] == "1" else "real GPU"
+        return f"{where} ({SIM_VAR}={os.environ[SIM_VAR]} set by the user)"
+    if real_gpu_present():
+        return "real GPU"
+    os.environ[SIM_VAR] = "1"
+    if "numba" in sys.modules:   # too late for numba to notice (only happens when embedded, e.g. in a test run)
+        return f"CUDA simulator requested, but numba was imported before {SIM_VAR}=1 was set"
+    return f"CUDA simulator (no GPU found; {SIM_VAR}=1 set)"
+
+
+def load_cuda_backend():
+    """(module, None) or (None, reason) for numbarnn.kernels.backend (the kernels may not exist yet)."""
+    try:
+        return importlib.import_module(CUDA_BACKEND_MODULE), None
+    except Exception as exc:  # missing module, or one being written: report, do not crash
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# one configuration to check / explain
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Spec:
+    """One configuration of `check` / `explain` (cuDNN RNN op, or BlockLSTM when blocklstm=True)."""
+
+    mode: str = "lstm"
+    layers: int = 1                 # L
+    units: int = 3                  # H (C for BlockLSTM)
+    input_size: int | None = None   # I (None: H for skip_input, else 2)
+    direction: str = "unidirectional"
+    input_mode: str = "linear_input"
+    proj: int = 0                   # num_proj (P), 0 = none
+    batch: int = 2                  # B
+    time: int = 3                   # T
+    lengths: tuple | None = None    # sequence_lengths [B], None = all T
+    dtype: str = "float32"
+    dropout: float = 0.0
+    seed: int = 0                   # op attributes seed / seed2 (dropout)
+    seed2: int = 0
+    data_seed: int = 0              # random inputs, params and upstream gradients
+    batch_major: bool = False       # time_major=False
+    blocklstm: bool = False
+    peephole: bool = False
+    v1: bool = False                # BlockLSTM (V1, layout icfo) instead of BlockLSTMV2 (ifco)
+    cell_clip: float | None = None  # None: the op's default (V1 3.0, V2 0.0 = off)
+    forget_bias: float = 1.0        # V1 only
+    seq_len_max: int | None = None  # BlockLSTM; None = T
+
+    @property
+    def I(self) -> int:  # noqa: E743 - the SPEC's letter
+        if self.input_size is not None:
+            return self.input_size
+        return self.units if self.input_mode == "skip_input" else 2
+
+    @property
+    def clip(self) -> float:
+        return (3.0 if self.v1 else 0.0) if self.cell_clip is None else self.cell_clip
+
+    @property
+    def slm(self) -> int:
+        return self.time if self.seq_len_max is None else self.seq_len_max
+
+    def label(self) -> str:
+        if self.blocklstm:
+            parts = ["BlockLSTM" if self.v1 else "BlockLSTMV2", f"C={self.units}", f"I={self.I}",
+                     f"T={self.time}", f"B={self.batch}"]
+            if self.peephole:
+                parts.append("peephole")
+            if self.slm != self.time:
+                parts.append(f"seq_len_max={self.slm}")
+            if self.clip > 0:
+                parts.append(f"cell_clip={self.clip:g}")
+            if self.v1:
+                parts.append(f"forget_bias={self.forget_bias:g}")
+            return " ".join(parts + [self.dtype])
+        parts = [self.mode, f"L={self.layers}", f"H={self.units}", f"I={self.I}", f"T={self.time}",
+                 f"B={self.batch}"]
+        if self.direction == "bidirectional":
+            parts.append("bidirectional")
+        if self.input_mode != "linear_input":
+            parts.append(self.input_mode)
+        if self.proj:
+            parts.append(f"proj={self.proj}")
+        if self.lengths is not None:
+            parts.append("lengths=" + ",".join(str(v) for v in self.lengths))
+        if self.batch_major:
+            parts.append("batch-major")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout:g}")
+        return " ".join(parts + [self.dtype])
+
+    def rnn_config(self):
+        from .config import rnn_config
+        return rnn_config(self.layers, self.units, self.I, self.mode, self.input_mode, self.direction, self.proj,
+                          self.dropout, self.seed, self.seed2)
+
+    def rnn_call(self, is_training: bool = True):
+        import numpy as np
+
+        from .config import RNNCall
+        lengths = self.lengths if self.lengths is not None else (self.time,) * self.batch
+        return RNNCall(self.rnn_config(), self.time, self.batch, np.dtype(self.dtype), not self.batch_major,
+                       is_training, tuple(lengths))
+
+
+#: the configurations of `numbarnn check` without config flags: every mode, bidirectional, projection,
+#: skip input, ragged lengths with 0, batch-major, dropout, float32 and float64, BlockLSTM V1/V2 with peephole
+SWEEP = (
+    Spec(mode="lstm", layers=1, units=3, input_size=2, time=3, batch=2, dtype="float64"),
+    Spec(mode="gru", layers=2, units=3, input_size=2, direction="bidirectional", time=3, batch=3,
+         lengths=(3, 1, 2), dtype="float32"),
+    Spec(mode="rnn_tanh", layers=1, units=3, input_mode="skip_input", time=3, batch=2, dtype="float64"),
+    Spec(mode="rnn_relu", layers=2, units=2, input_size=3, time=3, batch=2, batch_major=True, dtype="float32"),
+    Spec(mode="lstm", layers=2, units=4, input_size=3, proj=2, direction="bidirectional", time=3, batch=2,
+         dtype="float32"),
+    Spec(mode="lstm", layers=1, units=3, input_size=2, direction="bidirectional", time=4, batch=4,
+         lengths=(4, 2, 0, 1), dtype="float64"),
+    Spec(mode="gru", layers=2, units=3, input_size=3, input_mode="auto_select", time=3, batch=2, dropout=0.5,
+         seed=7, seed2=11, dtype="float64"),
+    Spec(mode="lstm", layers=2, units=3, input_size=2, direction="bidirectional", time=3, batch=2, dropout=0.3,
+         seed=3, seed2=5, batch_major=True, lengths=(3, 1), dtype="float32"),
+    Spec(mode="rnn_tanh", layers=2, units=4, input_size=2, direction="bidirectional", time=4, batch=3,
+         lengths=(2, 4, 0), dtype="float32"),
+    Spec(blocklstm=True, v1=True, peephole=True, units=3, input_size=2, time=3, batch=2, dtype="float64"),
+    Spec(blocklstm=True, v1=False, peephole=True, units=3, input_size=2, time=4, batch=2, seq_len_max=3,
+         dtype="float32"),
+    Spec(blocklstm=True, v1=False, units=4, input_size=3, time=3, batch=3, cell_clip=0.5, dtype="float64"),
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    name: str
+    backend: str
+    error: float | None     # relative error; None when it could not be computed
+    tolerance: float
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is not None and self.error <= self.tolerance
+
+
+@dataclass
+class CheckResult:
+    spec: Spec
+    rows: list = field(default_factory=list)
+    launches: dict = field(default_factory=dict)   # backend -> {"forward": n, "backward": n}
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
+
+    def worst(self, backend: str) -> Row | None:
+        """The row of `backend` furthest from its tolerance (a failure first)."""
+        rows = [r for r in self.rows if r.backend == backend]
+        if not rows:
+            return None
+        return max(rows, key=lambda r: float("inf") if r.error is None else r.error / max(r.tolerance, 1e-300))
+
+
+def _fmt_err(e: float | None) -> str:
+    return "-" if e is None else f"{e:.2e}"
+
+
+def format_table(headers, rows) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(headers).rstrip(), "-+-".join("-" * w for w in widths)] + [line(r).rstrip() for r in rows])
+
+
+def rows_table(rows) -> str:
+    body = [(r.name, r.backend, _fmt_err(r.error), f"{r.tolerance:.0e}", "ok" if r.ok else "FAIL")
+            + ((r.note,) if any(x.note for x in rows) else ()) for r in rows]
+    headers = ("name", "backend", "rel. error", "tolerance", "ok") + (("note",) if any(x.note for x in rows)
+                                                                     else ())
+    return format_table(headers, body)
+
+
+# ---------------------------------------------------------------------------------------------------
+# check: cuDNN RNN ops
+# ---------------------------------------------------------------------------------------------------
+
+def _host(a):
+    """NumPy copy of a host or device array (None stays None)."""
+    import numpy as np
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    return np.asarray(a)
+
+
+def _tolerances(dtype, override):
+    import numpy as np
+
+    from .testing import TOLERANCES
+    out_tol, grad_tol = TOLERANCES[np.dtype(dtype)]
+    return (override, override) if override is not None else (out_tol, grad_tol)
+
+
+def launch_info(be_module, phase: str):
+    """(total, detail) of the backend's last `phase` call from its `last_launch_count()`, or None.
+
+    Accepts an int, an object with `total` (and optionally `per_step`, `steps`, `by_kernel`), or a dict of
+    those keyed by "forward" / "backward".
+    """
+    if be_module is None or not hasattr(be_module, "last_launch_count"):
+        return None
+    try:
+        raw = be_module.last_launch_count()
+    except Exception as exc:
+        return None, f"last_launch_count() failed: {_exc(exc)}"
+    if isinstance(raw, dict):
+        raw = raw.get(phase)
+    if raw is None:
+        return None
+    if isinstance(raw, int):
+        return raw, str(raw)
+    total = getattr(raw, "total", None)
+    if not isinstance(total, int):
+        return None, str(raw)
+    parts = [str(total)]
+    if getattr(raw, "steps", 0):
+        parts.append(f"({getattr(raw, 'per_step', '?')} per step x {raw.steps} steps")
+        parts[-1] += ")" if not getattr(raw, "by_kernel", None) else ";"
+    by_kernel = getattr(raw, "by_kernel", None)
+    if by_kernel:
+        text = ", ".join(f"{k} {v}" for k, v in by_kernel.items())
+        parts.append(text + ")" if len(parts) > 1 else f"({text})")
+    return total, " ".join(parts)
+
+
+def _run_rnn(case, backend: str, be_module=None):
+    """{name: NumPy array} of forward and backward on `backend`, plus the launch counts when exposed."""
+    from .testing import run_backward, run_forward
+    launches = {}
+    fwd = run_forward(case, backend)
+    info = launch_info(be_module, "forward")
+    if info is not None:
+        launches["forward"] = info
+    bwd = run_backward(case, fwd, backend)
+    info = launch_info(be_module, "backward")
+    if info is not None:
+        launches["backward"] = info
+    y, hT, cT, reserve, _ = fwd
+    dx, dh0, dc0, dparams = bwd
+    named = {"output": y, "output_h": hT, "output_c": cT, "reserve_space": reserve, "input_backprop": dx,
+             "input_h_backprop": dh0, "input_c_backprop": dc0, "params_backprop": dparams}
+    if not case.cfg.is_lstm:            # output_c / input_c_backprop are empty placeholders (SPEC 3)
+        named.pop("output_c")
+        named.pop("input_c_backprop")
+    return {k: _host(v) for k, v in named.items()}, launches
+
+
+def _compare(result: CheckResult, got: dict, ref: dict, backend: str, output_names, tol_out, tol_grad):
+    from .testing import relative_error
+    for name in ref:
+        tol = tol_out if name in output_names else tol_grad
+        if name not in got:
+            result.rows.append(Row(name, backend, None, tol, "missing"))
+            continue
+        try:
+            result.rows.append(Row(name, backend, relative_error(got[name], ref[name]), tol))
+        except ValueError as exc:
+            result.rows.append(Row(name, backend, None, tol, str(exc)))
+
+
+def check_rnn(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckResult:
+    import numpy as np
+
+    from .testing import check_rnn_gradients, make_rnn_case
+    result = CheckResult(spec)
+    cfg = spec.rnn_config()
+    lengths = None if spec.lengths is None else np.asarray(spec.lengths, dtype=np.int32)
+    case64 = make_rnn_case(cfg, spec.time, spec.batch, lengths, seed=spec.data_seed, dtype=np.float64,
+                           time_major=not spec.batch_major)
+    fd_tol = FD_TOLERANCE if tolerance is None else tolerance
+    if "reference" in backends:        # finite differences of the reference, in float64
+        try:
+            for name, err in check_rnn_gradients(case64, backend="reference", seed=spec.data_seed).items():
+                result.rows.append(Row(f"{name} (FD)", "reference", err, fd_tol))
+        except Exception as exc:
+            result.rows.append(Row("finite differences", "reference", None, fd_tol, _exc(exc)))
+    # the float64 reference of exactly the inputs the backends see (rounded to the dtype first)
+    case = case64.astype(spec.dtype)
+    compare_to = [b for b in backends if b != "reference" or np.dtype(spec.dtype) != np.float64]
+    if not compare_to:
+        return result
+    ref, _ = _run_rnn(case.astype(np.float64), "reference")
+    tol_out, tol_grad = _tolerances(spec.dtype, tolerance)
+    for backend in compare_to:
+        module = cuda_module if backend == "cuda" else None
+        try:
+            got, launches = _run_rnn(case, backend, module)
+        except Exception as exc:
+            result.rows.append(Row("forward/backward", backend, None, tol_out, _exc(exc)))
+            continue
+        if launches:
+            result.launches[backend] = launches
+        _compare(result, got, ref, backend, RNN_OUTPUTS, tol_out, tol_grad)
+    return result
+
+
+def _exc(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------
+# check: BlockLSTM ops
+# ---------------------------------------------------------------------------------------------------
+
+def _block_inputs(spec: Spec, dtype):
+    """x, cs_prev, h_prev, w, wci, wcf, wco, b and the upstream cs_grad, h_grad (float64, then cast)."""
+    import numpy as np
+    rng = np.random.default_rng(spec.data_seed)
+    T, B, I, C = spec.time, spec.batch, spec.I, spec.units
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.5).astype(dtype)
+
+    inputs = dict(x=rand(T, B, I), cs_prev=rand(B, C), h_prev=rand(B, C), w=rand(I + C, 4 * C), wci=rand(C),
+                  wcf=rand(C), wco=rand(C), b=rand(4 * C))
+    upstream = dict(cs_grad=rand(T, B, C), h_grad=rand(T, B, C))
+    return inputs, upstream
+
+
+_BLOCK_ARGS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+
+
+def _run_block(spec: Spec, inputs: dict, upstream: dict, backend: str, be_module=None):
+    from . import ops
+    args = [inputs[k] for k in _BLOCK_ARGS]
+    launches = {}
+    if spec.v1:
+        fwd = ops.block_lstm(spec.slm, *args, forget_bias=spec.forget_bias, cell_clip=spec.clip,
+                             use_peephole=spec.peephole, backend=backend)
+    else:
+        fwd = ops.block_lstm_v2(spec.slm, *args, cell_clip=spec.clip, use_peephole=spec.peephole,
+                                backend=backend)
+    info = launch_info(be_module, "forward")
+    if info is not None:
+        launches["forward"] = info
+    grad_op = ops.block_lstm_grad if spec.v1 else ops.block_lstm_grad_v2
+    bwd = grad_op(spec.slm, *args, *fwd, upstream["cs_grad"], upstream["h_grad"], use_peephole=spec.peephole,
+                  backend=backend)
+    info = launch_info(be_module, "backward")
+    if info is not None:
+        launches["backward"] = info
+    named = dict(zip(BLOCK_OUTPUTS, fwd))
+    named.update(zip(BLOCK_GRADIENTS, bwd))
+    if not spec.peephole:   # the peephole gradients are not defined without peepholes
+        for k in ("wci_grad", "wcf_grad", "wco_grad"):
+            named.pop(k)
+    return {k: _host(v) for k, v in named.items()}, launches
+
+
+def _block_fd_rows(spec: Spec, result: CheckResult, tolerance):
+    """Directional finite differences of <cs, cs_grad> + <h, h_grad> for the reference, in float64."""
+    import numpy as np
+
+    from .testing import directional_check
+    inputs, upstream = _block_inputs(spec, np.float64)
+    got, _ = _run_block(spec, inputs, upstream, "reference")
+    fd_tol = FD_TOLERANCE if tolerance is None else tolerance
+    note = ""
+    if spec.clip > 0 and np.max(np.abs(got["cs"]), initial=0.0) >= spec.clip:
+        # TF's gradient ignores the clip, so finite differences through an active clip disagree by design:
+        # check the gradient of the same cell without the clip instead
+        spec = replace(spec, cell_clip=0.0)
+        got, _ = _run_block(spec, inputs, upstream, "reference")
+        note = "cell_clip active: checked with cell_clip=0 (the gradient ignores the clip)"
+
+    def loss(name):
+        def f(v):
+            out, _ = _run_block(spec, {**inputs, name: v}, upstream, "reference")
+            return float(np.vdot(out["cs"], upstream["cs_grad"]) + np.vdot(out["h"], upstream["h_grad"]))
+        return f
+
+    rng = np.random.default_rng(spec.data_seed)
+    for arg in _BLOCK_ARGS:
+        if arg in ("wci", "wcf", "wco") and not spec.peephole:
+            continue
+        err = directional_check(loss(arg), inputs[arg], got[f"{arg}_grad"], rng)
+        result.rows.append(Row(f"{arg}_grad (FD)", "reference", err, fd_tol, note))
+
+
+def check_block(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckResult:
+    import numpy as np
+    result = CheckResult(spec)
+    if "reference" in backends:
+        try:
+            _block_fd_rows(spec, result, tolerance)
+        except Exception as exc:
+            result.rows.append(Row("finite differences", "reference", None,
+                                   FD_TOLERANCE if tolerance is None else tolerance, _exc(exc)))
+    inputs, upstream = _block_inputs(spec, np.float64)
+    inputs = {k: v.astype(spec.dtype) for k, v in inputs.items()}
+    upstream = {k: v.astype(spec.dtype) for k, v in upstream.items()}
+    compare_to = [b for b in backends if b != "reference" or np.dtype(spec.dtype) != np.float64]
+    if not compare_to:
+        return result
+    ref, _ = _run_block(spec, {k: v.astype(np.float64) for k, v in inputs.items()},
+                        {k: v.astype(np.float64) for k, v in upstream.items()}, "reference")
+    tol_out, tol_grad = _tolerances(spec.dtype, tolerance)
+    for backend in compare_to:
+        try:
+            got, launches = _run_block(spec, inputs, upstream, backend,
+                                       cuda_module if backend == "cuda" else None)
+        except Exception as exc:
+            result.rows.append(Row("forward/backward", backend, None, tol_out, _exc(exc)))
+            continue
+        if launches:
+            result.launches[backend] = launches
+        _compare(result, got, ref, backend, BLOCK_OUTPUTS, tol_out, tol_grad)
+    return result
+
+
+def check_spec(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckResult:
+    start = time.perf_counter()
+    run = check_block if spec.blocklstm else check_rnn
+    try:
+        result = run(spec, backends, tolerance, cuda_module)
+    except Exception as exc:   # e.g. the float64 reference itself failed: a failed check, not a crash
+        result = CheckResult(spec, [Row("check", "reference", None, FD_TOLERANCE, _exc(exc))])
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# argument parsing
+# ---------------------------------------------------------------------------------------------------
+
+#: Spec field -> argparse dest of the config flags (all default to None: "not given")
+CONFIG_DESTS = ("mode", "layers", "units", "input_size", "direction", "input_mode", "proj", "batch", "time",
+                "lengths", "dtype", "dropout", "seed", "seed2", "data_seed", "batch_major", "blocklstm", "peephole",
+                "v1", "cell_clip", "forget_bias", "seq_len_max")
+
+
+def _int_list(text: str) -> tuple:
+    try:
+        values = tuple(int(v) for v in text.replace(" ", "").split(",") if v != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 7,5,5,2,1,1, got {text!r}")
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one length")
+    return values
+
+
+def _name_list(text: str) -> tuple:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [n for n in names if n not in BACKEND_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(BACKEND_NAMES)}, "
+                                         f"got {text!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _nonnegative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("configuration (the op attributes; defaults: lstm L=1 H=3 I=2 T=3 B=2 float32)")
+    g.add_argument("--mode", choices=MODES, help="rnn_mode")
+    g.add_argument("--layers", type=_positive, help="num_layers L")
+    g.add_argument("--units", type=_positive, help="num_units H (cell size C with --blocklstm)")
+    g.add_argument("--input-size", dest="input_size", type=_positive, help="input size I (default: H for "
+                   "skip_input, else 2)")
+    g.add_argument("--direction", choices=DIRECTIONS)
+    g.add_argument("--input-mode", dest="input_mode", choices=INPUT_MODES)
+    g.add_argument("--proj", type=_nonnegative, help="num_proj P (LSTM only; 0 = none)")
+    g.add_argument("--batch", type=_nonnegative, help="batch B")
+    g.add_argument("--time", type=_nonnegative, help="max time T")
+    g.add_argument("--lengths", type=_int_list, help="sequence_lengths, e.g. 7,5,5,2,1,1 (sets B; T defaults "
+                   "to the largest)")
+    g.add_argument("--dtype", choices=DTYPES)
+    g.add_argument("--dropout", type=float, help="dropout probability (applies with L > 1)")
+    g.add_argument("--seed", type=int, help="op attribute seed (dropout)")
+    g.add_argument("--seed2", type=int, help="op attribute seed2 (dropout)")
+    g.add_argument("--data-seed", dest="data_seed", type=int, help="seed of the random inputs and params")
+    g.add_argument("--batch-major", dest="batch_major", action="store_true", default=None,
+                   help="time_major=False: [B, T, ...] arrays")
+    b = p.add_argument_group("BlockLSTM (--blocklstm: BlockLSTMV2 / BlockLSTMGradV2, or V1 with --v1)")
+    b.add_argument("--blocklstm", action="store_true", default=None, help="check the BlockLSTM ops instead")
+    b.add_argument("--peephole", action="store_true", default=None, help="use_peephole=True")
+    b.add_argument("--v1", action="store_true", default=None, help="BlockLSTM / BlockLSTMGrad (layout i,ci,f,o)")
+    b.add_argument("--cell-clip", dest="cell_clip", type=float, help="cell_clip (default: V1 3.0, V2 0 = off)")
+    b.add_argument("--forget-bias", dest="forget_bias", type=float, help="forget_bias (V1, default 1.0)")
+    b.add_argument("--seq-len-max", dest="seq_len_max", type=_nonnegative, help="seq_len_max (default T)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numbarnn",
+        description="cuDNN's RNN ops and TensorFlow's BlockLSTM ops as numba.cuda kernels, checked against a "
+                    "NumPy reference. Without a GPU the cuda backend runs in numba's CUDA simulator.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    check = sub.add_parser("check", help="check forward/backward of every backend against the float64 reference",
+                           description="Forward and backward on random data: a float64 finite-difference check of "
+                                       "the reference, and every other backend against the float64 reference "
+                                       "(SPEC 10 tolerances). Without configuration flags: a sweep of small "
+                                       "configurations. Exit status 1 on any failure.")
+    _add_config_flags(check)
+    check.add_argument("--backends", type=_name_list,
+                       help="comma-separated backends (default: reference, plus cuda when numbarnn.kernels.backend "
+                            "imports)")
+    check.add_argument("--quick", action="store_true", help="reference finite-difference checks only (fast)")
+    check.add_argument("--tolerance", type=float, help="override every tolerance (for experiments)")
+    check.add_argument("-v", "--verbose", action="store_true", help="print the full table of every sweep config")
+
+    explain = sub.add_parser("explain", help="params layout, reserve_space layout and kernel launch plan",
+                             description="Show the opaque params layout, what reserve_space holds and the kernel "
+                                         "launch plan of one configuration.")
+    _add_config_flags(explain)
+
+    sub.add_parser("kernels", help="registers, spills and occupancy of every kernel ([--json] [--cc 80 90])",
+                   add_help=False)
+    sub.add_parser("bench", help="run the benchmark scripts (needs a real GPU)", add_help=False)
+    return parser
+
+
+def spec_from_args(args) -> Spec:
+    """The single configuration the flags describe (unset flags take Spec's defaults)."""
+    given = {k: getattr(args, k) for k in CONFIG_DESTS if getattr(args, k, None) is not None}
+    spec = Spec(**given)
+    if spec.lengths is not None:
+        if args.batch is not None and args.batch != len(spec.lengths):
+            raise ValueError(f"--lengths: expected --batch={args.batch} lengths, got {len(spec.lengths)}")
+        spec = replace(spec, batch=len(spec.lengths))
+        if args.time is None:
+            spec = replace(spec, time=max(1, max(spec.lengths)))
+        bad = [v for v in spec.lengths if not 0 <= v <= spec.time]
+        if bad:
+            raise ValueError(f"--lengths: expected every length in [0, T = {spec.time}], got {bad[0]}")
+        if spec.blocklstm:
+            raise ValueError("--lengths: BlockLSTM has no per-sequence lengths; use --seq-len-max")
+    if spec.blocklstm:
+        if spec.slm > spec.time or spec.slm < 0:
+            raise ValueError(f"--seq-len-max: expected 0 <= seq_len_max <= T = {spec.time}, got {spec.slm}")
+    else:
+        spec.rnn_config()     # SPEC 11 checks of the attributes: a clear ValueError now, not a failed row later
+    return spec
+
+
+def _config_given(args) -> bool:
+    return any(getattr(args, k, None) is not None for k in CONFIG_DESTS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# commands
+# ---------------------------------------------------------------------------------------------------
+
+def _print_launches(result: CheckResult, indent: str = "") -> None:
+    for backend, counts in result.launches.items():
+        for phase, (_, detail) in counts.items():
+            print(f"{indent}{backend} kernel launches, {phase}: {detail}")
+
+
+def cmd_check(args) -> int:
+    spec = None
+    if _config_given(args):
+        try:
+            spec = spec_from_args(args)
+        except (ValueError, TypeError) as exc:
+            print(f"numbarnn check: error: {exc}", file=sys.stderr)
+            return 2
+    env = setup_cuda_environment()
+    if args.quick:
+        backends = ("reference",)
+    elif args.backends is not None:
+        backends = args.backends
+    else:
+        backends = ("reference", "cuda")
+    cuda_module = None
+    if "cuda" in backends:
+        cuda_module, why = load_cuda_backend()
+        if cuda_module is None:
+            if args.backends is not None and "cuda" in args.backends:
+                print(f"numbarnn check: error: --backends cuda: {CUDA_BACKEND_MODULE} does not import ({why})",
+                      file=sys.stderr)
+                return 2
+            print(f"note: cuda backend not available ({why}); checking the reference only")
+            backends = tuple(b for b in backends if b != "cuda")
+        else:
+            print(f"cuda backend: {env}")
+    print(f"backends: {', '.join(backends)}")
+
+    if spec is not None:
+        print(spec.label())
+        result = check_spec(spec, backends, args.tolerance, cuda_module)
+        print(rows_table(result.rows))
+        _print_launches(result)
+        verdict = "ok" if result.ok else "FAILED"
+        print(f"{verdict} ({result.seconds:.1f} s)")
+        return 0 if result.ok else 1
+
+    results = []
+    n = len(SWEEP)
+    for k, spec in enumerate(SWEEP, 1):
+        print(f"[{k}/{n}] {spec.label()} ...", end=" ", flush=True)
+        result = check_spec(spec, backends, args.tolerance, cuda_module)
+        results.append(result)
+        print(f"{'ok' if result.ok else 'FAIL'} ({result.seconds:.1f} s)", flush=True)
+        if args.verbose or not result.ok:
+            print("    " + rows_table(result.rows).replace("\n", "\n    "))
+            _print_launches(result, "    ")
+    summary = []
+    for k, result in enumerate(results, 1):
+        for backend in dict.fromkeys(r.backend for r in result.rows):
+            w = result.worst(backend)
+            launches = result.launches.get(backend, {})
+            worst = f"{w.name}: {_fmt_err(w.error)}" if w.error is not None else \
+                f"{w.name}: {(w.note or 'error')[:48]}"
+            summary.append((k, result.spec.label(), backend, worst, f"{w.tolerance:.0e}",
+                            "/".join(str(launches[x][0]) for x in ("forward", "backward") if x in launches) or "-",
+                            "ok" if all(r.ok for r in result.rows if r.backend == backend) else "FAIL"))
+    print()
+    print(format_table(("#", "configuration", "backend", "worst rel. error", "tolerance", "launches f/b", "ok"),
+                       summary))
+    failed = [r for r in results if not r.ok]
+    total = sum(r.seconds for r in results)
+    print(f"\n{n - len(failed)}/{n} configurations ok ({total:.1f} s)")
+    return 1 if failed else 0
+
+
+# explain ---------------------------------------------------------------------------------------------
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _print_plan(plan) -> None:
+    if isinstance(plan, str):
+        print(plan)
+    elif isinstance(plan, dict):
+        for k, v in plan.items():
+            print(f"  {k}: {v}")
+    else:
+        for item in plan:
+            if isinstance(item, dict):
+                print("  " + ", ".join(f"{k}={v}" for k, v in item.items()))
+            else:
+                print(f"  {item}")
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} "
+
+
+def textual_plan(call) -> list[str]:
+    """The launch plan derived from the configuration alone (what the kernels are designed to do)."""
+    cfg, T, B = call.config, call.T, call.B
+    L, D, G, H, P = cfg.L, cfg.D, cfg.G, cfg.H, cfg.P
+    isz = call.dtype.itemsize
+    S = {"lstm": 4, "gru": 4}.get(cfg.rnn_mode, 1)            # activation slots per cell in the reserve
+    pw = {"lstm": 12, "gru": 12}.get(cfg.rnn_mode, 3)          # rough pointwise FLOPs per gate element
+    both = "for both directions" if D == 2 else "(one direction)"
+    lines = ["forward (one call):"]
+    n_fwd = 0
+    for layer in range(L):
+        I_l = cfg.layer_input_size(layer)
+        lines.append(f"  layer {layer}:")
+        if cfg.has_w(layer):
+            flops = 2 * T * B * I_l * G * H
+            lines.append(f"    {D} input-projection GEMM(s), one per direction: x_l {_shape((T * B, I_l))} @ "
+                         f"W^T {_shape((I_l, G * H))} -> {_shape((T * B, G * H))}, ~{_human(flops)}FLOP each")
+            n_fwd += D
+        else:
+            lines.append("    no input GEMM (skip_input: x is added to every gate's pre-activation)")
+        if layer > 0 and call.dropout_active:
+            lines.append(f"    its input is multiplied by the dropout keep mask (Philox, reserve keep{layer})")
+        per_step = 1 + (1 if cfg.has_proj else 0)
+        lines.append(f"    per step (T = {T}): 1 fused recurrent+pointwise launch {both} "
+                     f"(R h + bR, gates, state update)" + (" + 1 projection launch (W_proj m)" if cfg.has_proj
+                                                           else ""))
+        n_fwd += T * per_step
+        flops = D * (2 * B * G * H * P + pw * B * G * H + (2 * B * P * H if cfg.has_proj else 0))
+        bytes_ = isz * D * (G * H * P + B * G * H + 2 * B * P + (2 * B * H if cfg.is_lstm else 0) + B * S * H
+                            + (P * H + B * H if cfg.has_proj else 0))
+        lines.append(f"      per step ~{_human(flops)}FLOP, ~{_human(bytes_)}B moved (R, gate inputs, h/c, reserve)")
+    lines.append(f"  total: {n_fwd} launches")
+    lines.append("backward (one call), layers L-1 .. 0:")
+    n_bwd = 0
+    for layer in reversed(range(L)):
+        I_l = cfg.layer_input_size(layer)
+        lines.append(f"  layer {layer}:")
+        lines.append(f"    per step (T = {T}, reverse order): 2 launches {both}: pointwise "
+                     f"gate backward (dgates from dh, dc and the saved activations), then dh_prev = R^T dgates"
+                     + (" (+ projection backward)" if cfg.has_proj else ""))
+        n_bwd += 2 * T
+        flops = D * (2 * B * G * H * P + pw * B * G * H + (4 * B * P * H if cfg.has_proj else 0))
+        bytes_ = isz * D * (G * H * P + 2 * B * G * H + B * S * H + 4 * B * P + (3 * B * H if cfg.is_lstm else 0))
+        lines.append(f"      per step ~{_human(flops)}FLOP, ~{_human(bytes_)}B moved")
+        gemms = 3 if cfg.has_w(layer) else 2
+        lines.append("    then per direction: " + ("dW = dgates^T x_l, " if cfg.has_w(layer) else "")
+                     + "dR = dgates^T h_prev, " + ("dx = dgates W" if cfg.has_w(layer) else "dx = sum of dgates "
+                                                    "over gates (skip_input)")
+                     + f" GEMMs (~{_human(2 * T * B * G * H * ((2 * I_l if cfg.has_w(layer) else 0) + P))}FLOP "
+                       "per direction)")
+        n_bwd += D * gemms
+    lines.append(f"  total: {n_bwd} launches (bias gradients are reductions of dgates)")
+    return lines
+
+
+def cmd_explain(args) -> int:
+    env = setup_cuda_environment()
+    try:
+        spec = spec_from_args(args)
+    except (ValueError, TypeError) as exc:
+        print(f"numbarnn explain: error: {exc}", file=sys.stderr)
+        return 2
+    if spec.blocklstm:
+        return _explain_block(spec)
+    from .params import param_regions, params_size
+    from .reserve import reserve_entries, reserve_size
+    call = spec.rnn_call(is_training=True)
+    cfg = call.config
+    print(f"configuration: {spec.label()}")
+    print(f"  L={cfg.L} D={cfg.D} G={cfg.G} (gates {', '.join(cfg.gate_names)}) H={cfg.H} P={cfg.P} I={cfg.I} "
+          f"input_mode={cfg.input_mode} time_major={call.time_major}")
+    print(f"\nparams: {params_size(cfg)} elements (SPEC 4.2: every matrix, then every bias; row-major [out, in])")
+    rows = [(str(r.offset), str(r.size), _shape(r.shape), f"{r.describe(cfg)} (linear id {r.linear_id})")
+            for r in param_regions(cfg)]
+    print(format_table(("offset", "size", "shape", "meaning"), rows))
+    if cfg.skip_input:
+        print("  (skip_input: the layer-0 W matrices are absent, W = identity; their biases remain)")
+    print(f"\nreserve_space: {reserve_size(call)} elements for a training call (time-major, original time "
+          f"indices, 0 past each sequence's length)")
+    rows = [(e.name, str(e.offset), _shape(e.shape), e.meaning) for e in reserve_entries(call)]
+    print(format_table(("name", "offset", "shape", "meaning"), rows))
+    if cfg.dropout > 0 and cfg.L > 1:
+        print("  (keep flags: a pure function of (seed, seed2, layer, t, b, j), SPEC 6)")
+    print("host_reserved: int8 fingerprint of the forward call (mode, shapes, dtype, lengths, dropout, seeds), "
+          "checked by backprop")
+    print("\nkernel launch plan:")
+    module, why = load_cuda_backend()
+    plan = None
+    if module is not None and hasattr(module, "launch_plan"):
+        try:
+            plan = module.launch_plan(call)
+        except Exception as exc:
+            print(f"  ({CUDA_BACKEND_MODULE}.launch_plan failed: {_exc(exc)}; derived from the configuration)")
+    if plan is not None:
+        _print_plan(plan)
+    else:
+        if module is None or not hasattr(module, "launch_plan"):
+            print(f"  (derived from the configuration; {CUDA_BACKEND_MODULE}.launch_plan not available)")
+        for line in textual_plan(call):
+            print("  " + line)
+    print(f"\ncuda backend: {env if module is not None else 'not available (' + str(why) + ')'}")
+    return 0
+
+
+def _explain_block(spec: Spec) -> int:
+    from .block_lstm_config import GATE_ORDER
+    layout = "icfo" if spec.v1 else "ifco"
+    T, B, I, C = spec.time, spec.batch, spec.I, spec.units
+    print(f"configuration: {spec.label()}")
+    print(f"\nw {_shape((I + C, 4 * C))}: rows 0..{I - 1} multiply x_t, rows {I}..{I + C - 1} multiply h_prev; "
+          f"columns in gate blocks of C = {C}:")
+    rows = [(g, f"{k * C}..{(k + 1) * C - 1}", {"i": "input gate", "ci": "cell input (tanh)", "f": "forget gate",
+                                                 "o": "output gate"}[g]) for k, g in enumerate(GATE_ORDER[layout])]
+    print(format_table(("gate", "columns of w / entries of b", "meaning"), rows))
+    print(f"b {_shape((4 * C,))} in the same blocks; wci, wcf, wco {_shape((C,))} peepholes "
+          f"({'used' if spec.peephole else 'ignored: use_peephole=False'})")
+    print(f"\noutputs i, cs, f, o, ci, co, h: each {_shape((T, B, C))}, 0 at t >= seq_len_max = {spec.slm}; "
+          f"they are also what the gradient op reads back (no separate reserve)")
+    print(f"forget_bias={spec.forget_bias if spec.v1 else 0.0:g} cell_clip={spec.clip:g}"
+          f"{' (off)' if spec.clip <= 0 else ''}")
+    print("\nkernel launch plan (derived from the configuration):")
+    print(f"  forward: 1 GEMM x @ w[:I] {_shape((spec.slm * B, I))} @ {_shape((I, 4 * C))}, then per step "
+          f"(seq_len_max = {spec.slm}) 1 fused launch: h_p @ w[I:] + gates + cell update")
+    print(f"  backward: per step 1-2 launches (pointwise dgates, dh = dgates @ w[I:]^T), then GEMMs for x_grad "
+          f"and w_grad and reductions for b_grad{' and the peephole gradients' if spec.peephole else ''}")
+    return 0
+
+
+# kernels / bench ---------------------------------------------------------------------------------------
+
+def cmd_kernels(argv) -> int:
+    try:
+        report = importlib.import_module("numbarnn.kernels.report")
+    except Exception as exc:
+        print(f"numbarnn kernels: error: numbarnn.kernels.report does not import ({_exc(exc)})", file=sys.stderr)
+        return 2
+    try:
+        return int(report.main(list(argv)) or 0)
+    except SystemExit as exc:     # its argparse: --help (0) or a bad flag (2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+def _bench_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "bench"
+
+
+def cmd_bench(argv) -> int:
+    argv = list(argv)
+    scripts = sorted(p for p in _bench_dir().glob("*.py") if not p.name.startswith("_")) \
+        if _bench_dir().is_dir() else []
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: numbarnn bench [SCRIPT] [ARGS ...]\n\nRuns a benchmark script of bench/ (default: the "
+              "first of bench.py, run.py, main.py, or the only one) with ARGS. Needs a real GPU.")
+        print("scripts: " + (", ".join(p.stem for p in scripts) or f"none found in {_bench_dir()}"))
+        return 0
+    if not real_gpu_present():
+        print("numbarnn bench: no CUDA GPU found (`nvidia-smi -L` lists none; set NUMBARNN_REAL_GPU=1 to insist). "
+              "Benchmarks time the real kernels and mean nothing in the CUDA simulator; use `numbarnn check` to "
+              "check correctness without a GPU.", file=sys.stderr)
+        return 1
+    if not scripts:
+        print(f"numbarnn bench: no benchmark scripts found in {_bench_dir()} (they ship with a source checkout).",
+              file=sys.stderr)
+        return 1
+    by_stem = {p.stem: p for p in scripts}
+    if argv and argv[0].removesuffix(".py") in by_stem:
+        script, rest = by_stem[argv[0].removesuffix(".py")], argv[1:]
+    else:
+        default = next((by_stem[n] for n in ("bench", "run", "main") if n in by_stem), None)
+        if default is None and len(scripts) == 1:
+            default = scripts[0]
+        if default is None:
+            print(f"numbarnn bench: choose a script: {', '.join(by_stem)}", file=sys.stderr)
+            return 2
+        script, rest = default, argv
+    proc = subprocess.run([sys.executable, str(script), *rest], cwd=str(script.parent.parent))
+    return proc.returncode
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    """Entry point of `numbarnn` and `python -m numbarnn`; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # kernels / bench pass their arguments through untouched (their own parsers own them)
+    if argv and argv[0] == "kernels":
+        return cmd_kernels(argv[1:])
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:   # --help (0) or a bad flag (2, message already printed by argparse)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "explain":
+            return cmd_explain(args)
+    except BrokenPipeError:    # `numbarnn check | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    parser.print_help()        # pragma: no cover - subparsers are required
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
