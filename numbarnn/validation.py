@@ -15,8 +15,10 @@ SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.floa
 
 
 def is_device_array(a) -> bool:
-    """True for numba device arrays, CuPy arrays, torch CUDA tensors, ... (not NumPy arrays)."""
-    return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
+    """True for numba device arrays (also the simulator's), CuPy arrays, torch CUDA tensors, ... (not NumPy)."""
+    if isinstance(a, np.ndarray):
+        return False
+    return hasattr(a, "__cuda_array_interface__") or bool(getattr(a, "__cuda_ndarray__", False))
 
 
 def as_array(name: str, a):

@@ -26,7 +26,14 @@ The same kernel source runs both ways; ``gemm(..., config=...)`` picks other til
 Layers: factory ``make_gemm_vN_pyfunc`` (plain Python function closing over the compile-time constants;
 the kernel report compiles exactly that function), ``get_kernel`` (cached ``cuda.jit`` of it with an
 explicit signature, compiled once per specialisation), launcher ``gemm`` (validates, computes the
-grid, launches) and ``matmul`` (NumPy in, NumPy out).
+grid, launches) and ``matmul`` (NumPy in, NumPy out).  op(X)[row, col] and the C update are tiny
+device functions chosen per (trans, batched) and declared ``inline="always"``: numba inlines them in
+its own IR, so ``compile_ptx`` works without a GPU (a plain ``device=True`` function asks the CUDA
+driver for the current device when the kernel is compiled, and fails on a machine without one).
+
+Resources (``python -m numbarnn.kernels.report --only gemm_``, sm_80, GPU tiles, no spills anywhere):
+v1 ~32 registers, v2 32 registers + 2 KiB smem (float32), v3 68 registers + 4 KiB smem (float32 and
+float16; 92 + 8 KiB for float64), i.e. 37.5 % (25 % for float64) theoretical occupancy at 256 threads.
 """
 from __future__ import annotations
 

@@ -1,0 +1,369 @@
+"""Kernel resource report: registers, spills, stack and shared memory of every registered kernel.
+
+Every spec of ``numbarnn.kernels.registry`` is compiled to PTX by numba for each compute capability
+(``numba.cuda.compile_ptx(pyfunc, sig, cc=cc)``), then linked to SASS by nvJitLink with ``-verbose``;
+the linker's info log gives per kernel
+
+    used 40 registers, used 1 barriers, 0 stack, 4096 bytes smem, 464 bytes cmem[0], 0 bytes lmem
+    ... bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+
+No GPU is needed, but numba must not be in simulator mode: ``main`` re-runs itself in a subprocess
+without NUMBA_ENABLE_CUDASIM when that variable is set (and ``collect`` does the same), so
+``numbarnn kernels`` / ``python -m numbarnn.kernels.report`` work from anywhere.  Nothing is cached on disk.
+
+Theoretical occupancy (resident warps / max warps per SM) for the spec's block size follows the CUDA
+occupancy calculator: warps (64 per SM, 32 blocks), registers (64K per SM, at most 255 per thread,
+allocated per warp in units of 256) and shared memory (164 KiB per SM on sm_80, 228 KiB on sm_90;
+static smem rounded up to 128 bytes plus 1 KiB reserved per block) each cap the resident blocks.
+The ``shared`` column is the linker's static smem as printed: on sm_90 it includes the 1 KiB reserve
+whenever the kernel has any shared memory.  Dynamic shared memory is not counted.
+
+Usage: python -m numbarnn.kernels.report [--json] [--cc 80 90] [--block 256] [--only SUBSTRING] [--jobs N]
+Exit code 1 when any kernel fails to compile, spills, or a kernel module is broken.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared")
+
+#: per-SM limits (CUDA programming guide, "Compute capabilities", and the occupancy calculator)
+ARCH = {
+    (8, 0): dict(max_threads=2048, max_blocks=32, max_warps=64, regs=65536, max_regs_per_thread=255,
+                 max_regs_per_block=65536, reg_unit=256, smem=164 * 1024, smem_reserved=1024, smem_unit=128,
+                 max_smem_per_block=163 * 1024),
+    (9, 0): dict(max_threads=2048, max_blocks=32, max_warps=64, regs=65536, max_regs_per_thread=255,
+                 max_regs_per_block=65536, reg_unit=256, smem=228 * 1024, smem_reserved=1024, smem_unit=128,
+                 max_smem_per_block=227 * 1024),
+}
+
+DEFAULT_BLOCK = 256
+
+_SIM_VAR = "NUMBA_ENABLE_CUDASIM"
+
+
+# --------------------------------------------------------------------------------------------------
+# parsing the nvJitLink / ptxas info log
+# --------------------------------------------------------------------------------------------------
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS = re.compile(r"Function properties for '?([^'\s:]+)'?:?")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"[Uu]sed (\d+) registers")
+_STACK = re.compile(r"(\d+) stack\b")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_LMEM = re.compile(r"(\d+) bytes lmem")
+
+
+def parse_functions(log: str) -> dict:
+    """Per function name: whatever the log says of registers, spill_stores, spill_loads, stack, shared, lmem.
+
+    ptxas lines ("ptxas info : Function properties for NAME" / "N bytes stack frame, N bytes spill
+    stores, N bytes spill loads" / "Used N registers, ...") and the linker's summary ("info : Function
+    properties for 'NAME':" / "used N registers, ..., N stack, N bytes smem, ..., N bytes lmem") both
+    count; the linker's numbers win where both give one.
+    """
+    funcs: dict = {}
+    current = None
+    for line in log.splitlines():
+        m = _PROPS.search(line)
+        if m:
+            current = funcs.setdefault(m.group(1), {})
+            continue
+        m = _ENTRY.search(line)
+        if m:
+            current = funcs.setdefault(m.group(1), {})
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current["stack"] = int(m.group(1))
+            current["spill_stores"] = int(m.group(2))
+            current["spill_loads"] = int(m.group(3))
+            continue
+        m = _USED.search(line)
+        if m:
+            current["registers"] = int(m.group(1))
+            for key, rx in (("stack", _STACK), ("shared", _SMEM), ("lmem", _LMEM)):
+                found = rx.search(line)
+                if found:
+                    current[key] = int(found.group(1))
+    return funcs
+
+
+def parse_info_log(log: str) -> dict:
+    """registers, spill_stores, spill_loads, stack, shared of the (single) entry kernel of one link.
+
+    Numbers of other functions in the log (non-inlined device functions) add their spills and stack.
+    ValueError when the log names no function with a register count.
+    """
+    funcs = parse_functions(log)
+    entries = _ENTRY.findall(log)
+    main = None
+    for name in entries + list(funcs):
+        if "registers" in funcs.get(name, {}):
+            main = name
+            break
+    if main is None:
+        raise ValueError(f"no register count found in the linker log:\n{log}")
+    row = {"registers": funcs[main]["registers"], "spill_stores": 0, "spill_loads": 0, "stack": 0,
+           "shared": funcs[main].get("shared", 0)}
+    for props in funcs.values():
+        row["spill_stores"] += props.get("spill_stores", 0)
+        row["spill_loads"] += props.get("spill_loads", 0)
+        row["stack"] = max(row["stack"], props.get("stack", 0))
+    return row
+
+
+# --------------------------------------------------------------------------------------------------
+# occupancy
+# --------------------------------------------------------------------------------------------------
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def occupancy(cc: tuple, block: int, registers: int, shared: int) -> float:
+    """Theoretical occupancy in [0, 1]: resident warps per SM / max warps per SM (0: cannot launch)."""
+    arch = ARCH[tuple(cc)]
+    warps_per_block = math.ceil(block / 32)
+    if block > 1024 or registers > arch["max_regs_per_thread"] or shared > arch["max_smem_per_block"]:
+        return 0.0
+    by_warps = arch["max_warps"] // warps_per_block
+    regs_per_warp = _round_up(max(registers, 1) * 32, arch["reg_unit"])
+    if regs_per_warp * warps_per_block > arch["max_regs_per_block"]:
+        return 0.0
+    by_regs = (arch["regs"] // regs_per_warp) // warps_per_block
+    # 1 KiB per block is reserved for the system on sm_80 and sm_90; for sm_90 the linker's smem count
+    # already includes it whenever the kernel has static shared memory (4096 bytes of tiles read 5120).
+    reserved = 0 if (tuple(cc) >= (9, 0) and shared > 0) else arch["smem_reserved"]
+    smem_per_block = _round_up(shared, arch["smem_unit"]) + reserved
+    by_smem = arch["smem"] // smem_per_block
+    blocks = min(arch["max_blocks"], by_warps, by_regs, by_smem)
+    return blocks * warps_per_block / arch["max_warps"]
+
+
+# --------------------------------------------------------------------------------------------------
+# compiling
+# --------------------------------------------------------------------------------------------------
+def link_info_log(ptx: str, cc: tuple, name: str = "kernel") -> str:
+    """Link PTX to SASS for sm_XY with nvJitLink -verbose and return its info log."""
+    from cuda.bindings import nvjitlink
+
+    data = ptx.encode()
+    handle = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
+    try:
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
+        try:
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            size = nvjitlink.get_error_log_size(handle)
+            buf = bytearray(size)
+            if size:
+                nvjitlink.get_error_log(handle, buf)
+            raise RuntimeError(f"nvJitLink failed: {exc}: {buf.decode(errors='replace').strip()}") from exc
+        size = nvjitlink.get_info_log_size(handle)
+        buf = bytearray(size)
+        if size:
+            nvjitlink.get_info_log(handle, buf)
+        return buf.rstrip(b"\0").decode(errors="replace")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
+    """Rows for one spec, one per compute capability (``error`` key set when it does not compile).
+
+    numba's typing and lowering (most of the time) run once: the PTX is generated for the lowest target and
+    nvJitLink turns it into SASS for every target, so ptxas still allocates registers per architecture.
+    """
+    from numba import cuda
+
+    ccs = [tuple(cc) for cc in ([ccs] if isinstance(ccs[0], int) else ccs)]
+    rows = [{"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", "registers": None,
+             "spill_stores": None, "spill_loads": None, "stack": None, "shared": None,
+             "block": spec.block or block, "occupancy": None, "module": spec.module} for cc in ccs]
+    try:
+        ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=min(ccs))
+    except Exception as exc:
+        for row in rows:
+            row["error"] = _error_text(exc)
+        return rows
+    for cc, row in zip(ccs, rows):
+        try:
+            row.update(parse_info_log(link_info_log(ptx, cc, spec.name)))
+            row["occupancy"] = round(occupancy(cc, row["block"], row["registers"], row["shared"]), 4)
+        except Exception as exc:
+            row["error"] = _error_text(exc)
+    return rows
+
+
+def _error_text(exc) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def _simulator_on() -> bool:
+    if os.environ.get(_SIM_VAR, "0") not in ("", "0"):
+        return True
+    numba = sys.modules.get("numba")
+    return bool(numba is not None and getattr(numba.config, "ENABLE_CUDASIM", 0))
+
+
+def _env_without_simulator() -> dict:
+    env = dict(os.environ)
+    env.pop(_SIM_VAR, None)
+    return env
+
+
+def default_jobs() -> int:
+    """Worker processes for compiling: the CPUs this process may use, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+_TASK_SPECS: list = []  # set before forking the workers, which inherit it (closures do not pickle)
+
+
+def _compile_task(task) -> list[dict]:
+    index, ccs, block = task
+    return compile_spec(_TASK_SPECS[index], ccs, block)
+
+
+def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None = None,
+            jobs: int | None = None) -> list[dict]:
+    """Rows (dicts with ROW_KEYS, plus block, occupancy, module; error on failure) for every spec x cc.
+
+    Broken kernel modules give a row with kernel "<module>" and the error.  ``only``: kernels whose
+    name contains it.  ``jobs``: compiling processes (forked; default ``default_jobs()``, 1 = here).
+    In a simulator process the work runs in a subprocess without the simulator.
+    """
+    ccs = [tuple(cc) for cc in ccs]
+    for cc in ccs:
+        if cc not in ARCH:
+            raise ValueError(f"ccs: expected compute capabilities among {sorted(ARCH)}, got {cc}")
+    jobs = default_jobs() if jobs is None else max(1, int(jobs))
+    if _simulator_on():
+        argv = ["--json", "--cc", *[f"{a}{b}" for a, b in ccs], "--block", str(block), "--jobs", str(jobs)]
+        if only:
+            argv += ["--only", only]
+        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", *argv],
+                              env=_env_without_simulator(), capture_output=True, text=True)
+        try:
+            return json.loads(proc.stdout)["rows"]
+        except (ValueError, KeyError) as exc:
+            raise RuntimeError(f"kernel report subprocess failed (exit {proc.returncode}):\n"
+                               f"{proc.stdout}\n{proc.stderr}") from exc
+
+    from numbarnn.kernels import registry
+
+    specs, broken = registry.load_specs()
+    rows = [{"kernel": "<module>", "dtype": "-", "cc": "-", "registers": None, "spill_stores": None,
+             "spill_loads": None, "stack": None, "shared": None, "error": p} for p in broken]
+    specs = [spec for spec in specs if not only or only in spec.name]
+    tasks = [(i, ccs, block) for i in range(len(specs))]
+    _TASK_SPECS[:] = specs
+    try:
+        import multiprocessing
+
+        if jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
+                results = pool.map(_compile_task, tasks, chunksize=1)
+        else:
+            results = [_compile_task(task) for task in tasks]
+    finally:
+        _TASK_SPECS.clear()
+    rows += [row for spec_rows in results for row in spec_rows]
+    return rows
+
+
+def problems(rows: list[dict]) -> list[str]:
+    """One line per compile error or spill."""
+    out = []
+    for r in rows:
+        if r.get("error"):
+            out.append(f"{r['kernel']} {r['dtype']} sm_{r['cc']}: compile error: {r['error']}")
+        elif r.get("spill_stores") or r.get("spill_loads"):
+            out.append(f"{r['kernel']} {r['dtype']} sm_{r['cc']}: spills {r['spill_stores']} bytes stores, "
+                       f"{r['spill_loads']} bytes loads")
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    """Plain-text table, one line per row (errors shown in the last column)."""
+    cols = ["kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared",
+            "block", "occupancy"]
+    heads = ["kernel", "dtype", "cc", "regs", "spill_st", "spill_ld", "stack", "smem", "block", "occ"]
+
+    def cell(r, k):
+        v = r.get(k)
+        if v is None:
+            return "-"
+        if k == "occupancy":
+            return f"{100 * v:.0f}%"
+        return str(v)
+
+    table = [[cell(r, k) for k in cols] + [r.get("error", "")] for r in rows]
+    widths = [max([len(h)] + [len(t[i]) for t in table]) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for t in table:
+        body = "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(t, widths)))
+        lines.append((body + ("  " + t[-1] if t[-1] else "")).rstrip())
+    return "\n".join(lines)
+
+
+def _parse_args(argv):
+    p = argparse.ArgumentParser(prog="numbarnn kernels", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print {rows, problems, seconds} as JSON")
+    p.add_argument("--cc", nargs="+", default=["80", "90"], help="compute capabilities, e.g. 80 90")
+    p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
+                   help="threads per block for the occupancy of kernels that declare none")
+    p.add_argument("--only", default=None, help="only kernels whose name contains this")
+    p.add_argument("--jobs", type=int, default=None,
+                   help=f"compiling processes (default: usable CPUs, at most 8; here {default_jobs()})")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parse_args(argv)
+    ccs = []
+    for text in args.cc:
+        if not re.fullmatch(r"\d\d", text) or (int(text[0]), int(text[1])) not in ARCH:
+            print(f"--cc: expected some of {' '.join(f'{a}{b}' for a, b in ARCH)}, got {text!r}", file=sys.stderr)
+            return 2
+        ccs.append((int(text[0]), int(text[1])))
+    if _simulator_on():
+        # compile_ptx needs the real CUDA target: run the same command without the simulator
+        sys.stdout.flush()
+        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", *argv],
+                              env=_env_without_simulator())
+        return proc.returncode
+    start = time.perf_counter()
+    rows = collect(ccs, block=args.block, only=args.only, jobs=args.jobs)
+    seconds = time.perf_counter() - start
+    found = problems(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "problems": found, "seconds": round(seconds, 2)}, indent=1))
+        sys.stdout.flush()
+    else:
+        print(format_table(rows))
+        print(f"\n{len(rows)} rows in {seconds:.1f} s ({args.jobs or default_jobs()} processes)")
+        if found:
+            print(f"\n{len(found)} problem(s):")
+            for line in found:
+                print("  " + line)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""GEMM kernels v1..v3 (simulator) against numpy.matmul: dtypes, transposes, odd shapes, alpha/beta,
+batches, strided views; bad input raises clear errors."""
+import inspect
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from numba import cuda
+
+from numbarnn.kernels import gemm as G
+
+#: ||out - ref|| / ||ref|| against a float64 reference from the same (rounded) inputs (SPEC section 10)
+RTOL = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def op(x, trans):  # x: [..., rows, cols]
+    return np.swapaxes(x, -1, -2) if trans else x
+
+
+def reference(a, b, c, alpha, beta, trans_a, trans_b):
+    """alpha * op(A) @ op(B) + beta * C in float64; c None = zeros."""
+    out = alpha * np.matmul(op(a.astype(np.float64), trans_a), op(b.astype(np.float64), trans_b))
+    if c is not None and beta != 0:
+        out = out + beta * c.astype(np.float64)
+    return out
+
+
+def assert_close(out, ref, dtype):
+    assert out.shape == ref.shape
+    assert np.all(np.isfinite(out))
+    err = np.linalg.norm(out.astype(np.float64) - ref)
+    scale = max(np.linalg.norm(ref), 1e-30)
+    assert err / scale <= RTOL[dtype], f"relative error {err / scale:.3e} > {RTOL[dtype]:.0e} ({dtype})"
+
+
+def operands(rng, dtype, Z, M, N, K, trans_a, trans_b):
+    """a: [Z?, M, K] or [Z?, K, M]; b: [Z?, K, N] or [Z?, N, K]; c: [Z?, M, N]."""
+    batch = (Z,) if Z else ()
+    a = rng.standard_normal(batch + ((K, M) if trans_a else (M, K))).astype(dtype)
+    b = rng.standard_normal(batch + ((N, K) if trans_b else (K, N))).astype(dtype)
+    c = rng.standard_normal(batch + (M, N)).astype(dtype)
+    return a, b, c
+
+
+dims = st.integers(1, 13)
+scalars = st.sampled_from([1.0, 0.0, -0.5, 2.0, 0.25])
+
+
+@given(version=st.sampled_from(sorted(G.VERSIONS)), dtype=st.sampled_from(G.DTYPES),
+       trans_a=st.booleans(), trans_b=st.booleans(), M=dims, N=dims, K=dims,
+       alpha=scalars, beta=scalars, Z=st.sampled_from([0, 0, 1, 3]), seed=st.integers(0, 2**16))
+def test_matches_numpy(version, dtype, trans_a, trans_b, M, N, K, alpha, beta, Z, seed):
+    rng = np.random.default_rng(seed)
+    a, b, c = operands(rng, dtype, Z, M, N, K, trans_a, trans_b)
+    out = G.matmul(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, version=version)
+    assert out.dtype == np.dtype(dtype)
+    assert_close(out, reference(a, b, c, alpha, beta, trans_a, trans_b), dtype)
+
+
+@given(version=st.sampled_from(sorted(G.VERSIONS)), dtype=st.sampled_from(G.DTYPES),
+       trans_a=st.booleans(), trans_b=st.booleans(), M=dims, N=dims, K=dims,
+       batched=st.booleans(), step=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16))
+def test_strided_device_views(version, dtype, trans_a, trans_b, M, N, K, batched, step, seed):
+    """Operands and C are slices (offset + step) of larger device arrays: strides come from the views."""
+    rng = np.random.default_rng(seed)
+    Z = 2 if batched else 0
+    a, b, c = operands(rng, dtype, Z, M, N, K, trans_a, trans_b)
+
+    def embed(x):  # a device view equal to x inside a bigger array
+        rows, cols = x.shape[-2:]
+        big = rng.standard_normal(x.shape[:-2] + (1 + step * rows, 2 + step * cols)).astype(dtype)
+        index = (slice(None),) * (x.ndim - 2) + (slice(1, 1 + step * rows, step), slice(2, 2 + step * cols, step))
+        big[index] = x
+        return cuda.to_device(big)[index], big
+
+    d_a, _ = embed(a)
+    d_b, _ = embed(b)
+    d_c, big_c = embed(c)
+    G.gemm(d_a, d_b, d_c, alpha=1.5, beta=-1.0, trans_a=trans_a, trans_b=trans_b, version=version)
+    cuda.synchronize()
+    host = d_c.copy_to_host()
+    assert_close(host, reference(a, b, c, 1.5, -1.0, trans_a, trans_b), dtype)
+
+
+@pytest.mark.parametrize("version", sorted(G.VERSIONS))
+def test_transposed_views_are_free(version):
+    """A^T given as a transposed device view with trans_a=True is A again: no copy, same result."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((5, 7)).astype(np.float32)  # [M, K]
+    b = rng.standard_normal((7, 6)).astype(np.float32)  # [K, N]
+    d_at = cuda.to_device(np.ascontiguousarray(a.T)).T  # view [M, K] of a [K, M] buffer
+    d_bt = cuda.to_device(np.ascontiguousarray(b.T))    # [N, K]
+    d_c = cuda.device_array((5, 6), np.float32)
+    G.gemm(d_at, d_bt, d_c, trans_b=True, version=version)
+    assert_close(d_c.copy_to_host(), a.astype(np.float64) @ b, "float32")
+    d_c2 = cuda.device_array((5, 6), np.float32)
+    G.gemm(d_at.T, d_bt, d_c2, trans_a=True, trans_b=True, version=version)  # op(A) = (A^T)^T
+    assert_close(d_c2.copy_to_host(), a.astype(np.float64) @ b, "float32")
+
+
+@pytest.mark.parametrize("version", sorted(G.VERSIONS))
+def test_beta_zero_never_reads_c(version):
+    """BLAS rule: beta == 0 makes C write-only, so NaN in an uninitialised C does not leak."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 6, 5))
+    b = rng.standard_normal((2, 5, 9))
+    c = np.full((2, 6, 9), np.nan)
+    out = G.matmul(a, b, c, alpha=0.5, beta=0.0, version=version)
+    assert_close(out, 0.5 * np.matmul(a, b), "float64")
+
+
+@pytest.mark.parametrize("version,shape", [(1, (17, 5, 6)), (2, (17, 5, 20)), (3, (65, 7, 9))])
+def test_gpu_tiles(version, shape):
+    """The tile sizes used on a real GPU (bigger blocks) are correct too, across block and k-tile edges."""
+    M, N, K = shape
+    rng = np.random.default_rng(3)
+    a, b, c = operands(rng, "float32", 0, M, N, K, True, False)
+    cfg = G.VERSIONS[version].gpu_config
+    out = G.matmul(a, b, c, alpha=1.0, beta=1.0, trans_a=True, version=version, config=cfg)
+    assert_close(out, reference(a, b, c, 1.0, 1.0, True, False), "float32")
+
+
+def test_float16_accumulates_in_float32():
+    """sum_k 1 * (1 + 2**-10) over K = 12: exact in float32, then rounded once to half on the store.
+    A half accumulator rounds at every step (from 3 on the spacing of half is 2**-9) and ends elsewhere."""
+    K = 12
+    a = np.ones((1, K), np.float16)
+    b = np.full((K, 1), 1 + 2**-10, np.float16)  # exactly representable in half
+    for version in G.VERSIONS:
+        out = G.matmul(a, b, version=version)
+        exact = np.float16(np.float32(K * (1 + 2**-10)))
+        assert out[0, 0] == exact, (version, out[0, 0], exact)
+
+
+def test_kernels_are_cached():
+    k1 = G.get_kernel(3, "float32", True, False, False)
+    k2 = G.get_kernel(3, "float32", True, False, False)
+    assert k1 is k2
+    assert G.get_kernel(3, "float32", False, False, False) is not k1
+
+
+def test_every_version_says_what_changed():
+    for number, v in G.VERSIONS.items():
+        src = inspect.getsource(v.make_pyfunc).splitlines()
+        first_comment = next(line.strip() for line in src if line.strip().startswith("#"))
+        assert first_comment.startswith(f"# v{number} "), first_comment
+
+
+def test_kernel_specs_cover_all_specialisations():
+    specs = G.kernel_specs()
+    keys = {(name, dtype) for name, dtype, *_ in specs}
+    assert len(specs) == len(keys) == 3 * 3 * 2 * 2 * 2
+    for name, dtype, pyfunc, sig, block in specs:
+        assert inspect.isfunction(pyfunc)  # the plain Python function, nothing compiled
+        assert len(sig) == 8 and block == G.VERSIONS[int(name[6])].threads(G.VERSIONS[int(name[6])].gpu_config)
+
+
+# ------------------------------------------------------------------------------------------------
+# bad input
+# ------------------------------------------------------------------------------------------------
+def dev(*shape, dtype=np.float32):
+    return cuda.to_device(np.zeros(shape, dtype))
+
+
+@pytest.mark.parametrize("a,b,c,kw,match", [
+    ((3, 4), (5, 2), (3, 2), {}, r"b: expected \[K, N\] with K = 4"),
+    ((3, 4), (4, 2), (3, 3), {}, r"c: expected shape \[M, N\] = \(3, 2\), got \(3, 3\)"),
+    ((3, 4), (4, 2), (2, 3), {"trans_a": True}, r"b: expected \[K, N\] with K = 3"),
+    ((3, 4), (2, 4), (3, 2), {"trans_b": False}, r"b: expected \[K, N\] with K = 4"),
+    ((3, 4), (4, 2), (2, 2), {"trans_b": True}, r"b: expected \[N, K\] with K = 4"),
+    ((4,), (4, 2), (1, 2), {}, r"a: expected rank 2 .* or 3 .*, got rank 1"),
+    ((2, 3, 4), (4, 2), (2, 3, 2), {}, r"b: expected rank 3 like a"),
+    ((2, 3, 4), (3, 4, 2), (2, 3, 2), {}, r"b: expected batch size Z = 2"),
+    ((2, 3, 4), (2, 4, 2), (3, 2), {}, r"c: expected shape \[Z, M, N\] = \(2, 3, 2\)"),
+    ((1, 1, 3, 4), (4, 2), (3, 2), {}, r"a: expected rank 2"),
+])
+def test_bad_shapes(a, b, c, kw, match):
+    with pytest.raises(ValueError, match=match):
+        G.gemm(dev(*a), dev(*b), dev(*c), **kw)
+    with pytest.raises(ValueError, match=match):
+        G.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32), np.zeros(c, np.float32), **kw)
+
+
+def test_bad_arguments():
+    a, b, c = dev(3, 4), dev(4, 2), dev(3, 2)
+    with pytest.raises(TypeError, match="b: expected dtype float32"):
+        G.gemm(a, dev(4, 2, dtype=np.float64), c)
+    with pytest.raises(TypeError, match="a: expected dtype float16, float32 or float64, got int32"):
+        G.gemm(dev(3, 4, dtype=np.int32), dev(4, 2, dtype=np.int32), dev(3, 2, dtype=np.int32))
+    with pytest.raises(TypeError, match="a: expected a device array"):
+        G.gemm(np.zeros((3, 4), np.float32), b, c)
+    with pytest.raises(ValueError, match=r"version: expected one of \[1, 2, 3\], got 4"):
+        G.gemm(a, b, c, version=4)
+    with pytest.raises(TypeError, match="trans_a: expected True or False"):
+        G.gemm(a, b, c, trans_a=1)
+    with pytest.raises(TypeError, match="alpha: expected a real number"):
+        G.gemm(a, b, c, alpha="1")
+    with pytest.raises(ValueError, match="beta: expected a finite number"):
+        G.gemm(a, b, c, beta=float("nan"))
+    with pytest.raises(ValueError, match="config: the tiles"):
+        G.make_gemm_v3_pyfunc("float32", False, False, False, 8, 8, 1, 1, 1)
+    with pytest.raises(ValueError, match="config: BM=8 must be a multiple of TM=3"):
+        G.make_gemm_v3_pyfunc("float32", False, False, False, 8, 8, 4, 3, 2)
+
+
+def test_empty_output_is_a_no_op():
+    c = dev(0, 3)
+    assert G.gemm(dev(0, 4), dev(4, 3), c) is c

@@ -1,0 +1,182 @@
+"""Kernel report: log parser, occupancy, registry, and (marked `compile`) the real compile of every GEMM
+specialisation for sm_80 and sm_90 in a subprocess without the CUDA simulator."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from numbarnn.kernels import gemm as G
+from numbarnn.kernels import registry, report
+
+# one real nvJitLink -verbose info log (sm_80), with spills edited in
+CANNED_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_ZN8numbarnn7kernels4gemm7gemm_v3B2v1E5ArrayIfLi2E1A7mutable7alignedE' for 'sm_80'
+ptxas info    : Function properties for _ZN8numbarnn7kernels4gemm7gemm_v3B2v1E5ArrayIfLi2E1A7mutable7alignedE
+ptxas         .     24 bytes stack frame, 16 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 68 registers, used 1 barriers, 608 bytes cmem[0]
+ptxas info    : Compile time = 96.559 ms
+info    : 8 bytes gmem
+info    : Function properties for '_ZN8numbarnn7kernels4gemm7gemm_v3B2v1E5ArrayIfLi2E1A7mutable7alignedE':
+info    : used 68 registers, used 1 barriers, 24 stack, 4096 bytes smem, 608 bytes cmem[0], 0 bytes lmem
+"""
+
+
+def test_parse_canned_log():
+    row = report.parse_info_log(CANNED_LOG)
+    assert row == {"registers": 68, "spill_stores": 16, "spill_loads": 12, "stack": 24, "shared": 4096}
+    clean = CANNED_LOG.replace("24 bytes stack frame, 16 bytes spill stores, 12 bytes spill loads",
+                               "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+    clean = clean.replace("24 stack", "0 stack")
+    assert report.parse_info_log(clean) == {"registers": 68, "spill_stores": 0, "spill_loads": 0, "stack": 0,
+                                            "shared": 4096}
+
+
+def test_parse_adds_spills_of_device_functions():
+    extra = ("ptxas info    : Function properties for helper\n"
+             "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n")
+    row = report.parse_info_log(CANNED_LOG + extra)
+    assert (row["registers"], row["spill_stores"], row["spill_loads"], row["stack"]) == (68, 20, 16, 24)
+
+
+def test_parse_rejects_a_log_without_registers():
+    with pytest.raises(ValueError, match="no register count"):
+        report.parse_info_log("ptxas info    : 0 bytes gmem\n")
+
+
+@pytest.mark.parametrize("cc,block,regs,smem,expected", [
+    ((8, 0), 256, 32, 0, 1.0),          # 8 blocks x 8 warps = 64 warps
+    ((8, 0), 256, 68, 4096, 0.375),     # 68*32 -> 2304 per warp: 28 warps -> 3 blocks
+    ((8, 0), 256, 92, 8192, 0.25),      # 92*32 -> 3072 per warp: 21 warps -> 2 blocks
+    ((8, 0), 256, 32, 48 * 1024, 0.375),  # (48 KiB + 1 KiB) each: 164 KiB holds 3 blocks
+    ((9, 0), 256, 32, 48 * 1024 + 1024, 0.5),  # 228 KiB holds 4 (sm_90 counts the reserve in smem)
+    ((8, 0), 64, 16, 0, 1.0),           # 32 blocks x 2 warps
+    ((8, 0), 32, 16, 0, 0.5),           # the 32-block limit: 32 warps of 64
+    ((8, 0), 256, 256, 0, 0.0),         # over 255 registers: cannot launch
+    ((9, 0), 1024, 64, 0, 0.5),         # 64K registers hold 32 warps of 64 registers: 1 block
+    ((9, 0), 1024, 65, 0, 0.0),         # 65*32 -> 2304 per warp, * 32 warps > 64K registers per block
+])
+def test_occupancy(cc, block, regs, smem, expected):
+    assert report.occupancy(cc, block, regs, smem) == pytest.approx(expected)
+
+
+def test_format_table_and_problems():
+    rows = [
+        {"kernel": "gemm_v3_nn", "dtype": "float32", "cc": "80", "registers": 68, "spill_stores": 0,
+         "spill_loads": 0, "stack": 0, "shared": 4096, "block": 256, "occupancy": 0.375},
+        {"kernel": "k_spill", "dtype": "float64", "cc": "90", "registers": 255, "spill_stores": 8,
+         "spill_loads": 8, "stack": 8, "shared": 0, "block": 128, "occupancy": 0.125},
+        {"kernel": "k_broken", "dtype": "float16", "cc": "80", "registers": None, "spill_stores": None,
+         "spill_loads": None, "stack": None, "shared": None, "error": "TypingError: nope"},
+    ]
+    text = report.format_table(rows)
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["kernel", "dtype", "cc", "regs"]
+    assert "gemm_v3_nn" in lines[2] and "4096" in lines[2] and "38%" in lines[2]
+    assert "TypingError: nope" in lines[4]
+    found = report.problems(rows)
+    assert len(found) == 2
+    assert found[0].startswith("k_spill float64 sm_90: spills 8")
+    assert found[1].startswith("k_broken float16 sm_80: compile error: TypingError")
+
+
+# ------------------------------------------------------------------------------------------------
+# registry
+# ------------------------------------------------------------------------------------------------
+def _kernel(a, n):
+    a[0] = n
+
+
+def test_spec_forms():
+    s3 = registry._make_spec(("k", _kernel, "void(float64[::1], int64)"), "m")
+    assert (s3.name, s3.dtype, s3.block, s3.module) == ("k", "float64", None, "m")
+    s5 = registry._make_spec(("k", "float16", _kernel, "void(float16[::1], int64)", 128), "m")
+    assert (s5.dtype, s5.block) == ("float16", 128)
+    with pytest.raises(registry.RegistryError, match="must be"):
+        registry._make_spec(("k", _kernel), "m")
+    with pytest.raises(registry.RegistryError, match="block must be a positive int"):
+        registry._make_spec(("k", "float32", _kernel, "void(float32[::1], int64)", 0), "m")
+
+
+def test_registry_finds_gemm_and_tolerates_missing_modules(monkeypatch):
+    monkeypatch.setattr(registry, "KERNEL_MODULES", registry.KERNEL_MODULES + ("numbarnn.kernels.not_yet",
+                                                                              "not_a_package.kernels"))
+    specs, problems = registry.load_specs()
+    assert not [p for p in problems if "not_yet" in p or "not_a_package" in p]
+    gemm = {(s.name, s.dtype) for s in specs if s.module == "numbarnn.kernels.gemm"}
+    assert gemm == {(name, dtype) for name, dtype, *_ in G.kernel_specs()}
+
+
+def test_registry_reports_broken_modules_and_register(monkeypatch, tmp_path):
+    (tmp_path / "broken_kernels_mod.py").write_text("raise ImportError('half written')\n")
+    (tmp_path / "extra_kernels_mod.py").write_text(
+        "from numbarnn.kernels import registry\n"
+        "def k(a):\n    a[0] = 1\n"
+        "registry.register('extra_k', None, k, 'void(float32[::1])', block=64)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTERED", [])
+    monkeypatch.setattr(registry, "KERNEL_MODULES", registry.KERNEL_MODULES + ("broken_kernels_mod",
+                                                                              "extra_kernels_mod"))
+    specs, problems = registry.load_specs()
+    assert any(p.startswith("broken_kernels_mod: ImportError: half written") for p in problems)
+    extra = [s for s in specs if s.name == "extra_k"]
+    assert len(extra) == 1 and extra[0].dtype == "float32" and extra[0].block == 64
+    assert extra[0].module == "extra_kernels_mod"
+    with pytest.raises(registry.RegistryError, match="half written"):
+        registry.all_specs()
+
+
+# ------------------------------------------------------------------------------------------------
+# real compiles (no GPU needed, but no simulator either): slow, marked `compile`
+# ------------------------------------------------------------------------------------------------
+def _env_without_simulator():
+    env = dict(os.environ)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return env
+
+
+@pytest.mark.compile
+def test_every_gemm_spec_compiles_for_sm80_and_sm90_without_spills():
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", "--json", "--only", "gemm_"],
+                          env=_env_without_simulator(), capture_output=True, text=True, timeout=900)
+    assert proc.stdout, proc.stderr
+    result = json.loads(proc.stdout)
+    rows = result["rows"]
+    gemm_rows = [r for r in rows if r["kernel"].startswith("gemm_")]
+    for r in gemm_rows:
+        assert set(report.ROW_KEYS) <= set(r), r
+        assert not r.get("error"), r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert 0 < r["registers"] <= 255 and r["stack"] >= 0 and r["shared"] >= 0, r
+        assert 0 < r["occupancy"] <= 1, r
+    got = {(r["kernel"], r["dtype"], r["cc"]) for r in gemm_rows}
+    expected = {(name, dtype, cc) for name, dtype, *_ in G.kernel_specs() for cc in ("80", "90")}
+    assert got == expected
+    assert len(gemm_rows) == len(expected)  # each once
+    assert result["problems"] == [] and proc.returncode == 0, result["problems"]
+    # shared memory of the tiled versions is what the tiles need (float32: v2 2 * 16*16 * 4, v3 2 * 8*64 * 4)
+    by_key = {(r["kernel"], r["dtype"], r["cc"]): r for r in gemm_rows}
+    assert by_key[("gemm_v1_nn", "float32", "80")]["shared"] == 0
+    assert by_key[("gemm_v2_nn", "float32", "80")]["shared"] == 2 * 16 * 16 * 4
+    assert by_key[("gemm_v3_nn", "float64", "80")]["shared"] == 2 * 8 * 64 * 8
+    print(f"\nkernel report: {len(gemm_rows)} GEMM rows in {result['seconds']} s")
+
+
+@pytest.mark.compile
+def test_main_leaves_the_simulator_by_itself(capfd):
+    """Called in this (simulator) process, main re-runs itself without NUMBA_ENABLE_CUDASIM."""
+    assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("NUMBARNN_REAL_GPU") == "1"
+    code = report.main(["--json", "--only", "gemm_v1_nn", "--cc", "80", "--jobs", "1"])
+    out = capfd.readouterr().out
+    result = json.loads(out)
+    names = sorted({r["kernel"] for r in result["rows"] if r["kernel"].startswith("gemm_")})
+    assert names == ["gemm_v1_nn", "gemm_v1_nn_batched"]
+    assert {r["cc"] for r in result["rows"] if r["kernel"].startswith("gemm_")} == {"80"}
+    assert code == (1 if result["problems"] else 0)
+
+
+def test_bad_cc_is_refused(capsys):
+    assert report.main(["--cc", "75"]) == 2  # refused before any subprocess or compile
+    assert "--cc: expected some of 80 90, got '75'" in capsys.readouterr().err
