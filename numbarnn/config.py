@@ -229,17 +229,15 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     LD_given, P_given = (hs[0], hs[2]) if time_major else (hs[1], hs[2])
     D = 2 if direction == "bidirectional" else 1
 
-    if num_layers is None:   # as TF: L from input_h, H from input_c (LSTM) or input_h (other modes)
+    if num_layers is None or num_units is None:
         if LD_given % D:
             raise ValueError(f"input_h: expected a first dimension L*D divisible by D={D} ({direction}), "
                              f"got shape {hs}")
-        num_layers = LD_given // D
-    if num_units is None:
-        if is_lstm:
-            cs = check_rank("input_c", c0, 3, "[L*D, B, H]" if time_major else "[B, L*D, H]")
-            num_units = cs[2]
-        else:
-            num_units = P_given
+        cs = check_rank("input_c", c0, 3, "[L*D, B, H]" if time_major else "[B, L*D, H]") if is_lstm else None
+        L_inf, H_inf = _infer_layers_units(hs, cs, time_major, D, I, shape_of(w)[0], rnn_mode, input_mode,
+                                           direction, num_proj)
+        num_layers = L_inf if num_layers is None else num_layers
+        num_units = H_inf if num_units is None else num_units
     cfg = rnn_config(num_layers, num_units, I, rnn_mode, input_mode, direction, num_proj, dropout, seed, seed2)
     lengths = _lengths(sequence_lengths, T, B)
     call = RNNCall(cfg, T, B, dtype, time_major, is_training, lengths)
@@ -251,8 +249,36 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
         check_shape("input_c", c0, c_shape, "[L*D, B, H]" if time_major else "[B, L*D, H]")
     n = params_size(cfg)
     if shape_of(w)[0] != n:
-        raise ValueError(f"params: expected length params_size = {n} for this configuration, got {shape_of(w)[0]}")
+        raise ValueError(f"params: expected length params_size = {n} for this configuration (num_layers={cfg.L} "
+                         f"and num_units={cfg.H} read from {'input_h and input_c' if is_lstm else 'input_h'}, "
+                         f"input_size={cfg.I} read from input), got {shape_of(w)[0]}")
     return call, {"input": x, "input_h": h0, "input_c": c0, "params": w}
+
+
+def _infer_layers_units(hs, cs, time_major, D, I, n_params, rnn_mode, input_mode, direction, num_proj):
+    """(L, H) as TF reads them: L from input_h's L*D, H from input_c (LSTM) or input_h (other modes).
+
+    For an LSTM, input_h and input_c both carry L*D, and without projection both carry H.  When they disagree,
+    the reading whose params_size matches the params length wins, so that the shape check that follows names
+    the state that is off rather than the other one.  Without any match TF's reading is kept.
+    """
+    LD_h, P_h = (hs[0], hs[2]) if time_major else (hs[1], hs[2])
+    if cs is None:
+        return LD_h // D, P_h
+    LD_c, H_c = (cs[0], cs[2]) if time_major else (cs[1], cs[2])
+    candidates = [(LD_h // D, H_c)]
+    if LD_c % D == 0:
+        candidates.append((LD_c // D, H_c))
+    if not num_proj:   # no projection: P = H, so input_h carries H too
+        candidates += [(LD_h // D, P_h)] + ([(LD_c // D, P_h)] if LD_c % D == 0 else [])
+    from .params import params_size
+    for L, H in candidates:
+        try:
+            if params_size(rnn_config(L, H, I, rnn_mode, input_mode, direction, num_proj)) == n_params:
+                return L, H
+        except (ValueError, TypeError):
+            continue
+    return candidates[0]
 
 
 # ---------------------------------------------------------------------------------------------------

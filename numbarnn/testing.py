@@ -155,9 +155,18 @@ TOLERANCES = {np.dtype(np.float64): (1e-10, 1e-10), np.dtype(np.float32): (1e-5,
 # ---------------------------------------------------------------------------------------------------
 
 def ragged_lengths(T: int, B: int):
-    """Lengths in [0, T] with the ragged shapes that break drivers: sorted, unsorted, zeros, all-T."""
-    return st.one_of(st.none(), st.lists(st.integers(0, T), min_size=B, max_size=B).map(
-        lambda v: np.asarray(v, dtype=np.int32)))
+    """Lengths in [0, T] with the ragged shapes that break drivers: sorted, unsorted, zeros, all-T.
+
+    Free draws alone are rarely ragged (hypothesis favours equal small values), so half of the non-None draws
+    are a permutation of a spread from T down to 0 (B=6, T=7: 7, 5, 4, 2, 1, 0) or of a list holding T, 0 and
+    duplicates.
+    """
+    free = st.lists(st.integers(0, T), min_size=B, max_size=B)
+    spread = [T * (B - 1 - k) // max(B - 1, 1) for k in range(B)]                        # T, ..., 0
+    with_ends = st.lists(st.integers(0, T), min_size=B, max_size=B).map(
+        lambda v: [T] + v[1:-1] + [0] if B > 1 else v)                                      # T, ..., 0, repeats
+    ragged = st.one_of(st.permutations(spread), with_ends.flatmap(st.permutations))
+    return st.one_of(st.none(), free, ragged).map(lambda v: None if v is None else np.asarray(v, dtype=np.int32))
 
 
 def rnn_configs(modes=("lstm", "gru", "rnn_tanh", "rnn_relu"), max_layers: int = 2, max_units: int = 4,
