@@ -298,3 +298,89 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             dy_l = masked(dx_l, layer) if call.dropout_active else dx_l
     _last["backward"] = log
     return dx_l, dh0, dc0, dparams
+
+
+# ---------------------------------------------------------------------------------------------------
+# the launch plan (the teaching view of `numbarnn explain`); tests check it against LaunchLog
+# ---------------------------------------------------------------------------------------------------
+
+def launch_plan(call) -> list[dict]:
+    """Every launch forward() and backward() make for `call`, grouped: phase, kernel, grid, block, launches,
+    and per-launch estimates of FLOPs and global-memory bytes (compulsory traffic, no cache effects)."""
+    cfg, T, B = call.config, call.T, call.B
+    H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
+    sz = np.dtype(call.dtype).itemsize
+    steps = max(call.lengths, default=0)
+    TB, GH = T * B, G * H
+    rows = []
+
+    def add(phase, kernel, launches, grid=None, block=None, flops=0, nbytes=0):
+        if launches > 0:
+            rows.append({"phase": phase, "kernel": kernel, "grid": grid, "block": block, "launches": int(launches),
+                         "flops": int(flops), "bytes": int(nbytes)})
+
+    def flat(n):
+        return (blocks(n, threads(n, 256)),), threads(n, 256)
+
+    def gemm_row(phase, what, launches, M, N, K):
+        add(phase, f"gemm v3 ({what})", launches, None, None, 2 * M * N * K, (M * K + K * N + M * N) * sz)
+
+    def steps_grid(n):
+        return (blocks(n, threads(n)), B, D), threads(n)
+
+    cell = cfg.rnn_mode if cfg.rnn_mode in ("lstm", "gru") else "rnn"
+    train = replace(call, is_training=True)
+    add("forward", "fill (reserve = 0)", 1 if reserve_size(train) else 0, *flat(reserve_size(train)),
+        0, reserve_size(train) * sz)
+    for layer in range(L):
+        I_l = cfg.layer_input_size(layer)
+        n = T * B * D * P
+        add("forward", "dropout_forward", int(layer > 0 and call.dropout_active and n > 0), *flat(n), 0, 3 * n * sz)
+        if TB:
+            if cfg.has_w(layer):
+                gemm_row("forward", "gx = x W^T, all steps", D, TB, GH, I_l)
+            else:
+                add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
+        add("forward", "cast_copy (h0, c0 in)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        grid, block = steps_grid(H)
+        add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
+            D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+        if cfg.has_proj:
+            grid, block = steps_grid(P)
+            add("forward", "lstm_project", steps if B else 0, grid, block, 2 * D * B * P * H,
+                D * (P * H + B * (H + 2 * P)) * sz)
+        add("forward", "cast_copy (hT, cT out)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+    n_params = sum(r.size for r in param_regions(cfg))
+    add("backward", "fill (dparams = 0)", 1, *flat(n_params), 0, n_params * sz)
+    for layer in reversed(range(L)):
+        I_l = cfg.layer_input_size(layer)
+        n = T * B * D * P
+        drop = layer > 0 and call.dropout_active and n > 0
+        add("backward", "apply_mask (x_l for dW)", int(drop), *flat(n), n, 3 * n * sz)
+        fills = [D * TB * GH, D * TB * GH if cfg.rnn_mode == "gru" else 0, D * TB * P, D * TB * P * cfg.has_proj]
+        add("backward", "fill (dgates, h_prev, ... = 0)", sum(1 for f in fills if f), None, None, 0, sum(fills) * sz)
+        add("backward", "cast_copy (dhT, dcT in)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        grid, block = steps_grid(H)
+        add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
+            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + S_of(cfg) * H + 3 * P) * sz)
+        grid, block = steps_grid(P)
+        add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
+            D * (GH * P + B * (GH + 2 * P)) * sz)
+        add("backward", "cast_copy (dh0, dc0 out)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        if cfg.has_w(layer):
+            gemm_row("backward", "dW = dgx^T x", D, GH, I_l, TB)
+            gemm_row("backward", "dx += dgx W", D, TB, I_l, GH)
+        gemm_row("backward", "dR = dgh^T h_prev", D, GH, P, TB)
+        if cfg.has_proj:
+            gemm_row("backward", "dW_proj = dh^T m", D, P, H, TB)
+        add("backward", "column_sums (dbW, dbR)", D, *flat(2 * GH), 2 * TB * GH, 2 * TB * GH * sz)
+        add("backward", "sum_gates (skip_input dx)", int(not cfg.has_w(layer) and TB > 0), *flat(TB * H),
+            D * TB * GH, D * TB * GH * sz)
+        add("backward", "apply_mask (dropout backward)", int(drop), *flat(n), n, 3 * n * sz)
+    return rows
+
+
+def S_of(cfg) -> int:
+    """Saved activations per unit (reserve.ACTS)."""
+    from ..reserve import ACTS
+    return len(ACTS[cfg.rnn_mode])
