@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbarnn.validation import (
+from numbarnn.validation import (ArgumentTypeError, 
     as_array,
     check_choice,
     check_int,
@@ -95,7 +95,7 @@ def _check_seq_len_max(value, T: int) -> int:
         if shape != ():
             raise ValueError(f"{name}: expected a scalar integer, got an array of shape {shape}")
         if not hasattr(value, "copy_to_host"):
-            raise TypeError(f"{name}: expected a host integer or a 0-d numba device array, "
+            raise ArgumentTypeError(f"{name}: expected a host integer or a 0-d numba device array, "
                             f"got {type(value).__name__}")
         value = np.asarray(value.copy_to_host())
     if isinstance(value, (list, tuple)):
@@ -104,13 +104,13 @@ def _check_seq_len_max(value, T: int) -> int:
         raise ValueError(f"{name}: expected a scalar integer, got an array of shape {value.shape}")
     try:
         return check_int(name, value, minimum=0, maximum=T)
-    except ValueError as exc:
-        raise ValueError(f"{exc} (0 <= seq_len_max <= T, T = {T} from x.shape[0])") from None
+    except ValueError as exc:   # ArgumentTypeError too: keep the class, add the note
+        raise type(exc)(f"{exc} (0 <= seq_len_max <= T, T = {T} from x.shape[0])") from None
 
 
 def _check_bool(name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {value!r} ({type(value).__name__})")
+        raise ArgumentTypeError(f"{name}: expected a bool, got {value!r} ({type(value).__name__})")
     return bool(value)
 
 
@@ -119,7 +119,7 @@ def _check_number(name: str, value) -> float:
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a number, got {value!r} ({type(value).__name__})")
+        raise ArgumentTypeError(f"{name}: expected a number, got {value!r} ({type(value).__name__})")
     value = float(value)
     if math.isnan(value):
         raise ValueError(f"{name}: expected a number, got nan")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .validation import (as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
+from .validation import (ArgumentTypeError, as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
                          check_shape, is_device_array, shape_of)
 
 RNN_MODES = ("rnn_relu", "rnn_tanh", "lstm", "gru")
@@ -167,7 +167,7 @@ def _lengths(sequence_lengths, T: int, B: int) -> tuple:
             else np.asarray(sequence_lengths)
     lens = np.asarray(sequence_lengths)
     if lens.dtype == object or not (np.issubdtype(lens.dtype, np.integer)):
-        raise TypeError(f"sequence_lengths: expected integers (int32), got dtype {lens.dtype}")
+        raise ArgumentTypeError(f"sequence_lengths: expected integers (int32), got dtype {lens.dtype}")
     if lens.ndim != 1:
         raise ValueError(f"sequence_lengths: expected rank 1 with shape (B,) = ({B},), got rank {lens.ndim} "
                          f"with shape {lens.shape}")
@@ -209,9 +209,9 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     from .params import params_size  # params builds on config; imported here to keep config importable alone
 
     if not isinstance(time_major, (bool, np.bool_)):
-        raise TypeError(f"time_major: expected a bool, got {time_major!r}")
+        raise ArgumentTypeError(f"time_major: expected a bool, got {time_major!r}")
     if not isinstance(is_training, (bool, np.bool_)):
-        raise TypeError(f"is_training: expected a bool, got {is_training!r}")
+        raise ArgumentTypeError(f"is_training: expected a bool, got {is_training!r}")
     time_major, is_training = bool(time_major), bool(is_training)
     x = as_array("input", input)
     h0 = as_array("input_h", input_h)

@@ -42,7 +42,8 @@ from . import ops
 from . import params as _params
 from .backends import BACKENDS
 from .config import RNNConfig, rnn_config
-from .validation import SUPPORTED_DTYPES, as_array, check_choice, check_int, check_rank, check_shape, shape_of
+from .validation import (ArgumentTypeError, SUPPORTED_DTYPES, as_array, check_choice,
+                         check_int, check_rank, check_shape, shape_of)
 
 __all__ = ["CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu", "canonical_names"]
 
@@ -71,9 +72,9 @@ def _check_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
+        raise ArgumentTypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
     if dt not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dt}")
+        raise ArgumentTypeError(f"dtype: expected float16, float32 or float64, got {dt}")
     return dt
 
 
@@ -115,11 +116,11 @@ class _CudnnRNN:
         self._dtype = _check_dtype(dtype)
         for arg, init in (("kernel_initializer", kernel_initializer), ("bias_initializer", bias_initializer)):
             if init is not None and not callable(init):
-                raise TypeError(f"{arg}: expected None or a callable (shape, dtype) -> array, got {init!r}")
+                raise ArgumentTypeError(f"{arg}: expected None or a callable (shape, dtype) -> array, got {init!r}")
         self._kernel_initializer = kernel_initializer
         self._bias_initializer = bias_initializer
         if name is not None and not isinstance(name, str):
-            raise TypeError(f"name: expected a string or None, got {name!r}")
+            raise ArgumentTypeError(f"name: expected a string or None, got {name!r}")
         self._name = name if name is not None else _snake_case(type(self).__name__)
         self._backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
         self._config: RNNConfig | None = None     # set by build (needs the input size)
@@ -316,14 +317,14 @@ class _CudnnRNN:
     @staticmethod
     def _check_flags(training, time_major) -> tuple[bool, bool]:
         if not isinstance(training, (bool, np.bool_)):
-            raise TypeError(f"training: expected a bool, got {training!r}")
+            raise ArgumentTypeError(f"training: expected a bool, got {training!r}")
         if not isinstance(time_major, (bool, np.bool_)):
-            raise TypeError(f"time_major: expected a bool, got {time_major!r}")
+            raise ArgumentTypeError(f"time_major: expected a bool, got {time_major!r}")
         return bool(training), bool(time_major)
 
     def _check_input_dtype(self, x) -> None:
         if np.dtype(x.dtype) != self._dtype:
-            raise TypeError(f"inputs: expected dtype {self._dtype} (the layer's dtype), got {np.dtype(x.dtype)}")
+            raise ArgumentTypeError(f"inputs: expected dtype {self._dtype} (the layer's dtype), got {np.dtype(x.dtype)}")
 
     def _zero_state(self, B: int, time_major: bool):
         shapes = self.state_shape(B)

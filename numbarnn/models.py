@@ -21,7 +21,8 @@ from . import ops
 from . import params as _params
 from .backends import BACKENDS
 from .config import RNNConfig, rnn_config
-from .validation import SUPPORTED_DTYPES, as_array, check_choice, check_int, check_rank, check_shape, shape_of
+from .validation import (ArgumentTypeError, SUPPORTED_DTYPES, as_array, check_choice,
+                         check_int, check_rank, check_shape, shape_of)
 
 __all__ = ["CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu"]
 
@@ -30,9 +31,9 @@ def _check_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
+        raise ArgumentTypeError(f"dtype: expected float16, float32 or float64, got {dtype!r}") from exc
     if dt not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype: expected float16, float32 or float64, got {dt}")
+        raise ArgumentTypeError(f"dtype: expected float16, float32 or float64, got {dt}")
     return dt
 
 
@@ -137,13 +138,13 @@ class _CudnnRNNModel:
         if shape_of(p)[0] != n:
             raise ValueError(f"params: expected length params_size() = {n} for this model, got {shape_of(p)[0]}")
         if np.dtype(p.dtype) != self._dtype:
-            raise TypeError(f"params: expected dtype {self._dtype} (the model's dtype), got {np.dtype(p.dtype)}")
+            raise ArgumentTypeError(f"params: expected dtype {self._dtype} (the model's dtype), got {np.dtype(p.dtype)}")
         return p
 
     def _run(self, input_data, input_h, input_c, params, is_training, sequence_lengths, time_major):
         c = self._config
         if not isinstance(time_major, (bool, np.bool_)):
-            raise TypeError(f"time_major: expected a bool, got {time_major!r}")
+            raise ArgumentTypeError(f"time_major: expected a bool, got {time_major!r}")
         x = as_array("input_data", input_data)
         check_rank("input_data", x, 3, "[T, B, I]" if time_major else "[B, T, I]")
         if shape_of(x)[2] != c.I:

@@ -10,6 +10,14 @@ import numbers
 
 import numpy as np
 
+class ArgumentTypeError(TypeError, ValueError):
+    """A wrong type or dtype of an argument.
+
+    Both a TypeError (it is one) and a ValueError (SPEC 11: every bad input is a ValueError naming the
+    argument), like NumPy's AxisError, so callers catching either see it.
+    """
+
+
 #: dtypes every op accepts; half is stored as half and computed in float32 (float64 in the reference)
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
@@ -30,7 +38,7 @@ def as_array(name: str, a):
     try:
         return np.asarray(a)
     except Exception as exc:  # pragma: no cover - exotic objects
-        raise TypeError(f"{name}: expected an array, got {type(a).__name__}") from exc
+        raise ArgumentTypeError(f"{name}: expected an array, got {type(a).__name__}") from exc
 
 
 def shape_of(a) -> tuple:
@@ -40,7 +48,7 @@ def shape_of(a) -> tuple:
 def dtype_of(name: str, a) -> np.dtype:
     dt = np.dtype(a.dtype)
     if dt not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {dt}")
+        raise ArgumentTypeError(f"{name}: expected dtype float16, float32 or float64, got {dt}")
     return dt
 
 
@@ -50,7 +58,7 @@ def check_same_dtype(named: dict) -> np.dtype:
     first_name, first = next(iter(dtypes.items()))
     for name, dt in dtypes.items():
         if dt != first:
-            raise TypeError(f"{name}: expected dtype {first} (the dtype of {first_name}), got {dt}")
+            raise ArgumentTypeError(f"{name}: expected dtype {first} (the dtype of {first_name}), got {dt}")
     return first
 
 
@@ -82,7 +90,7 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
+        raise ArgumentTypeError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value}")
@@ -99,7 +107,7 @@ def check_choice(name: str, value, choices) -> str:
 
 def check_float(name: str, value, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a number in [{lo}, {hi}], got {value!r}")
+        raise ArgumentTypeError(f"{name}: expected a number in [{lo}, {hi}], got {value!r}")
     value = float(value)
     if not (lo <= value <= hi):  # also rejects NaN
         raise ValueError(f"{name}: expected a number in [{lo}, {hi}], got {value}")

@@ -46,7 +46,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda, types
 
-from numbarnn.validation import check_same_dtype, shape_of
+from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
 
 DTYPES = ("float16", "float32", "float64")
 
@@ -385,13 +385,13 @@ def _is_device_array(x) -> bool:
 
 def _check_flag(name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
+        raise ArgumentTypeError(f"{name}: expected True or False, got {value!r}")
     return bool(value)
 
 
 def _check_scalar(name: str, value) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a real number, got {value!r} ({type(value).__name__})")
+        raise ArgumentTypeError(f"{name}: expected a real number, got {value!r} ({type(value).__name__})")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite number, got {value}")
@@ -449,7 +449,7 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
     """
     for name, x in (("a", a), ("b", b), ("c", c)):
         if not _is_device_array(x):
-            raise TypeError(f"{name}: expected a device array (numba.cuda.to_device / device_array), "
+            raise ArgumentTypeError(f"{name}: expected a device array (numba.cuda.to_device / device_array), "
                             f"got {type(x).__name__}; use numbarnn.kernels.gemm.matmul for NumPy arrays")
     dtype = str(check_same_dtype({"a": a, "b": b, "c": c}))
     trans_a = _check_flag("trans_a", trans_a)

@@ -27,7 +27,7 @@ from numba import cuda, uint32, uint64
 
 from numbarnn.reference.philox import (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, check_mask_args,
                                        dropout_key, dropout_threshold)
-from numbarnn.validation import check_shape
+from numbarnn.validation import ArgumentTypeError, check_shape
 
 # typed constants (module globals that numba freezes into the kernels)
 _M0 = np.uint64(PHILOX_M0)
@@ -141,7 +141,7 @@ def dropout_keep_mask(seed: int, seed2: int, layer: int, T: int, B: int, W: int,
     else:
         check_shape("out", out, (T, B, W), "[T, B, W]")
         if np.dtype(out.dtype) != np.uint8:
-            raise TypeError(f"out: expected dtype uint8, got {np.dtype(out.dtype)}")
+            raise ArgumentTypeError(f"out: expected dtype uint8, got {np.dtype(out.dtype)}")
     total = T * B * W
     if total == 0:
         return out

@@ -32,7 +32,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from numbarnn.validation import check_float, check_int
+from numbarnn.validation import ArgumentTypeError, check_float, check_int
 
 #: Philox4x32 round multipliers (Random123 PHILOX_M4x32_0 / _1)
 PHILOX_M0 = 0xD2511F53
@@ -53,7 +53,7 @@ def _as_uint32_words(name: str, a, words: int) -> np.ndarray:
     """`a` as a uint64 array [..., words] holding values in [0, 2**32); clear errors otherwise."""
     arr = np.asarray(a)
     if arr.dtype.kind not in "ui":
-        raise TypeError(f"{name}: expected an integer array (uint32 words), got dtype {arr.dtype}")
+        raise ArgumentTypeError(f"{name}: expected an integer array (uint32 words), got dtype {arr.dtype}")
     if arr.ndim == 0 or arr.shape[-1] != words:
         raise ValueError(f"{name}: expected shape [..., {words}], got {arr.shape}")
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
