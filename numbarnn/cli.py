@@ -720,80 +720,30 @@ def _shape(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _print_plan(plan) -> None:
-    if isinstance(plan, str):
-        print(plan)
-    elif isinstance(plan, dict):
-        for k, v in plan.items():
-            print(f"  {k}: {v}")
-    else:
-        for item in plan:
-            if isinstance(item, dict):
-                print("  " + ", ".join(f"{k}={v}" for k, v in item.items()))
-            else:
-                print(f"  {item}")
-
-
 def _human(n: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} "
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
 
 
-def textual_plan(call) -> list[str]:
-    """The launch plan derived from the configuration alone (what the kernels are designed to do)."""
-    cfg, T, B = call.config, call.T, call.B
-    L, D, G, H, P = cfg.L, cfg.D, cfg.G, cfg.H, cfg.P
-    isz = call.dtype.itemsize
-    S = {"lstm": 4, "gru": 4}.get(cfg.rnn_mode, 1)            # activation slots per cell in the reserve
-    pw = {"lstm": 12, "gru": 12}.get(cfg.rnn_mode, 3)          # rough pointwise FLOPs per gate element
-    both = "for both directions" if D == 2 else "(one direction)"
-    lines = ["forward (one call):"]
-    n_fwd = 0
-    for layer in range(L):
-        I_l = cfg.layer_input_size(layer)
-        lines.append(f"  layer {layer}:")
-        if cfg.has_w(layer):
-            flops = 2 * T * B * I_l * G * H
-            lines.append(f"    {D} input-projection GEMM(s), one per direction: x_l {_shape((T * B, I_l))} @ "
-                         f"W^T {_shape((I_l, G * H))} -> {_shape((T * B, G * H))}, ~{_human(flops)}FLOP each")
-            n_fwd += D
-        else:
-            lines.append("    no input GEMM (skip_input: x is added to every gate's pre-activation)")
-        if layer > 0 and call.dropout_active:
-            lines.append(f"    its input is multiplied by the dropout keep mask (Philox, reserve keep{layer})")
-        per_step = 1 + (1 if cfg.has_proj else 0)
-        lines.append(f"    per step (T = {T}): 1 fused recurrent+pointwise launch {both} "
-                     f"(R h + bR, gates, state update)" + (" + 1 projection launch (W_proj m)" if cfg.has_proj
-                                                           else ""))
-        n_fwd += T * per_step
-        flops = D * (2 * B * G * H * P + pw * B * G * H + (2 * B * P * H if cfg.has_proj else 0))
-        bytes_ = isz * D * (G * H * P + B * G * H + 2 * B * P + (2 * B * H if cfg.is_lstm else 0) + B * S * H
-                            + (P * H + B * H if cfg.has_proj else 0))
-        lines.append(f"      per step ~{_human(flops)}FLOP, ~{_human(bytes_)}B moved (R, gate inputs, h/c, reserve)")
-    lines.append(f"  total: {n_fwd} launches")
-    lines.append("backward (one call), layers L-1 .. 0:")
-    n_bwd = 0
-    for layer in reversed(range(L)):
-        I_l = cfg.layer_input_size(layer)
-        lines.append(f"  layer {layer}:")
-        lines.append(f"    per step (T = {T}, reverse order): 2 launches {both}: pointwise "
-                     f"gate backward (dgates from dh, dc and the saved activations), then dh_prev = R^T dgates"
-                     + (" (+ projection backward)" if cfg.has_proj else ""))
-        n_bwd += 2 * T
-        flops = D * (2 * B * G * H * P + pw * B * G * H + (4 * B * P * H if cfg.has_proj else 0))
-        bytes_ = isz * D * (G * H * P + 2 * B * G * H + B * S * H + 4 * B * P + (3 * B * H if cfg.is_lstm else 0))
-        lines.append(f"      per step ~{_human(flops)}FLOP, ~{_human(bytes_)}B moved")
-        gemms = 3 if cfg.has_w(layer) else 2
-        lines.append("    then per direction: " + ("dW = dgates^T x_l, " if cfg.has_w(layer) else "")
-                     + "dR = dgates^T h_prev, " + ("dx = dgates W" if cfg.has_w(layer) else "dx = sum of dgates "
-                                                    "over gates (skip_input)")
-                     + f" GEMMs (~{_human(2 * T * B * G * H * ((2 * I_l if cfg.has_w(layer) else 0) + P))}FLOP "
-                       "per direction)")
-        n_bwd += D * gemms
-    lines.append(f"  total: {n_bwd} launches (bias gradients are reductions of dgates)")
-    return lines
+def plan_table(plan: list[dict], call) -> str:
+    """The driver's launch plan (numbarnn.kernels.driver.launch_plan) as a table plus a per-step summary."""
+    rows = []
+    for r in plan:
+        grid = "x".join(str(g) for g in r["grid"]) if r["grid"] else "-"
+        rows.append((r["phase"], "-" if r["layer"] is None else str(r["layer"]), r["kernel"], str(r["launches"]),
+                     f"({grid}) x {r['block']}" if r["block"] else "-", _human(r["flops"]), _human(r["bytes"]) + "B"))
+    out = [format_table(("phase", "layer", "kernel", "launches", "grid x block", "FLOP/launch", "bytes/launch"),
+                        rows)]
+    steps = max(call.lengths, default=0)
+    for phase in ("forward", "backward"):
+        total = sum(r["launches"] for r in plan if r["phase"] == phase)
+        per_step = sum(r["launches"] for r in plan if r["phase"] == phase and r["kernel"].endswith(
+            ("_step", "project", "recurrent_backward"))) // max(1, steps * call.config.L)
+        out.append(f"{phase}: {total} launches in all; {per_step} per step per layer (both directions together), "
+                   f"{steps} steps (max length)")
+    return "\n".join(out)
 
 
 def cmd_explain(args) -> int:
@@ -826,21 +776,13 @@ def cmd_explain(args) -> int:
         print("  (keep flags: a pure function of (seed, seed2, layer, t, b, j), SPEC 6)")
     print("host_reserved: int8 fingerprint of the forward call (mode, shapes, dtype, lengths, dropout, seeds), "
           "checked by backprop")
-    print("\nkernel launch plan:")
+    print("\nkernel launch plan (launch sizes of a real GPU; FLOPs and compulsory bytes are estimates):")
     module, why = load_cuda_backend()
-    plan = None
-    if module is not None and hasattr(module, "launch_plan"):
-        try:
-            plan = module.launch_plan(call)
-        except Exception as exc:
-            print(f"  ({CUDA_BACKEND_MODULE}.launch_plan failed: {_exc(exc)}; derived from the configuration)")
-    if plan is not None:
-        _print_plan(plan)
+    if module is None:
+        print(f"  not available: {why}")
     else:
-        if module is None or not hasattr(module, "launch_plan"):
-            print(f"  (derived from the configuration; {CUDA_BACKEND_MODULE}.launch_plan not available)")
-        for line in textual_plan(call):
-            print("  " + line)
+        plan = module.launch_plan(call)
+        print(plan if isinstance(plan, str) else plan_table(plan, call))
     print(f"\ncuda backend: {env if module is not None else 'not available (' + str(why) + ')'}")
     return 0
 

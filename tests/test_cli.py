@@ -164,17 +164,12 @@ def test_explain_lists_every_region(mode, flags, cfg_args, capsys):
     assert "kernel launch plan" in out
 
 
-def test_explain_uses_launch_plan_when_the_backend_has_one(monkeypatch, capsys):
-    seen = []
-
-    def plan(call):
-        seen.append(call)
-        return ["step kernel x 3"]
-
-    monkeypatch.setitem(sys.modules, cli.CUDA_BACKEND_MODULE, fake_backend(plan=plan))
-    assert cli.main(["explain", "--mode", "rnn_tanh"]) == 0
+def test_explain_prints_the_drivers_launch_plan(capsys):
+    assert cli.main(["explain", "--mode", "gru", "--layers", "2", "--units", "3", "--input-size", "2",
+                     "--direction", "bidirectional", "--batch", "2", "--time", "3"]) == 0
     out = capsys.readouterr().out
-    assert "step kernel x 3" in out and len(seen) == 1 and seen[0].config.rnn_mode == "rnn_tanh"
+    assert "gru_forward_step" in out and "recurrent_backward" in out and "gemm v3 (dW = dgx^T x)" in out
+    assert "forward: " in out and "1 per step per layer" in out and "2 per step per layer" in out
 
 
 def test_explain_blocklstm(capsys):

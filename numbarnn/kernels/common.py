@@ -36,14 +36,15 @@ def arr(dtype, ndim: int, layout: str = "C"):
     return types.Array(nb(dtype), ndim, layout)
 
 
-def threads(n: int, gpu: int = 128, sim: int = 8) -> int:
+def threads(n: int, gpu: int = 128, sim: int = 8, simulator: bool | None = None) -> int:
     """Threads per block for n work items in x: warp multiples on a GPU, a handful in the simulator."""
-    if SIMULATOR:
+    if SIMULATOR if simulator is None else simulator:
         return max(1, min(n, sim))
     return max(32, min(gpu, -(-n // 32) * 32))
 
 
 def blocks(n: int, per_block: int) -> int:
+    """Blocks of per_block threads covering n items (at least 1)."""
     return max(1, -(-n // per_block))
 
 

@@ -304,9 +304,17 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
 # the launch plan (the teaching view of `numbarnn explain`); tests check it against LaunchLog
 # ---------------------------------------------------------------------------------------------------
 
-def launch_plan(call) -> list[dict]:
-    """Every launch forward() and backward() make for `call`, grouped: phase, kernel, grid, block, launches,
-    and per-launch estimates of FLOPs and global-memory bytes (compulsory traffic, no cache effects)."""
+def launch_plan(call, gpu: bool = True) -> list[dict]:
+    """Every launch forward() and backward() make for `call`, grouped: phase, layer, kernel, grid, block,
+    launches, and per-launch estimates of FLOPs and global-memory bytes (compulsory traffic, no cache effects).
+
+    gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
+    GEMM grids come from the GEMM launcher's tiles.
+    """
+    from .gemm import VERSIONS
+    sim = None if not gpu else False
+    v3 = VERSIONS[3]
+    gemm_cfg = v3.gpu_config if gpu else v3.default_config()
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
@@ -314,19 +322,29 @@ def launch_plan(call) -> list[dict]:
     TB, GH = T * B, G * H
     rows = []
 
+    layer = None
+
     def add(phase, kernel, launches, grid=None, block=None, flops=0, nbytes=0):
         if launches > 0:
-            rows.append({"phase": phase, "kernel": kernel, "grid": grid, "block": block, "launches": int(launches),
-                         "flops": int(flops), "bytes": int(nbytes)})
+            rows.append({"phase": phase, "layer": layer, "kernel": kernel, "grid": grid, "block": block,
+                         "launches": int(launches), "flops": int(flops), "bytes": int(nbytes)})
 
     def flat(n):
-        return (blocks(n, threads(n, 256)),), threads(n, 256)
+        t = threads(n, 256, simulator=sim)
+        return (blocks(n, t),), t
 
     def gemm_row(phase, what, launches, M, N, K):
-        add(phase, f"gemm v3 ({what})", launches, None, None, 2 * M * N * K, (M * K + K * N + M * N) * sz)
+        grid, block = v3.launch(M, N, 1, gemm_cfg)
+        add(phase, f"gemm v3 ({what})", launches, tuple(grid), int(np.prod(block)), 2 * M * N * K,
+            (M * K + K * N + M * N) * sz)
 
     def steps_grid(n):
-        return (blocks(n, threads(n)), B, D), threads(n)
+        t = threads(n, simulator=sim)
+        return (blocks(n, t), B, D), t
+
+    def cast_rows(phase, what):
+        for n in (D * B * P, D * B * H if cfg.is_lstm else 0):
+            add(phase, f"cast_copy ({what})", int(n > 0), *flat(n), 0, 2 * n * sz)
 
     cell = cfg.rnn_mode if cfg.rnn_mode in ("lstm", "gru") else "rnn"
     train = replace(call, is_training=True)
@@ -341,7 +359,7 @@ def launch_plan(call) -> list[dict]:
                 gemm_row("forward", "gx = x W^T, all steps", D, TB, GH, I_l)
             else:
                 add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
-        add("forward", "cast_copy (h0, c0 in)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        cast_rows("forward", "h0, c0 in")
         grid, block = steps_grid(H)
         add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
             D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
@@ -349,7 +367,8 @@ def launch_plan(call) -> list[dict]:
             grid, block = steps_grid(P)
             add("forward", "lstm_project", steps if B else 0, grid, block, 2 * D * B * P * H,
                 D * (P * H + B * (H + 2 * P)) * sz)
-        add("forward", "cast_copy (hT, cT out)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        cast_rows("forward", "hT, cT out")
+    layer = None
     n_params = sum(r.size for r in param_regions(cfg))
     add("backward", "fill (dparams = 0)", 1, *flat(n_params), 0, n_params * sz)
     for layer in reversed(range(L)):
@@ -357,16 +376,17 @@ def launch_plan(call) -> list[dict]:
         n = T * B * D * P
         drop = layer > 0 and call.dropout_active and n > 0
         add("backward", "apply_mask (x_l for dW)", int(drop), *flat(n), n, 3 * n * sz)
-        fills = [D * TB * GH, D * TB * GH if cfg.rnn_mode == "gru" else 0, D * TB * P, D * TB * P * cfg.has_proj]
-        add("backward", "fill (dgates, h_prev, ... = 0)", sum(1 for f in fills if f), None, None, 0, sum(fills) * sz)
-        add("backward", "cast_copy (dhT, dcT in)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        for n, what in ((D * TB * GH, "dgx"), (D * TB * GH * (cfg.rnn_mode == "gru"), "dgh"), (D * TB * P, "h_prev"),
+                        (D * TB * P * cfg.has_proj, "dh_total")):
+            add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
+        cast_rows("backward", "dhT, dcT in")
         grid, block = steps_grid(H)
         add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
             D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + S_of(cfg) * H + 3 * P) * sz)
         grid, block = steps_grid(P)
         add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
             D * (GH * P + B * (GH + 2 * P)) * sz)
-        add("backward", "cast_copy (dh0, dc0 out)", (1 if D * B * P else 0) + (1 if cfg.is_lstm and D * B * H else 0))
+        cast_rows("backward", "dh0, dc0 out")
         if cfg.has_w(layer):
             gemm_row("backward", "dW = dgx^T x", D, GH, I_l, TB)
             gemm_row("backward", "dx += dgx W", D, TB, I_l, GH)

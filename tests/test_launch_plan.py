@@ -1,0 +1,41 @@
+"""The launch plan `numbarnn explain` shows is what the driver really launches, and the per-step budget holds.
+
+Budget (issue: kernels): at most 2 launches per step per layer for both directions together (3 with a
+projection); numbarnn does 1 forward (2 with projection) and 2 backward.
+"""
+import numpy as np
+import pytest
+
+from numbarnn.config import RNNCall, rnn_config
+from numbarnn.kernels import driver
+from numbarnn.testing import make_rnn_case, run_backward, run_forward
+
+CASES = [  # mode, direction, num_proj, input_mode, L, dropout, lengths (T=3, B=4)
+    ("lstm", "bidirectional", 2, "linear_input", 2, 0.3, [3, 1, 0, 2]),
+    ("gru", "unidirectional", 0, "skip_input", 2, 0.0, None),
+    ("rnn_relu", "bidirectional", 0, "skip_input", 1, 0.0, [0, 0, 0, 0]),
+    ("rnn_tanh", "unidirectional", 0, "linear_input", 3, 1.0, [1, 1, 1, 1]),
+]
+
+
+def _totals(plan, phase):
+    return sum(r["launches"] for r in plan if r["phase"] == phase)
+
+
+@pytest.mark.parametrize("mode,direction,proj,input_mode,L,p,lengths", CASES)
+def test_plan_matches_the_launches_the_driver_makes(mode, direction, proj, input_mode, L, p, lengths):
+    H, T, B = 3, 3, 4
+    cfg = rnn_config(L, H, 3 if input_mode == "skip_input" else 4, mode, input_mode, direction, proj, p, 5, 7)
+    case = make_rnn_case(cfg, T, B, lengths=lengths, seed=1)
+    run_backward(case, run_forward(case, "cuda"), "cuda")
+    log = driver.last_launch_count()
+    call = RNNCall(cfg, T, B, np.dtype(np.float64), True, True, tuple(lengths) if lengths else (T,) * B)
+    plan = driver.launch_plan(call, gpu=False)
+    assert _totals(plan, "forward") == log["forward"].total
+    assert _totals(plan, "backward") == log["backward"].total
+    steps = max(call.lengths)
+    step_kernels = [r for r in plan if r["kernel"].endswith(("_step", "project", "recurrent_backward"))]
+    assert sum(r["launches"] for r in step_kernels if r["phase"] == "forward") == steps * L * (2 if proj else 1)
+    assert sum(r["launches"] for r in step_kernels if r["phase"] == "backward") == steps * L * 2
+    if steps:
+        assert log["forward"].per_step == (2 if proj else 1) and log["backward"].per_step == 2
