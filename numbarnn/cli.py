@@ -15,18 +15,17 @@ none is and the user did not set the variable, and only then imports numbarnn's 
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import os
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-SIM_VAR = "NUMBA_ENABLE_CUDASIM"
-REAL_GPU_VAR = "NUMBARNN_REAL_GPU"
+from .device import REAL_GPU_VAR, SIM_VAR, real_gpu_present  # noqa: F401 (re-exported for users of the CLI)
+from .device import use_simulator_unless_gpu as setup_cuda_environment
+
 CUDA_BACKEND_MODULE = "numbarnn.kernels.backend"
 
 MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -48,36 +47,6 @@ BLOCK_GRADIENTS = ("x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad"
 # ---------------------------------------------------------------------------------------------------
 # GPU or simulator: decided before numba is imported
 # ---------------------------------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def real_gpu_present() -> bool:
-    """A real NVIDIA GPU, found without importing numba: NUMBARNN_REAL_GPU=1, or `nvidia-smi -L` lists one."""
-    if os.environ.get(REAL_GPU_VAR) == "1":
-        return True
-    if os.environ.get(REAL_GPU_VAR) == "0":
-        return False
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return False
-    try:
-        proc = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return proc.returncode == 0 and "GPU" in proc.stdout
-
-
-def setup_cuda_environment() -> str:
-    """Enable the CUDA simulator when there is no GPU and the user did not choose; returns a description."""
-    if SIM_VAR in os.environ:
-        where = "CUDA simulator" if os.environ[SIM_VAR] == "1" else "real GPU"
-        return f"{where} ({SIM_VAR}={os.environ[SIM_VAR]} set by the user)"
-    if real_gpu_present():
-        return "real GPU"
-    os.environ[SIM_VAR] = "1"
-    if "numba" in sys.modules:   # too late for numba to notice (only happens when embedded, e.g. in a test run)
-        return f"CUDA simulator requested, but numba was imported before {SIM_VAR}=1 was set"
-    return f"CUDA simulator (no GPU found; {SIM_VAR}=1 set)"
-
 
 def load_cuda_backend():
     """(module, None) or (None, reason) for numbarnn.kernels.backend (the kernels may not exist yet)."""

@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from numbarnn import cli
+from numbarnn import cli, device
 from numbarnn.config import RNNCall, rnn_config
 from numbarnn.params import param_regions
 from numbarnn.reference import backend as reference_backend
@@ -184,29 +184,29 @@ def test_explain_blocklstm(capsys):
 
 def test_simulator_enabled_without_gpu(monkeypatch):
     monkeypatch.delenv(cli.SIM_VAR, raising=False)
-    monkeypatch.setattr(cli, "real_gpu_present", lambda: False)
+    monkeypatch.setattr(device, "real_gpu_present", lambda: False)
     assert "simulator" in cli.setup_cuda_environment().lower()
     assert os.environ[cli.SIM_VAR] == "1"
 
 
 def test_simulator_not_forced(monkeypatch):
     monkeypatch.delenv(cli.SIM_VAR, raising=False)
-    monkeypatch.setattr(cli, "real_gpu_present", lambda: True)
+    monkeypatch.setattr(device, "real_gpu_present", lambda: True)
     assert cli.setup_cuda_environment() == "real GPU"
     assert cli.SIM_VAR not in os.environ
     monkeypatch.setenv(cli.SIM_VAR, "0")              # the user's choice is kept
-    monkeypatch.setattr(cli, "real_gpu_present", lambda: False)
+    monkeypatch.setattr(device, "real_gpu_present", lambda: False)
     cli.setup_cuda_environment()
     assert os.environ[cli.SIM_VAR] == "0"
 
 
 def test_real_gpu_variable_is_honoured(monkeypatch):
-    cli.real_gpu_present.cache_clear()
+    device.real_gpu_present.cache_clear()
     try:
         monkeypatch.setenv(cli.REAL_GPU_VAR, "1")
-        assert cli.real_gpu_present() is True
+        assert device.real_gpu_present() is True
     finally:
-        cli.real_gpu_present.cache_clear()
+        device.real_gpu_present.cache_clear()
 
 
 def test_kernels_delegates_to_report(monkeypatch):
@@ -219,7 +219,7 @@ def test_kernels_delegates_to_report(monkeypatch):
 
 
 def test_bench_without_gpu_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "real_gpu_present", lambda: False)
+    monkeypatch.setattr(device, "real_gpu_present", lambda: False)
     assert cli.main(["bench"]) == 1
     assert "no CUDA GPU" in capsys.readouterr().err
 

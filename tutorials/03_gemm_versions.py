@@ -34,30 +34,13 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import shutil
-import subprocess
 import sys
 import time
 
+from numbarnn.device import use_simulator_unless_gpu  # imports no numba
 
-def real_gpu_present() -> bool:
-    """NUMBARNN_REAL_GPU=1/0 decides; otherwise a working `nvidia-smi -L` that lists a GPU."""
-    forced = os.environ.get("NUMBARNN_REAL_GPU")
-    if forced is not None:
-        return forced == "1"
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return listing.returncode == 0 and "GPU" in listing.stdout
-
-
-if not real_gpu_present():
-    # numba reads this once, at import: it must be set before the first `import numba`.
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# numba reads NUMBA_ENABLE_CUDASIM once, at import: without a GPU, choose the simulator before importing it.
+use_simulator_unless_gpu()
 
 import numpy as np  # noqa: E402
 from numba import config as numba_config  # noqa: E402

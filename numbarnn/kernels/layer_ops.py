@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, uint32, uint64
+from numba import cuda, uint64
 
 from .common import DTYPES, acc_dtype, arr, nb
 from .philox import dropout_keep

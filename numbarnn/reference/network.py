@@ -56,7 +56,7 @@ def forward(call: RNNCall, x, h0, c0, params):
     """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params 1-D (all float64)
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, saved: dict of reserve arrays)."""
     cfg, T, B = call.config, call.T, call.B
-    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
+    P, D, G = cfg.P, cfg.D, cfg.G
     cell_forward, _ = CELLS[cfg.rnn_mode]
     lens = call.lengths_array()
     layers = unpack(cfg, params)
