@@ -478,3 +478,79 @@ class RNN(_NumbaRNNBase):
     def extra_repr(self) -> str:
         s = super().extra_repr()
         return s if self.nonlinearity == "tanh" else s + ", nonlinearity='relu'"
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.nn itself as an independent oracle (used by `numbarnn check` and the cross-check tests)
+# ---------------------------------------------------------------------------------------------------
+
+_TORCH_NN = {"lstm": lambda **kw: torch.nn.LSTM(**kw), "gru": lambda **kw: torch.nn.GRU(**kw),
+             "rnn_tanh": lambda **kw: torch.nn.RNN(nonlinearity="tanh", **kw),
+             "rnn_relu": lambda **kw: torch.nn.RNN(nonlinearity="relu", **kw)}
+
+
+def torch_nn_supports(case) -> str | None:
+    """None when torch.nn can compute `case` (a numbarnn.testing.RNNCase), else why not."""
+    cfg = case.cfg
+    if cfg.skip_input:
+        return "torch.nn has no skip_input"
+    if case.is_training and cfg.dropout > 0 and cfg.L > 1:
+        return "torch.nn's dropout masks differ from numbarnn's Philox masks"
+    if case.lengths is not None and min(case.lengths, default=1) < 1:
+        return "torch.nn rejects length-0 sequences"
+    return None
+
+
+def torch_nn_outputs(case) -> dict:
+    """Forward and gradients of `case` computed by torch.nn.LSTM/GRU/RNN in float64, in numbarnn's layouts.
+
+    Keys: output, output_h, output_c (LSTM), input_backprop, input_h_backprop, input_c_backprop (LSTM),
+    params_backprop (opaque layout).  The loss is <y, dy> + <h_n, dhT> (+ <c_n, dcT>), as in backprop_v3.
+    Ragged lengths go through pack_padded_sequence(enforce_sorted=False).  Raises ValueError for a case
+    torch.nn cannot express (see `torch_nn_supports`).
+    """
+    from .params import from_torch_state_dict, to_torch_state_dict
+
+    why = torch_nn_supports(case)
+    if why:
+        raise ValueError(f"case: {why}")
+    cfg, tm = case.cfg, case.time_major
+    kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bias=True, batch_first=not tm, dropout=0.0,
+              bidirectional=cfg.D == 2)
+    if cfg.num_proj:
+        kw["proj_size"] = cfg.num_proj
+    module = _TORCH_NN[cfg.rnn_mode](**kw).double()
+    state = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
+             for k, v in to_torch_state_dict(cfg, case.params).items()}
+    module.load_state_dict(state, strict=True)
+
+    def leaf(a, swap=False):   # numbarnn batch-major states are [B, L*D, *]; torch's are [L*D, B, *] always
+        a = np.asarray(a, dtype=np.float64)
+        return torch.tensor(np.ascontiguousarray(np.swapaxes(a, 0, 1) if swap else a), requires_grad=True)
+
+    def back(t, swap=False):
+        a = t.detach().numpy()
+        return np.ascontiguousarray(np.swapaxes(a, 0, 1)) if swap else a.copy()
+
+    x, h0 = leaf(case.x), leaf(case.h0, not tm)
+    c0 = leaf(case.c0, not tm) if cfg.is_lstm else None
+    if case.lengths is not None:
+        seq = pack_padded_sequence(x, torch.as_tensor(np.asarray(case.lengths, np.int64)), batch_first=not tm,
+                                   enforce_sorted=False)
+        out, final = module(seq, (h0, c0) if cfg.is_lstm else h0)
+        y, _ = pad_packed_sequence(out, batch_first=not tm, total_length=case.T)
+    else:
+        y, final = module(x, (h0, c0) if cfg.is_lstm else h0)
+    hn, cn = final if cfg.is_lstm else (final, None)
+    loss = (y * torch.from_numpy(np.asarray(case.dy, np.float64))).sum() + \
+        (hn * leaf(case.dhT, not tm).detach()).sum()
+    if cfg.is_lstm:
+        loss = loss + (cn * leaf(case.dcT, not tm).detach()).sum()
+    loss.backward()
+    grads = {name: p.grad.detach().numpy() for name, p in module.named_parameters()}
+    result = {"output": back(y), "output_h": back(hn, not tm), "input_backprop": back(x.grad),
+              "input_h_backprop": back(h0.grad, not tm),
+              "params_backprop": from_torch_state_dict(cfg, grads, dtype=np.float64)}
+    if cfg.is_lstm:
+        result.update(output_c=back(cn, not tm), input_c_backprop=back(c0.grad, not tm))
+    return result

@@ -14,75 +14,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 from numbarnn import ops  # noqa: E402
 from numbarnn.config import rnn_config  # noqa: E402
-from numbarnn.params import from_torch_state_dict, to_torch_state_dict  # noqa: E402
 from numbarnn.testing import make_rnn_case  # noqa: E402
+from numbarnn.torch import torch_nn_outputs, torch_nn_supports  # noqa: E402
 
 BACKEND = "reference"
 TOL = dict(rtol=1e-9, atol=1e-11)
-
-MODULES = {
-    "lstm": (lambda **kw: torch.nn.LSTM(**kw)),
-    "gru": (lambda **kw: torch.nn.GRU(**kw)),
-    "rnn_tanh": (lambda **kw: torch.nn.RNN(nonlinearity="tanh", **kw)),
-    "rnn_relu": (lambda **kw: torch.nn.RNN(nonlinearity="relu", **kw)),
-}
-
-
-def torch_module(cfg, params, batch_first=False):
-    """A float64 torch RNN module holding numbarnn's params (state_dict loaded strictly: every name matches)."""
-    kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bias=True, batch_first=batch_first,
-              dropout=0.0, bidirectional=cfg.D == 2)
-    if cfg.num_proj:
-        kw["proj_size"] = cfg.num_proj
-    module = MODULES[cfg.rnn_mode](**kw).double()
-    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in to_torch_state_dict(cfg, params).items()}
-    module.load_state_dict(state, strict=True)
-    return module
-
-
-def run_torch(case, packed=True):
-    """-> (y, h_n, c_n or None, dx, dh0, dc0 or None, dparams in numbarnn's opaque layout), all NumPy."""
-    cfg = case.cfg
-    batch_first = not case.time_major
-    module = torch_module(cfg, case.params, batch_first)
-    x = torch.tensor(case.x, dtype=torch.float64, requires_grad=True)
-    # torch states are [L*D, B, *] in both layouts; numbarnn's batch-major states are [B, L*D, *]
-    h0_np = case.h0 if case.time_major else np.swapaxes(case.h0, 0, 1)
-    h0 = torch.tensor(np.ascontiguousarray(h0_np), dtype=torch.float64, requires_grad=True)
-    c0 = None
-    if cfg.is_lstm:
-        c0_np = case.c0 if case.time_major else np.swapaxes(case.c0, 0, 1)
-        c0 = torch.tensor(np.ascontiguousarray(c0_np), dtype=torch.float64, requires_grad=True)
-    state = (h0, c0) if cfg.is_lstm else h0
-    if packed:
-        lengths = torch.as_tensor(np.asarray(case.lengths, np.int64))
-        seq = pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=False)
-        out, final = module(seq, state)
-        y, _ = pad_packed_sequence(out, batch_first=batch_first, total_length=case.T)
-    else:
-        y, final = module(x, state)
-    hn, cn = final if cfg.is_lstm else (final, None)
-    dhT = case.dhT if case.time_major else np.swapaxes(case.dhT, 0, 1)
-    loss = (y * torch.from_numpy(np.ascontiguousarray(case.dy))).sum() + \
-        (hn * torch.from_numpy(np.ascontiguousarray(dhT))).sum()
-    if cfg.is_lstm:
-        dcT = case.dcT if case.time_major else np.swapaxes(case.dcT, 0, 1)
-        loss = loss + (cn * torch.from_numpy(np.ascontiguousarray(dcT))).sum()
-    loss.backward()
-    grads = {name: p.grad.detach().numpy().copy() for name, p in module.named_parameters()}
-    assert all(g is not None for g in grads.values())
-
-    def back(a):   # torch's [L*D, B, *] states -> numbarnn's layout
-        a = a.detach().numpy()
-        return a if case.time_major else np.swapaxes(a, 0, 1)
-
-    return (y.detach().numpy(), back(hn), back(cn) if cfg.is_lstm else None, x.grad.numpy(), back(h0.grad),
-            back(c0.grad) if cfg.is_lstm else None, from_torch_state_dict(cfg, grads, dtype=np.float64))
-
 
 def run_numbarnn(case):
     attrs = dict(rnn_mode=case.cfg.rnn_mode, input_mode=case.cfg.input_mode, direction=case.cfg.direction,
@@ -98,14 +38,12 @@ def run_numbarnn(case):
 def compare(case, packed=True):
     names = ("output", "output_h", "output_c", "input_backprop", "input_h_backprop", "input_c_backprop",
              "params_backprop")
-    ours = run_numbarnn(case)
-    theirs = run_torch(case, packed)
-    for name, a, b in zip(names, ours, theirs):
-        if a is None:
-            assert b is None, name
-            continue
-        assert a.shape == b.shape, (name, a.shape, b.shape)
-        np.testing.assert_allclose(a, b, err_msg=name, **TOL)
+    ours = dict(zip(names, run_numbarnn(case)))
+    theirs = torch_nn_outputs(case if packed else replace(case, lengths=None))
+    assert {k for k, v in ours.items() if v is not None} == set(theirs)
+    for name, b in theirs.items():
+        assert ours[name].shape == b.shape, (name, ours[name].shape, b.shape)
+        np.testing.assert_allclose(ours[name], b, err_msg=name, **TOL)
 
 
 CONFIGS = [
@@ -136,3 +74,13 @@ def test_packed_batch_first_against_torch():
     cfg = rnn_config(2, 4, 3, "lstm", "linear_input", "bidirectional", 3)
     case = make_rnn_case(cfg, 6, 4, [6, 2, 4, 1], seed=9, time_major=False)
     compare(case, packed=True)
+
+
+def test_torch_nn_oracle_refuses_what_torch_cannot_express():
+    skip = make_rnn_case(rnn_config(1, 3, 3, "gru", "skip_input"), 3, 2, None)
+    zero = make_rnn_case(rnn_config(1, 3, 2, "gru"), 3, 2, [3, 0])
+    drop = make_rnn_case(rnn_config(2, 3, 2, "lstm", dropout=0.5), 3, 2, None)
+    for case in (skip, zero, drop):
+        assert torch_nn_supports(case)
+        with pytest.raises(ValueError, match="case: "):
+            torch_nn_outputs(case)
