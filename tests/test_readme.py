@@ -1,0 +1,30 @@
+"""The README's Python examples run as written (the PyTorch one only when torch is installed)."""
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def test_readme_has_the_numpy_layer_and_torch_examples():
+    blocks = python_blocks()
+    assert len(blocks) >= 3
+    assert any("ops.cudnn_rnn_v3" in b for b in blocks)
+    assert any("CudnnLSTM" in b for b in blocks)
+    assert any("numbarnn.torch" in b for b in blocks)
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_readme_example_runs(index, tmp_path, monkeypatch, capsys):
+    block = python_blocks()[index]
+    if "import torch" in block:
+        pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)                          # the layer example writes lstm.npz
+    exec(compile("import numpy as np\n" + block, f"README block {index}", "exec"), {})
+    if index == 0:
+        assert "(5, 3, 8) (448,)" in capsys.readouterr().out
