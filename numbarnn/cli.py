@@ -32,7 +32,7 @@ MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 DIRECTIONS = ("unidirectional", "bidirectional")
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 DTYPES = ("float16", "float32", "float64")
-BACKEND_NAMES = ("reference", "cuda")
+BACKEND_NAMES = ("reference", "cuda", "torch")   # torch: torch.nn itself as an independent oracle
 
 #: relative-error tolerance of the float64 finite-difference check of the reference (directional, eps=1e-6)
 FD_TOLERANCE = 1e-5
@@ -191,6 +191,7 @@ class CheckResult:
     spec: Spec
     rows: list = field(default_factory=list)
     launches: dict = field(default_factory=dict)   # backend -> {"forward": n, "backward": n}
+    skipped: list = field(default_factory=list)    # "backend: why" for backends that cannot run this config
     seconds: float = 0.0
 
     @property
@@ -330,7 +331,10 @@ def check_rnn(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckRe
             result.rows.append(Row("finite differences", "reference", None, fd_tol, _exc(exc)))
     # the float64 reference of exactly the inputs the backends see (rounded to the dtype first)
     case = case64.astype(spec.dtype)
-    compare_to = [b for b in backends if b != "reference" or np.dtype(spec.dtype) != np.float64]
+    if "torch" in backends:
+        _check_against_torch_nn(result, case64, tolerance)
+    compare_to = [b for b in backends if b not in ("torch",) and (b != "reference" or
+                                                                   np.dtype(spec.dtype) != np.float64)]
     if not compare_to:
         return result
     ref, _ = _run_rnn(case.astype(np.float64), "reference")
@@ -346,6 +350,30 @@ def check_rnn(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckRe
             result.launches[backend] = launches
         _compare(result, got, ref, backend, RNN_OUTPUTS, tol_out, tol_grad)
     return result
+
+
+def _check_against_torch_nn(result: CheckResult, case64, tolerance) -> None:
+    """torch.nn.LSTM/GRU/RNN (an independent implementation) against the float64 reference, same inputs."""
+    import numpy as np
+
+    from .torch import torch_nn_outputs, torch_nn_supports
+    why = torch_nn_supports(case64)
+    if why:
+        result.skipped.append(f"torch: {why}")
+        return
+    tol, _ = _tolerances(np.float64, tolerance)
+    try:
+        got = torch_nn_outputs(case64)
+    except Exception as exc:
+        result.rows.append(Row("forward/backward", "torch", None, tol, _exc(exc)))
+        return
+    ref, _ = _run_rnn(case64, "reference")
+    _compare(result, got, {k: v for k, v in ref.items() if k in got}, "torch", RNN_OUTPUTS, tol, tol)
+
+
+def torch_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
 
 
 def _exc(exc: BaseException) -> str:
@@ -444,7 +472,9 @@ def check_block(spec: Spec, backends, tolerance=None, cuda_module=None) -> Check
     inputs, upstream = _block_inputs(spec, np.float64)
     inputs = {k: v.astype(spec.dtype) for k, v in inputs.items()}
     upstream = {k: v.astype(spec.dtype) for k, v in upstream.items()}
-    compare_to = [b for b in backends if b != "reference" or np.dtype(spec.dtype) != np.float64]
+    if "torch" in backends:
+        result.skipped.append("torch: torch.nn has no BlockLSTM")
+    compare_to = [b for b in backends if b != "torch" and (b != "reference" or np.dtype(spec.dtype) != np.float64)]
     if not compare_to:
         return result
     ref, _ = _run_block(spec, {k: v.astype(np.float64) for k, v in inputs.items()},
@@ -630,7 +660,7 @@ def cmd_check(args) -> int:
     elif args.backends is not None:
         backends = args.backends
     else:
-        backends = ("reference", "cuda")
+        backends = ("reference", "cuda") + (("torch",) if torch_available() else ())
     cuda_module = None
     if "cuda" in backends:
         cuda_module, why = load_cuda_backend()
@@ -649,6 +679,8 @@ def cmd_check(args) -> int:
         print(spec.label())
         result = check_spec(spec, backends, args.tolerance, cuda_module)
         print(rows_table(result.rows))
+        for why in result.skipped:
+            print(f"skipped {why}")
         _print_launches(result)
         verdict = "ok" if result.ok else "FAILED"
         print(f"{verdict} ({result.seconds:.1f} s)")

@@ -261,3 +261,21 @@ def test_launch_info_formats():
     assert cli.launch_info(mod, "backward") == (4, "4")
     assert cli.launch_info(types.SimpleNamespace(), "forward") is None
     assert cli.launch_info(None, "forward") is None
+
+
+def test_check_against_torch_nn(capsys):
+    pytest.importorskip("torch")
+    code = cli.main(["check", "--mode", "gru", "--layers", "2", "--direction", "bidirectional", "--lengths", "3,1",
+                     "--time", "3", "--batch", "2", "--backends", "reference,torch"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    torch_rows = [line for line in out.splitlines() if "| torch " in line]
+    assert len(torch_rows) == 5 and all(line.rstrip().endswith("ok") for line in torch_rows), out
+
+
+def test_check_skips_torch_where_torch_nn_cannot_follow(capsys):
+    pytest.importorskip("torch")
+    code = cli.main(["check", "--mode", "rnn_tanh", "--units", "3", "--input-size", "3", "--input-mode", "skip_input",
+                     "--backends", "reference,torch"])
+    out = capsys.readouterr().out
+    assert code == 0 and "skipped torch: torch.nn has no skip_input" in out
