@@ -5,7 +5,7 @@
                                        with no config flags, a sweep of ~12 small configurations
     numbarnn explain  [config flags]   the opaque params layout, the reserve_space layout, the launch plan
     numbarnn kernels  [--json] [--cc 80 90]   registers / spills / occupancy of every kernel (no GPU needed)
-    numbarnn bench    [args]           the benchmark scripts (need a real GPU)
+    numbarnn bench    [args]           validated timings of the available backends (numbarnn.bench)
 
 No GPU: the cuda backend runs in numba's CUDA simulator. NUMBA_ENABLE_CUDASIM must be set before numba
 is imported, so nothing here imports numba (or a module that does) at module level: `main` first decides
@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-from .device import REAL_GPU_VAR, SIM_VAR, real_gpu_present  # noqa: F401 (re-exported for users of the CLI)
+from .device import REAL_GPU_VAR, SIM_VAR  # noqa: F401 (the variables the CLI honours)
 from .device import use_simulator_unless_gpu as setup_cuda_environment
 
 CUDA_BACKEND_MODULE = "numbarnn.kernels.backend"
@@ -605,7 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("kernels", help="registers, spills and occupancy of every kernel ([--json] [--cc 80 90])",
                    add_help=False)
-    sub.add_parser("bench", help="run the benchmark scripts (needs a real GPU)", add_help=False)
+    sub.add_parser("bench", help="validated timings per backend: reference (NumPy), cuda (GPU, or --simulator), "
+                                 "cudnn (torch) [--quick] [--shapes HxBxT ...] [--csv PATH] [--plot PATH]",
+                   add_help=False)
     return parser
 
 
@@ -826,41 +826,14 @@ def cmd_kernels(argv) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
 
 
-def _bench_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "bench"
-
-
 def cmd_bench(argv) -> int:
-    argv = list(argv)
-    scripts = sorted(p for p in _bench_dir().glob("*.py") if not p.name.startswith("_")) \
-        if _bench_dir().is_dir() else []
-    if argv[:1] in (["-h"], ["--help"]):
-        print("usage: numbarnn bench [SCRIPT] [ARGS ...]\n\nRuns a benchmark script of bench/ (default: the "
-              "first of bench.py, run.py, main.py, or the only one) with ARGS. Needs a real GPU.")
-        print("scripts: " + (", ".join(p.stem for p in scripts) or f"none found in {_bench_dir()}"))
-        return 0
-    if not real_gpu_present():
-        print("numbarnn bench: no CUDA GPU found (`nvidia-smi -L` lists none; set NUMBARNN_REAL_GPU=1 to insist). "
-              "Benchmarks time the real kernels and mean nothing in the CUDA simulator; use `numbarnn check` to "
-              "check correctness without a GPU.", file=sys.stderr)
-        return 1
-    if not scripts:
-        print(f"numbarnn bench: no benchmark scripts found in {_bench_dir()} (they ship with a source checkout).",
-              file=sys.stderr)
-        return 1
-    by_stem = {p.stem: p for p in scripts}
-    if argv and argv[0].removesuffix(".py") in by_stem:
-        script, rest = by_stem[argv[0].removesuffix(".py")], argv[1:]
-    else:
-        default = next((by_stem[n] for n in ("bench", "run", "main") if n in by_stem), None)
-        if default is None and len(scripts) == 1:
-            default = scripts[0]
-        if default is None:
-            print(f"numbarnn bench: choose a script: {', '.join(by_stem)}", file=sys.stderr)
-            return 2
-        script, rest = default, argv
-    proc = subprocess.run([sys.executable, str(script), *rest], cwd=str(script.parent.parent))
-    return proc.returncode
+    """`numbarnn bench [ARGS]` = numbarnn.bench.main(ARGS): validated timings per backend (reference, cuda, cudnn).
+
+    It owns its flags and --help, and calls use_simulator_unless_gpu() itself before numba is imported; without
+    a GPU it times the NumPy reference (the cuda backend only with --simulator, whose timings mean nothing).
+    """
+    from . import bench
+    return bench.main(list(argv))
 
 
 # ---------------------------------------------------------------------------------------------------
