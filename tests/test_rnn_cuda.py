@@ -515,3 +515,20 @@ def test_default_backend_and_explicit_cuda(monkeypatch):
                              "backend=None vs reference")
     run_forward(case, "cuda")
     assert driver.last_launch_count()["forward"] is not marker, "backend='cuda' launched no kernel"
+
+
+@pytest.mark.parametrize("mode", ["rnn_relu", "rnn_tanh", "lstm", "gru"])
+def test_nan_propagates_like_the_reference(mode):
+    """SPEC 11: NaN inputs are not an error; NaN propagates, and to the same places on both backends
+    (relu included: max(0, NaN) is NaN, as numpy.maximum)."""
+    case = make_rnn_case(rnn_config(1, 3, 2, mode), 3, 2, None, seed=0)
+    case.x[1, 0, 0] = np.nan
+    where = {}
+    for backend in ("reference", "cuda"):
+        fwd = run_forward(case, backend)
+        grads = run_backward(case, fwd, backend)
+        where[backend] = [np.isnan(np.asarray(a)) for a in list(fwd[:3]) + list(grads)]
+    assert where["reference"][0].any()                       # the NaN reached the output
+    for name, ref, got in zip(("output", "output_h", "output_c", "input_backprop", "input_h_backprop",
+                               "input_c_backprop", "params_backprop"), where["reference"], where["cuda"]):
+        assert np.array_equal(ref, got), name

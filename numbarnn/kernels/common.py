@@ -64,7 +64,7 @@ def activations(dtype):
 
     @cuda.jit(device=True, inline="always")
     def relu(x):
-        return x if x > zero else zero
+        return zero if x <= zero else x                # NaN propagates (NaN <= 0 is False), as np.maximum
 
     return sigmoid, tanh, relu
 
