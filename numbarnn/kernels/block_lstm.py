@@ -47,7 +47,7 @@ from numba import cuda
 from ..block_lstm_config import GATE_ORDER
 from . import driver
 from .common import DTYPES, acc_dtype, activations, arr, blocks, jit, make_fill, nb, threads
-from .driver import LaunchLog, cast_into, device_zeros
+from .driver import LaunchLog, cast_into, device_zeros, flat
 from .gemm import gemm
 
 LAYOUTS = tuple(GATE_ORDER)          # ('icfo', 'ifco')
@@ -281,21 +281,8 @@ def make_peephole_grads(dtype, layout: str):
 # launchers
 # ---------------------------------------------------------------------------------------------------
 
-_last: dict = {}
-
-
-def last_launch_count() -> dict:
-    """{"forward": LaunchLog, "backward": LaunchLog} of the last BlockLSTM calls."""
-    return dict(_last)
-
-
-def _record(phase: str, log: LaunchLog) -> None:
-    _last[phase] = log
-    driver._last[phase] = log          # so that backend.last_launch_count() (numbarnn check) shows it too
-
-
-def _flat(a):
-    return a.reshape(int(np.prod(a.shape, dtype=np.int64)))
+#: launches of the last forward/backward calls, kept with the RNN driver's so `numbarnn check` shows both
+last_launch_count = driver.last_launch_count
 
 
 def _zero(a, log: LaunchLog) -> None:
@@ -303,7 +290,7 @@ def _zero(a, log: LaunchLog) -> None:
     n = int(np.prod(a.shape, dtype=np.int64))
     if n:
         log(jit(make_fill, str(np.dtype(a.dtype))), "fill", (blocks(n, threads(n, 256)),), threads(n, 256),
-            _flat(a), 0.0)
+            flat(a), 0.0)
 
 
 def _in_dtype(a, dtype, log: LaunchLog):
@@ -330,7 +317,7 @@ def forward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b):
     for out in outs:
         _zero(out[S:], log)                                                 # past seq_len_max: 0
     if S == 0 or B == 0 or C == 0:
-        _record("forward", log)
+        driver.record("forward", log)
         return tuple(outs)
 
     gx = cuda.device_array((S, B, 4 * C), dtype=a)                          # [S, B, 4C] x_t @ w[:I]
@@ -355,7 +342,7 @@ def forward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b):
             gx[t], cs_p, h_p, w_h, wci, wcf, wco, b, forget_bias, cell_clip,
             i[t], cs[t], f[t], o[t], ci[t], co[t], h[t])
     log.per_step = (log.total - before) // S
-    _record("forward", log)
+    driver.record("forward", log)
     return tuple(outs)
 
 
@@ -370,7 +357,7 @@ def backward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
     if S == 0 or B == 0 or C == 0:                                          # no step runs: all zeros
         grads = [device_zeros(tuple(like.shape), dt, log)
                  for like in (x, cs_prev, h_prev, w, wci, wcf, wco, b)]
-        _record("backward", log)
+        driver.record("backward", log)
         return tuple(grads)
     x_grad = cuda.device_array((T, B, I), dtype=dt)                         # [T, B, I]
     _zero(x_grad[S:], log)                                                  # 0 at t >= seq_len_max
@@ -430,7 +417,7 @@ def backward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
     w_grad = _in_dtype(w_grad_a, dt, log)
     cs_prev_grad = _in_dtype(dcs_next, dt, log)
     h_prev_grad = _in_dtype(dh_next, dt, log)
-    _record("backward", log)
+    driver.record("backward", log)
     return (x_grad, cs_prev_grad, h_prev_grad, w_grad, *peep, b_grad)
 
 

@@ -66,6 +66,11 @@ def last_launch_count() -> dict:
     return dict(_last)
 
 
+def record(phase: str, log: LaunchLog) -> None:
+    """Make `log` the last `phase` ("forward"/"backward") call's launches (RNN and BlockLSTM drivers alike)."""
+    _last[phase] = log
+
+
 # ---------------------------------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------------------------------
@@ -89,7 +94,8 @@ def cast_into(src, dst, log: LaunchLog):
         log(k, "cast_copy", (blocks(n, threads(n, 256)),), threads(n, 256), src.reshape(n), dst.reshape(n))
 
 
-def _flat(a):
+def flat(a):
+    """A contiguous array as 1-D (a view)."""
     return a.reshape(int(np.prod(a.shape, dtype=np.int64)))
 
 
@@ -148,8 +154,8 @@ def forward(call, x, h0, c0, params):
             x_drop = cuda.device_array((T, B, D * P), dtype=dt)
             n = T * B * D * P
             log(jit(make_dropout_forward, str(dt)), "dropout_forward", (blocks(n, threads(n, 256)),),
-                threads(n, 256), _flat(x_l), *_dropout_args(cfg, layer, T, B), scale,
-                _flat(saved[f"keep{layer}"]), _flat(x_drop))
+                threads(n, 256), flat(x_l), *_dropout_args(cfg, layer, T, B), scale,
+                flat(saved[f"keep{layer}"]), flat(x_drop))
             x_l = x_drop
         I_l = cfg.layer_input_size(layer)
         gx = cuda.device_array((D, T, B, G * H), dtype=dt)         # [D, T, B, G*H] W x for all steps
@@ -192,7 +198,7 @@ def forward(call, x, h0, c0, params):
     y = cuda.device_array((T, B, D * P), dtype=dt)
     if y.size:
         y.copy_to_device(x_l)
-    _last["forward"] = log
+    record("forward", log)
     if not call.is_training:
         reserve = cuda.device_array((0,), dtype=dt)
     return y, hT, cT, reserve
@@ -228,7 +234,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         out = cuda.device_array(src.shape, dtype=dt)
         n = int(np.prod(src.shape, dtype=np.int64))
         log(jit(make_apply_mask, str(dt)), "apply_mask", (blocks(n, threads(n, 256)),), threads(n, 256),
-            _flat(src), _flat(saved[f"keep{layer}"]), scale, _flat(out))
+            flat(src), flat(saved[f"keep{layer}"]), scale, flat(out))
         return out
 
     dy_l = dy                                                      # [T, B, D*P]
@@ -296,7 +302,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                 dgx.reshape(D, TB, GH), dx_l.reshape(TB, H))
         if layer > 0:
             dy_l = masked(dx_l, layer) if call.dropout_active else dx_l
-    _last["backward"] = log
+    record("backward", log)
     return dx_l, dh0, dc0, dparams
 
 
