@@ -431,6 +431,18 @@ def median_ms(fn, sync, reps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def timed_ms(fn, reps: int, warmup: int = 1) -> float:
+    """Median ms of fn() over `reps` calls, synchronised with the GPU when numba.cuda runs on one.
+
+    `warmup` untimed calls first keep kernel compilation out of the numbers; in the CUDA simulator there is
+    nothing to synchronise and no warm-up (its timings only say that it is slow).
+    """
+    from numba import config, cuda
+    if config.ENABLE_CUDASIM:
+        return median_ms(fn, lambda: None, reps, 0)
+    return median_ms(fn, cuda.synchronize, reps, warmup)
+
+
 def time_backend(backend, case, reps: int, warmup: int) -> tuple[float, float]:
     """(forward ms, forward+backward ms) of `backend` on `case`."""
     forward, backward, _ = backend.calls(case)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import warnings
 
 from numbarnn.device import use_simulator_unless_gpu  # imports no numba
@@ -40,6 +39,7 @@ from numbarnn import ops  # noqa: E402
 from numbarnn.reference import gru as ref_gru  # noqa: E402
 from numbarnn.reference import lstm as ref_lstm  # noqa: E402
 from numbarnn.testing import relative_error  # noqa: E402
+from numbarnn.bench import timed_ms  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -255,21 +255,6 @@ def check_gru(rng):
 # 4. Benchmark
 # ---------------------------------------------------------------------------------------------------
 
-def best_ms(fn, reps: int, sync=None) -> float:
-    """Best of `reps` timed calls in milliseconds, after one warm-up call (compilation stays out)."""
-    fn()
-    if sync:
-        sync()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def device_name() -> str:
     from numba import config, cuda
     if config.ENABLE_CUDASIM:
@@ -279,28 +264,27 @@ def device_name() -> str:
 
 
 def benchmark(quick: bool, rng):
-    from numba import config, cuda
+    from numba import config
     reps = 1 if quick else 5
     n = 100_000 if quick else 2_000_000
     x = rng.standard_normal(n)
-    print(f"  backend: NumPy (host), {n} elements, best of {reps + 2}")
+    print(f"  backend: NumPy (host), {n} elements, median of {reps + 2}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for f in (sigmoid_naive, sigmoid_tanh, sigmoid_two_branch):
-            print(f"    {f.__name__:<20} {best_ms(lambda: f(x), reps + 2):8.3f} ms")
+            print(f"    {f.__name__:<20} {timed_ms(lambda: f(x), reps + 2):8.3f} ms")
     # one whole cuDNN-style LSTM layer: the float64 NumPy reference against the numba.cuda kernels
     T, B, I, H = (4, 2, 3, 3) if config.ENABLE_CUDASIM else (50, 64, 256, 256)
     x = rng.standard_normal((T, B, I)).astype(np.float32)
     h0 = np.zeros((1, B, H), np.float32)
     c0 = np.zeros((1, B, H), np.float32)
     params = (rng.standard_normal(ops.cudnn_rnn_params_size(1, H, I)) * 0.1).astype(np.float32)
-    sync = None if config.ENABLE_CUDASIM else cuda.synchronize
     out = {}
-    print(f"  one LSTM layer forward, T={T} B={B} I={I} H={H} float32 (NumPy in, NumPy out), best of {reps}:")
+    print(f"  one LSTM layer forward, T={T} B={B} I={I} H={H} float32 (NumPy in, NumPy out), median of {reps}:")
     for backend in ("reference", "cuda"):
         def run():
             out[backend] = ops.cudnn_rnn_v3(x, h0, c0, params, is_training=False, backend=backend)[0]
-        ms = best_ms(run, reps, sync if backend == "cuda" else None)
+        ms = timed_ms(run, reps)
         where = "NumPy, float64 inside" if backend == "reference" else device_name()
         print(f"    backend={backend:<9} {ms:9.2f} ms   [{where}]")
     err = relative_error(out["cuda"], out["reference"])

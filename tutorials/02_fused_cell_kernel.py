@@ -35,7 +35,6 @@ import argparse
 import inspect
 import os
 import sys
-import time
 
 from numbarnn.device import use_simulator_unless_gpu  # imports no numba
 
@@ -57,6 +56,7 @@ from numbarnn.kernels.gemm import gemm  # noqa: E402
 from numbarnn.params import unpack  # noqa: E402
 from numbarnn.reference import lstm as ref_lstm  # noqa: E402
 from numbarnn.testing import relative_error  # noqa: E402
+from numbarnn.bench import timed_ms  # noqa: E402
 
 SIM = bool(numba_config.ENABLE_CUDASIM)
 
@@ -286,18 +286,6 @@ def check_projection_launches(rng):
 # 5. Benchmark
 # ---------------------------------------------------------------------------------------------------
 
-def best_ms(fn, reps: int) -> float:
-    fn()                                   # warm-up: compiles on a GPU
-    cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def numpy_layer(pb: Problem):
     """The same time loop in NumPy (reference cells), for the timing."""
     h, c = pb.h0.copy(), pb.c0.copy()
@@ -327,11 +315,11 @@ def benchmark(quick: bool, rng):
         for s in range(T):
             launch_step(fused, s, buf, H, B, pb.D)
 
-    rows = [("NumPy time loop (host, reference cells)", best_ms(lambda: numpy_layer(pb), reps), 0),
-            ("fused step kernel", best_ms(run_fused, reps), 1),
-            ("GEMM per direction + pointwise kernel", best_ms(lambda: run_layer_unfused(pb, buf, gh, pointwise), reps),
+    rows = [("NumPy time loop (host, reference cells)", timed_ms(lambda: numpy_layer(pb), reps), 0),
+            ("fused step kernel", timed_ms(run_fused, reps), 1),
+            ("GEMM per direction + pointwise kernel", timed_ms(lambda: run_layer_unfused(pb, buf, gh, pointwise), reps),
              pb.D + 1)]
-    print(f"  bidirectional LSTM layer, time loop only (gx precomputed), T={T} B={B} H={H} float32, best of {reps}")
+    print(f"  bidirectional LSTM layer, time loop only (gx precomputed), T={T} B={B} H={H} float32, median of {reps}")
     print(f"  device: {device_name()}")
     for name, ms, launches in rows:
         per_step = f"{launches} launch(es)/step" if launches else "host"

@@ -35,7 +35,6 @@ import argparse
 import inspect
 import os
 import sys
-import time
 
 from numbarnn.device import use_simulator_unless_gpu  # imports no numba
 
@@ -48,6 +47,7 @@ from numba import cuda  # noqa: E402
 
 from numbarnn.kernels import gemm as G  # noqa: E402
 from numbarnn.testing import relative_error  # noqa: E402
+from numbarnn.bench import timed_ms  # noqa: E402
 
 SIM = bool(numba_config.ENABLE_CUDASIM)
 TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2}   # ‖C − C_ref‖/‖C_ref‖ (SPEC 10)
@@ -165,18 +165,6 @@ def check_small_tiles(rng):
 # 3. Benchmark
 # ---------------------------------------------------------------------------------------------------
 
-def best_ms(fn, reps: int) -> float:
-    fn()                                       # warm-up: compiles on a GPU
-    cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def benchmark(quick: bool, rng):
     dtype = "float32"
     if SIM:
@@ -186,16 +174,16 @@ def benchmark(quick: bool, rng):
         shapes = [(1024, 1024, 1024), (640, 1024, 256)] if quick else [(2048, 2048, 2048), (640, 1024, 256),
                                                                         (20, 800, 400)]
         reps = 3 if quick else 10
-    print(f"  device: {device_name()}; {dtype}, best of {reps} after a warm-up; host baseline: NumPy matmul")
+    print(f"  device: {device_name()}; {dtype}, median of {reps} after a warm-up; host baseline: NumPy matmul")
     print(f"    {'M x N x K':>16}  {'kernel':<28} {'ms':>10} {'GFLOP/s':>9}")
     for M, N, K in shapes:
         a = rng.standard_normal((M, K)).astype(dtype)
         b = rng.standard_normal((K, N)).astype(dtype)
         d_a, d_b, d_c = cuda.to_device(a), cuda.to_device(b), cuda.device_array((M, N), dtype)
         flops = 2.0 * M * N * K
-        rows = [("NumPy (host)", best_ms(lambda: a @ b, reps))]
+        rows = [("NumPy (host)", timed_ms(lambda: a @ b, reps))]
         for number, v in G.VERSIONS.items():
-            rows.append((f"v{number} {v.title}", best_ms(lambda: G.gemm(d_a, d_b, d_c, version=number), reps)))
+            rows.append((f"v{number} {v.title}", timed_ms(lambda: G.gemm(d_a, d_b, d_c, version=number), reps)))
             err = relative_error(d_c.copy_to_host(), a.astype(np.float64) @ b.astype(np.float64))
             assert err < TOL[dtype], f"v{number} {M}x{N}x{K}: relative error {err:.1e}"
         for name, ms in rows:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from numbarnn.device import use_simulator_unless_gpu  # imports no numba
 
@@ -38,6 +37,7 @@ from numba import cuda  # noqa: E402
 
 from numbarnn import ops  # noqa: E402
 from numbarnn.testing import TOLERANCES, relative_error  # noqa: E402
+from numbarnn.bench import timed_ms  # noqa: E402
 
 SIM = bool(numba_config.ENABLE_CUDASIM)
 ATTRS = dict(rnn_mode="lstm", direction="bidirectional")
@@ -169,20 +169,6 @@ def check_batch_major(bt: Batch, backend, fwd_tm):
 # benchmark
 # ---------------------------------------------------------------------------------------------------
 
-def best_ms(fn, reps: int) -> float:
-    if not SIM:
-        fn()                                                # warm-up: compiles every kernel once
-        cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if not SIM:
-            cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def benchmark(quick: bool, rng):
     if SIM:
         T, B, I, H, L = (4, 3, 2, 3, 2) if quick else (4, 4, 3, 4, 2)
@@ -193,12 +179,12 @@ def benchmark(quick: bool, rng):
     lens = np.linspace(T, max(T // 3, 1), B).astype(np.int32)
     bt = Batch(T, B, I, H, L, lens, rng, np.float32)
     print(f"  {L}-layer bidirectional LSTM, T={T} B={B} I={I} H={H}, float32, lengths {lens.min()}..{lens.max()}, "
-          f"NumPy arrays in and out, best of {reps}")
+          f"NumPy arrays in and out, median of {reps}")
     for backend in ("reference", "cuda"):
         where = "NumPy, float64 inside" if backend == "reference" else device_name()
         out = {}
-        t_fwd = best_ms(lambda: out.update(fwd=bt.forward(backend)), reps)
-        t_bwd = best_ms(lambda: bt.backward(backend, out["fwd"]), reps)
+        t_fwd = timed_ms(lambda: out.update(fwd=bt.forward(backend)), reps)
+        t_bwd = timed_ms(lambda: bt.backward(backend, out["fwd"]), reps)
         print(f"    backend={backend:<9} forward {t_fwd:9.2f} ms  backward {t_bwd:9.2f} ms   [{where}]")
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 from numbarnn.device import use_simulator_unless_gpu  # imports no numba
@@ -53,6 +52,7 @@ from numbarnn.config import rnn_config  # noqa: E402
 from numbarnn.reference.activations import dsigmoid, dtanh, sigmoid, tanh  # noqa: E402
 from numbarnn.testing import (TOLERANCES, check_rnn_gradients, directional_check, make_rnn_case,  # noqa: E402
                               ragged_lengths, relative_error, rnn_cases, rnn_configs, run_backward, run_forward)
+from numbarnn.bench import timed_ms  # noqa: E402
 
 SIM = bool(numba_config.ENABLE_CUDASIM)
 
@@ -286,32 +286,18 @@ def check_cuda_gradients():
 # 4. Benchmark
 # ---------------------------------------------------------------------------------------------------
 
-def best_ms(fn, reps: int) -> float:
-    if not SIM:
-        fn()                                             # warm-up: compiles on a GPU
-        cuda.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if not SIM:
-            cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def benchmark(quick: bool):
     reps = 1 if quick else 3
     k = make_cifg_case(4, 3, 3, 3, [4, 2, 0], seed=2)
     cfg = rnn_config(1, 3, 3, "lstm")
     case = make_rnn_case(cfg, T=4, B=3, lengths=[4, 2, 0], seed=2)
-    print(f"  T=4 B=3 I=3 H=3 float64, best of {reps}")
-    ms = best_ms(lambda: check_cifg_gradients(k), reps)
+    print(f"  T=4 B=3 I=3 H=3 float64, median of {reps}")
+    ms = timed_ms(lambda: check_cifg_gradients(k), reps)
     print(f"    {'CIFG: finite-difference check of 7 arrays':<52} {ms:9.2f} ms   [NumPy (host)]")
     print(f"    {'LSTM op: check_rnn_gradients (finite differences)':<52} "
-          f"{best_ms(lambda: check_rnn_gradients(case, backend='reference'), reps):9.2f} ms   [backend=reference]")
+          f"{timed_ms(lambda: check_rnn_gradients(case, backend='reference'), reps):9.2f} ms   [backend=reference]")
     for backend in ("reference", "cuda"):
-        ms = best_ms(lambda: run_backward(case, run_forward(case, backend), backend), reps)
+        ms = timed_ms(lambda: run_backward(case, run_forward(case, backend), backend), reps)
         where = "NumPy, float64 inside" if backend == "reference" else device_name()
         print(f"    {'LSTM op: one forward + backward':<52} {ms:9.2f} ms   [backend={backend}: {where}]")
 
