@@ -36,6 +36,22 @@ def arr(dtype, ndim: int, layout: str = "C"):
     return types.Array(nb(dtype), ndim, layout)
 
 
+def step_signatures(dtype) -> tuple[tuple, tuple]:
+    """numba signatures of every cell's step kernels: the driver calls them all with the same arguments.
+
+    forward:  (s, lens, gx, bias, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms)
+    backward: (s, lens, dy, y, h0, c0, acts, cs, Wp_fwd, Wp_rev, dh, dc, dgx, dgh, h_prev, dh_total, direct)
+    State buffers (h, c, dh, dc, direct) are in the compute dtype; the rest in the storage dtype.
+    """
+    a, i32, i64 = str(acc_dtype(dtype)), arr("int32", 1), nb("int64")
+    d = str(np.dtype(dtype))
+    forward = (i64, i32, arr(d, 4), arr(d, 3), arr(d, 2), arr(d, 2), arr(a, 3), arr(a, 3), arr(a, 3), arr(d, 3),
+               arr(d, 4), arr(d, 4), arr(d, 4))
+    backward = (i64, i32, arr(d, 3), arr(d, 3), arr(d, 3), arr(d, 3), arr(d, 4), arr(d, 4), arr(d, 2), arr(d, 2),
+                arr(a, 3), arr(a, 3), arr(d, 4), arr(d, 4), arr(d, 4), arr(d, 4), arr(a, 3))
+    return forward, backward
+
+
 def threads(n: int, gpu: int = 128, sim: int = 8, simulator: bool | None = None) -> int:
     """Threads per block for n work items in x: warp multiples on a GPU, a handful in the simulator."""
     if SIMULATOR if simulator is None else simulator:

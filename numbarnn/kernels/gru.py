@@ -16,7 +16,7 @@ import functools
 
 from numba import cuda, int64
 
-from .common import DTYPES, acc_dtype, activations, arr, nb
+from .common import DTYPES, acc_dtype, activations, step_signatures
 
 G = 3
 R_, Z_, N_ = 0, 1, 2     # gate offsets in units of H (cuDNN order r, z, n)
@@ -132,12 +132,7 @@ def make_backward_step(dtype, has_proj: bool = False):
 def kernel_specs():
     specs = []
     for dt in DTYPES:
-        a, i32, i64 = str(acc_dtype(dt)), arr("int32", 1), nb("int64")
-        specs.append(("gru_forward_step", dt, make_forward_step(dt),
-                      (i64, i32, arr(dt, 4), arr(dt, 3), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(a, 3),
-                       arr(dt, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4)), 128))
-        specs.append(("gru_backward_step", dt, make_backward_step(dt),
-                      (i64, i32, arr(dt, 3), arr(dt, 3), arr(dt, 3), arr(dt, 3), arr(dt, 4), arr(dt, 4),
-                       arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4),
-                       arr(dt, 4), arr(a, 3)), 128))
+        forward, backward = step_signatures(dt)
+        specs.append(("gru_forward_step", dt, make_forward_step(dt), forward, 128))
+        specs.append(("gru_backward_step", dt, make_backward_step(dt), backward, 128))
     return specs

@@ -21,7 +21,7 @@ import functools
 
 from numba import cuda, int64
 
-from .common import DTYPES, acc_dtype, activations, arr, nb
+from .common import DTYPES, acc_dtype, activations, arr, nb, step_signatures
 
 G = 4
 I_, F_, G_, O_ = 0, 1, 2, 3     # gate offsets in units of H (cuDNN order i, f, g, o)
@@ -195,16 +195,13 @@ def make_backward_step(dtype, has_proj: bool):
 def kernel_specs():
     specs = []
     for dt in DTYPES:
-        a, i32, i64 = str(acc_dtype(dt)), arr("int32", 1), nb("int64")
+        forward, backward = step_signatures(dt)
         for proj in (False, True):
             tag = "_proj" if proj else ""
-            specs.append((f"lstm_forward_step{tag}", dt, make_forward_step(dt, proj),
-                          (i64, i32, arr(dt, 4), arr(dt, 3), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(a, 3),
-                           arr(dt, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4)), 128))
-            specs.append((f"lstm_backward_step{tag}", dt, make_backward_step(dt, proj),
-                          (i64, i32, arr(dt, 3), arr(dt, 3), arr(dt, 3), arr(dt, 3), arr(dt, 4), arr(dt, 4),
-                           arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4),
-                           arr(dt, 4), arr(a, 3)), 128))
+            specs.append((f"lstm_forward_step{tag}", dt, make_forward_step(dt, proj), forward, 128))
+            specs.append((f"lstm_backward_step{tag}", dt, make_backward_step(dt, proj), backward, 128))
+        a = str(acc_dtype(dt))
         specs.append(("lstm_project", dt, make_project(dt),
-                      (i64, i32, arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(dt, 3)), 128))
+                      (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3),
+                       arr(dt, 3)), 128))
     return specs

@@ -10,7 +10,7 @@ import functools
 
 from numba import cuda, int64
 
-from .common import DTYPES, acc_dtype, activations, arr, nb
+from .common import DTYPES, acc_dtype, activations, step_signatures
 
 G = 1
 NONLINEARITIES = ("tanh", "relu")
@@ -106,13 +106,8 @@ def make_backward_step(dtype, nonlinearity: str, has_proj: bool = False):
 def kernel_specs():
     specs = []
     for dt in DTYPES:
-        a, i32, i64 = str(acc_dtype(dt)), arr("int32", 1), nb("int64")
+        forward, backward = step_signatures(dt)
         for nl in NONLINEARITIES:
-            specs.append((f"rnn_{nl}_forward_step", dt, make_forward_step(dt, nl),
-                          (i64, i32, arr(dt, 4), arr(dt, 3), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(a, 3),
-                           arr(dt, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4)), 128))
-            specs.append((f"rnn_{nl}_backward_step", dt, make_backward_step(dt, nl),
-                          (i64, i32, arr(dt, 3), arr(dt, 3), arr(dt, 3), arr(dt, 3), arr(dt, 4), arr(dt, 4),
-                           arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4),
-                           arr(dt, 4), arr(a, 3)), 128))
+            specs.append((f"rnn_{nl}_forward_step", dt, make_forward_step(dt, nl), forward, 128))
+            specs.append((f"rnn_{nl}_backward_step", dt, make_backward_step(dt, nl), backward, 128))
     return specs
