@@ -100,18 +100,21 @@ def rnn_loss(case: RNNCase, backend=None, **overrides) -> float:
 
 
 def directional_check(loss, x: np.ndarray, grad: np.ndarray, rng, eps: float = 1e-6, directions: int = 2) -> float:
-    """Central finite differences of `loss` along random directions v, against <grad, v>.
+    """Central finite differences of `loss` along random directions v ~ N(0, I), against <grad, v>.
 
-    Returns max over directions of |fd - <grad, v>| / max(|fd|, |<grad, v>|, 1e-12 * scale), so 0 is perfect.
+    Returns the max over directions of |fd - <grad, v>| / max(|fd|, |<grad, v>|, ‖grad‖): 0 is perfect.  The
+    ‖grad‖ floor is the typical size of <grad, v> (its standard deviation): without it, a direction that happens
+    to be nearly orthogonal to grad would turn finite-difference noise into a large "relative" error.
     """
     if x.size == 0:
         return 0.0
     worst = 0.0
+    scale = float(np.linalg.norm(grad))
     for _ in range(directions):
         v = rng.standard_normal(x.shape)
         fd = (loss(x + eps * v) - loss(x - eps * v)) / (2 * eps)
         an = float(np.vdot(grad, v))
-        denom = max(abs(fd), abs(an), 1e-8)
+        denom = max(abs(fd), abs(an), scale, 1e-8)
         worst = max(worst, abs(fd - an) / denom)
     return worst
 
