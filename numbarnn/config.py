@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -194,10 +194,6 @@ def output_shape(call: RNNCall) -> tuple:
     return (call.T, call.B, c.D * c.P) if call.time_major else (call.B, call.T, c.D * c.P)
 
 
-def input_shape(call: RNNCall) -> tuple:
-    c = call.config
-    return (call.T, call.B, c.I) if call.time_major else (call.B, call.T, c.I)
-
 
 def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode, direction,
                      dropout, seed, seed2, num_proj, is_training, time_major, num_layers=None, num_units=None):
@@ -327,6 +323,3 @@ def check_host_reserved(call: RNNCall, host_reserved, reserve_space, expected_re
         raise ValueError(f"reserve_space: expected a 1-D buffer of {expected_reserve_size} elements (from the "
                          f"forward call with is_training=True), got shape {rs}")
 
-
-def config_dict(cfg: RNNConfig) -> dict:
-    return asdict(cfg)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import RNNConfig, rnn_config
+from .config import RNNConfig
 from .validation import as_array, check_rank, check_same_dtype, check_shape, shape_of
 
 
@@ -336,8 +336,3 @@ def from_tf_cells(cfg: RNNConfig, cells: dict, dtype=None) -> np.ndarray:
             raise ValueError(f"cells: skip_input has no layer-0 input weights; expected identity kernels in {pre}")
     return out
 
-
-def config_from_attrs(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="linear_input",
-                      direction="unidirectional", num_proj=0, **extra) -> RNNConfig:
-    """The ops' attribute spelling -> RNNConfig (dropout/seeds do not affect the params layout)."""
-    return rnn_config(num_layers, num_units, input_size, rnn_mode, input_mode, direction, num_proj, **extra)

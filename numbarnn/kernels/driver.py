@@ -29,7 +29,7 @@ from numba import cuda
 from ..params import param_regions, unpack
 from ..reference.philox import dropout_key, dropout_threshold
 from ..reference.network import dropout_scale
-from ..reserve import reserve_size, reserve_views
+from ..reserve import ACTS, reserve_size, reserve_views
 from . import gru, lstm, rnn
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
@@ -388,7 +388,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         cast_rows("backward", "dhT, dcT in")
         grid, block = steps_grid(H)
         add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
-            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + S_of(cfg) * H + 3 * P) * sz)
+            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + len(ACTS[cfg.rnn_mode]) * H + 3 * P) * sz)
         grid, block = steps_grid(P)
         add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
             D * (GH * P + B * (GH + 2 * P)) * sz)
@@ -404,9 +404,3 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
             D * TB * GH, D * TB * GH * sz)
         add("backward", "apply_mask (dropout backward)", int(drop), *flat(n), n, 3 * n * sz)
     return rows
-
-
-def S_of(cfg) -> int:
-    """Saved activations per unit (reserve.ACTS)."""
-    from ..reserve import ACTS
-    return len(ACTS[cfg.rnn_mode])
