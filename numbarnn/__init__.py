@@ -1,16 +1,17 @@
 """numbarnn: cuDNN's RNN ops and TensorFlow's BlockLSTM ops as numba.cuda kernels, checked against NumPy.
 
     numbarnn.ops              TF-style ops (cudnn_rnn_v3, cudnn_rnn_backprop_v3, block_lstm, ...)
-    numbarnn.CudnnLSTM, ...   Keras-style layers that own their params (numbarnn.layers)
+    numbarnn.cells            cells as data: CellSpec, register (user cells work everywhere)
+    numbarnn.CudnnLSTM, ...   Keras-style layers that own their params (numbarnn.layers); CudnnRNN(cell, ...)
     numbarnn.models           the config-only models of tf.contrib.cudnn_rnn's ops module
     numbarnn.torch            drop-ins for torch.nn.LSTM/GRU/RNN (optional extra)
     numbarnn.testing          hypothesis strategies and gradient checks
     set_default_backend       "reference" (NumPy) or "cuda" (numba.cuda kernels)
 """
-from . import layers, models, ops
+from . import cells, layers, models, ops
 from .backends import get_default_backend, set_default_backend
-from .layers import CudnnGRU, CudnnLSTM, CudnnRNNRelu, CudnnRNNTanh
+from .layers import CudnnGRU, CudnnLSTM, CudnnRNN, CudnnRNNRelu, CudnnRNNTanh
 
 __version__ = "0.1.0"
-__all__ = ["ops", "layers", "models", "CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu",
+__all__ = ["ops", "cells", "layers", "models", "CudnnRNN", "CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu",
            "set_default_backend", "get_default_backend"]

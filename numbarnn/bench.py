@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cells import cell_names
+
 from . import device as _device
 from .device import SIM_VAR
 
@@ -65,7 +67,6 @@ CPU_QUICK_SHAPES = ("64x4x10", "128x8x25")
 SIMULATOR_SHAPES = ("3x2x2", "4x3x3")
 SIMULATOR_QUICK_SHAPES = ("3x2x2",)
 
-MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 DTYPES = ("float16", "float32", "float64")
 BACKENDS = ("reference", "cuda", "cudnn")          # the order of the rows
 BASELINES = ("cudnn", "reference")                 # ratios are against the first of these in the run
@@ -148,7 +149,7 @@ class ReferenceBackend:
                                              host_reserved, backend=be, **attrs)
 
         def named(fwd, grads):
-            lstm = case.cfg.is_lstm
+            lstm = case.cfg.has_cell_state
             out = {n: _host(a) for n, a in zip(FORWARD_NAMES, fwd[:4]) if lstm or n != "output_c"}
             out.update({n: _host(a) for n, a in zip(BACKWARD_NAMES, grads) if lstm or n != "input_c_backprop"})
             return out
@@ -245,7 +246,7 @@ class CudnnBackend:
 
         x, h0, c0 = tensor(case.x, True), tensor(case.h0, True), tensor(case.c0, True)    # [T,B,I] [1,B,H] [1,B,H]
         dy, dhT, dcT = tensor(case.dy), tensor(case.dhT), tensor(case.dcT)
-        lstm = cfg.is_lstm
+        lstm = cfg.has_cell_state
         names = [n for n, _ in module.named_parameters()]
         inputs = [x, h0] + ([c0] if lstm else []) + [p for _, p in module.named_parameters()]
 
@@ -372,7 +373,7 @@ def reference_outputs(case) -> dict:
     grads = run_backward(case64, fwd, "reference")
     out = dict(zip(FORWARD_NAMES, fwd[:4]))
     out.update(zip(BACKWARD_NAMES, grads))
-    if not case.cfg.is_lstm:
+    if not case.cfg.has_cell_state:
         del out["output_c"], out["input_c_backprop"]
     return {k: _host(v) for k, v in out.items()}
 
@@ -577,7 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
                "--plot without matplotlib).")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=None,
                    help="backends to validate and time (default: every available one)")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=["lstm", "gru"], help="default: lstm gru")
+    p.add_argument("--modes", nargs="+", choices=cell_names(), default=["lstm", "gru"],
+                   help="rnn_modes (registered cells; default: lstm gru)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="default: float32")
     p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="HxBxT",
                    help="default: see below (depends on the backends)")

@@ -26,7 +26,6 @@ from .device import use_simulator_unless_gpu as setup_cuda_environment
 
 CUDA_BACKEND_MODULE = "numbarnn.kernels.backend"
 
-MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 DIRECTIONS = ("unidirectional", "bidirectional")
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 DTYPES = ("float16", "float32", "float64")
@@ -292,7 +291,7 @@ def _run_rnn(case, backend: str, be_module=None):
     dx, dh0, dc0, dparams = bwd
     named = {"output": y, "output_h": hT, "output_c": cT, "reserve_space": reserve, "input_backprop": dx,
              "input_h_backprop": dh0, "input_c_backprop": dc0, "params_backprop": dparams}
-    if not case.cfg.is_lstm:            # output_c / input_c_backprop are empty placeholders (SPEC 3)
+    if not case.cfg.has_cell_state:            # output_c / input_c_backprop are empty placeholders (SPEC 3)
         named.pop("output_c")
         named.pop("input_c_backprop")
     return {k: _host(v) for k, v in named.items()}, launches
@@ -547,14 +546,17 @@ def _nonnegative(text: str) -> int:
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("configuration (the op attributes; defaults: lstm L=1 H=3 I=2 T=3 B=2 float32)")
-    g.add_argument("--mode", choices=MODES, help="rnn_mode")
+    g.add_argument("--mode", help="rnn_mode: lstm, gru, rnn_tanh, rnn_relu, or a cell registered by --cells")
+    g.add_argument("--cells", action="append", metavar="MODULE_OR_FILE",
+                   help="import a module (numbarnn.contrib.cifg_lstm) or a .py file that registers cells with "
+                        "numbarnn.cells.register, so that --mode can name them (repeatable)")
     g.add_argument("--layers", type=_positive, help="num_layers L")
     g.add_argument("--units", type=_positive, help="num_units H (cell size C with --blocklstm)")
     g.add_argument("--input-size", dest="input_size", type=_positive, help="input size I (default: H for "
                    "skip_input, else 2)")
     g.add_argument("--direction", choices=DIRECTIONS)
     g.add_argument("--input-mode", dest="input_mode", choices=INPUT_MODES)
-    g.add_argument("--proj", type=_nonnegative, help="num_proj P (LSTM only; 0 = none)")
+    g.add_argument("--proj", type=_nonnegative, help="num_proj P (cells with a cell state; 0 = none)")
     g.add_argument("--batch", type=_nonnegative, help="batch B")
     g.add_argument("--time", type=_nonnegative, help="max time T")
     g.add_argument("--lengths", type=_int_list, help="sequence_lengths, e.g. 7,5,5,2,1,1 (sets B; T defaults "
@@ -636,6 +638,25 @@ def _config_given(args) -> bool:
     return any(getattr(args, k, None) is not None for k in CONFIG_DESTS)
 
 
+def load_cell_modules(names) -> None:
+    """Import each module name or .py file of --cells (they register their cells on import)."""
+    import importlib.util
+    for name in names or ():
+        if name.endswith(".py") or os.sep in name:
+            if not os.path.isfile(name):
+                raise ValueError(f"--cells: no such file {name!r}")
+            module_name = "numbarnn_user_cells_" + os.path.splitext(os.path.basename(name))[0]
+            spec = importlib.util.spec_from_file_location(module_name, name)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise ValueError(f"--cells: cannot import {name!r} ({exc})") from None
+
+
 # ---------------------------------------------------------------------------------------------------
 # commands
 # ---------------------------------------------------------------------------------------------------
@@ -650,6 +671,8 @@ def cmd_check(args) -> int:
     spec = None
     if _config_given(args):
         try:
+            setup_cuda_environment()       # before a --cells module can import numba
+            load_cell_modules(args.cells)
             spec = spec_from_args(args)
         except (ValueError, TypeError) as exc:
             print(f"numbarnn check: error: {exc}", file=sys.stderr)
@@ -750,6 +773,7 @@ def plan_table(plan: list[dict], call) -> str:
 def cmd_explain(args) -> int:
     env = setup_cuda_environment()
     try:
+        load_cell_modules(args.cells)
         spec = spec_from_args(args)
     except (ValueError, TypeError) as exc:
         print(f"numbarnn explain: error: {exc}", file=sys.stderr)

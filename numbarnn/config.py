@@ -15,15 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cells import CellSpec, cell_names, get_cell
 from .validation import (ArgumentTypeError, as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
                          check_shape, is_device_array, shape_of)
 
-RNN_MODES = ("rnn_relu", "rnn_tanh", "lstm", "gru")
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 DIRECTIONS = ("unidirectional", "bidirectional")
-GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
-#: gate names in cuDNN order (also the order of the linear-layer ids, SPEC 4.1)
-GATE_NAMES = {"rnn_relu": ("h",), "rnn_tanh": ("h",), "lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
 
 
 @dataclass(frozen=True)
@@ -55,8 +52,18 @@ class RNNConfig:
         return self.input_size
 
     @property
+    def cell(self) -> CellSpec:
+        """The registered description of rnn_mode: everything that differs between cells comes from it."""
+        return get_cell(self.rnn_mode)
+
+    @property
     def G(self) -> int:
-        return GATES[self.rnn_mode]
+        return self.cell.G
+
+    @property
+    def V(self) -> int:
+        """Per-unit parameter vectors of the cell (peepholes, ...); 0 for the cuDNN cells."""
+        return self.cell.V
 
     @property
     def D(self) -> int:
@@ -75,12 +82,13 @@ class RNNConfig:
         return self.input_mode == "skip_input"
 
     @property
-    def is_lstm(self) -> bool:
-        return self.rnn_mode == "lstm"
+    def has_cell_state(self) -> bool:
+        """input_c / output_c carry a cell state (LSTM-like cells)."""
+        return self.cell.cell_state
 
     @property
     def gate_names(self) -> tuple:
-        return GATE_NAMES[self.rnn_mode]
+        return self.cell.gates
 
     def layer_input_size(self, layer: int) -> int:
         """I_l: I for layer 0, D*P above."""
@@ -100,15 +108,16 @@ class RNNConfig:
 def rnn_config(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="linear_input",
                direction="unidirectional", num_proj=0, dropout=0.0, seed=0, seed2=0) -> RNNConfig:
     """Validate the op attributes (SPEC 3, 11) and resolve auto_select."""
-    rnn_mode = check_choice("rnn_mode", rnn_mode, RNN_MODES)
+    cell = get_cell(check_choice("rnn_mode", rnn_mode, cell_names()))
     input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
     direction = check_choice("direction", direction, DIRECTIONS)
     L = check_int("num_layers", num_layers, minimum=1)
     H = check_int("num_units", num_units, minimum=1)
     I = check_int("input_size", input_size, minimum=1)  # noqa: E741
     num_proj = 0 if num_proj is None else check_int("num_proj", num_proj, minimum=0)
-    if num_proj and rnn_mode != "lstm":
-        raise ValueError(f"num_proj: projection is only defined for rnn_mode='lstm', got num_proj={num_proj} "
+    if num_proj and not cell.projection:
+        allowed = [n for n in cell_names() if get_cell(n).projection]
+        raise ValueError(f"num_proj: projection is only defined for rnn_mode in {allowed}, got num_proj={num_proj} "
                          f"with rnn_mode={rnn_mode!r}")
     if num_proj > H:
         raise ValueError(f"num_proj: expected 0 < num_proj <= num_units = {H}, got {num_proj}")
@@ -121,6 +130,20 @@ def rnn_config(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="l
         raise ValueError(f"input_mode: 'skip_input' requires input_size == num_units, got input_size={I}, "
                          f"num_units={H}")
     return RNNConfig(rnn_mode, L, H, I, input_mode, direction, num_proj, dropout, seed, seed2)
+
+
+def params_size(cfg: RNNConfig) -> int:
+    """SPEC 4.2: sum_p [G*H*I_p (not skip layer 0) + G*H*P + P*H (projection)] + L*D*(2*G + V)*H.
+
+    The element count of the opaque buffer; `params.param_regions` lists the same regions one by one (a test
+    checks they agree).  Here so that validation needs no import of params (no import cycle).
+    """
+    G, H, P = cfg.G, cfg.H, cfg.P
+    n = 0
+    for _, layer, _ in cfg.pseudo_layers():
+        n += (G * H * cfg.layer_input_size(layer) if cfg.has_w(layer) else 0) + G * H * P
+        n += P * H if cfg.has_proj else 0
+    return n + cfg.L * cfg.D * (2 * G + cfg.V) * H
 
 
 @dataclass(frozen=True)
@@ -202,8 +225,6 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     `num_layers`/`num_units` are not op attributes in TF (they come from the params size and input_h);
     numbarnn infers them as TF does: L from input_h, H from input_c (LSTM) or input_h, unless given.
     """
-    from .params import params_size  # params builds on config; imported here to keep config importable alone
-
     if not isinstance(time_major, (bool, np.bool_)):
         raise ArgumentTypeError(f"time_major: expected a bool, got {time_major!r}")
     if not isinstance(is_training, (bool, np.bool_)):
@@ -212,8 +233,8 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     x = as_array("input", input)
     h0 = as_array("input_h", input_h)
     w = as_array("params", params)
-    rnn_mode = check_choice("rnn_mode", rnn_mode, RNN_MODES)
-    is_lstm = rnn_mode == "lstm"
+    rnn_mode = check_choice("rnn_mode", rnn_mode, cell_names())
+    is_lstm = get_cell(rnn_mode).cell_state      # the cell carries c: input_c is checked
     c0 = as_array("input_c", input_c) if (is_lstm or input_c is not None) else None
     dtype = check_same_dtype({"input": x, "input_h": h0, "params": w, **({"input_c": c0} if is_lstm else {})})
 
@@ -267,7 +288,6 @@ def _infer_layers_units(hs, cs, time_major, D, I, n_params, rnn_mode, input_mode
         candidates.append((LD_c // D, H_c))
     if not num_proj:   # no projection: P = H, so input_h carries H too
         candidates += [(LD_h // D, P_h)] + ([(LD_c // D, P_h)] if LD_c % D == 0 else [])
-    from .params import params_size
     for L, H in candidates:
         try:
             if params_size(rnn_config(L, H, I, rnn_mode, input_mode, direction, num_proj)) == n_params:

@@ -41,6 +41,7 @@ import numpy as np
 from . import ops
 from . import params as _params
 from .backends import BACKENDS
+from .cells import CellSpec, get_cell, register
 from .config import RNNConfig, rnn_config
 from .validation import (ArgumentTypeError, SUPPORTED_DTYPES, as_array, check_choice,
                          check_int, check_rank, check_shape, shape_of)
@@ -85,8 +86,9 @@ def _snake_case(name: str) -> str:
 
 
 def _glorot_uniform(rng: np.random.Generator, shape: tuple) -> np.ndarray:
-    """U(-a, a), a = sqrt(6 / (fan_in + fan_out)) for a matrix [fan_out, fan_in]; float64."""
-    fan_out, fan_in = shape
+    """U(-a, a), a = sqrt(6 / (fan_in + fan_out)) for a matrix [fan_out, fan_in] (a cell vector [H]: fan H, H);
+    float64."""
+    fan_out, fan_in = shape if len(shape) == 2 else (shape[0], shape[0])
     limit = np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-limit, limit, size=shape)
 
@@ -151,7 +153,7 @@ class _CudnnRNN:
 
     @property
     def rnn_mode(self) -> str:
-        """'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'."""
+        """'lstm', 'gru', 'rnn_tanh', 'rnn_relu' or a registered cell's name."""
         return self._rnn_mode
 
     @property
@@ -553,6 +555,35 @@ class _CudnnRNN:
         if not isinstance(config, dict):
             raise ValueError(f"config: expected a dict (as get_config returns), got {type(config).__name__}")
         return cls(**config)
+
+
+class CudnnRNN(_CudnnRNN):
+    """A layer of any registered cell: ``CudnnRNN("peephole_lstm", num_layers, num_units, ...)``.
+
+    `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if it is not yet).  States are (h, c)
+    for cells with a cell state, (h,) otherwise; `num_proj` is accepted for cells that allow a projection.
+    The four cuDNN layers below are this layer with the cell fixed.
+    """
+
+    def __init__(self, cell, num_layers, num_units, input_mode="linear_input", direction="unidirectional",
+                 dropout=0.0, seed=None, dtype="float32", kernel_initializer=None, bias_initializer=None, name=None,
+                 backend=None, num_proj=None):
+        if isinstance(cell, CellSpec):
+            register(cell)
+            cell = cell.name
+        spec = get_cell(cell)
+        self._rnn_mode = spec.name
+        self._num_states = 2 if spec.cell_state else 1
+        super().__init__(num_layers, num_units, input_mode, direction, dropout, seed, dtype, kernel_initializer,
+                         bias_initializer, name, backend, num_proj=num_proj)
+
+    @property
+    def num_proj(self):
+        """P, or None without projection."""
+        return self._num_proj or None
+
+    def get_config(self) -> dict:
+        return {"cell": self._rnn_mode, **super().get_config(), "num_proj": self._num_proj}
 
 
 class CudnnLSTM(_CudnnRNN):

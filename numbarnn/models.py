@@ -154,7 +154,7 @@ class _CudnnRNNModel:
         legend = "[L*D, B, {}]" if time_major else "[B, L*D, {}]"
         h_shape = (LD, B, c.P) if time_major else (B, LD, c.P)
         check_shape("input_h", as_array("input_h", input_h), h_shape, legend.format("P" if c.has_proj else "H"))
-        if c.is_lstm:
+        if c.has_cell_state:
             c_shape = (LD, B, c.H) if time_major else (B, LD, c.H)
             check_shape("input_c", as_array("input_c", input_c), c_shape, legend.format("H"))
         self._check_params(params)

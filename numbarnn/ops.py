@@ -93,7 +93,7 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mod
                                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
                                num_proj=num_proj, is_training=is_training, time_major=time_major)
     be = get_backend(backend)
-    lstm = call.config.is_lstm
+    lstm = call.config.has_cell_state
     x, h0, c0 = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None)
     y, hT, cT, reserve = be.rnn_forward(call, x, h0, c0, a["params"])
     y, hT = _back_to_layout(be, call, y, hT)
@@ -118,7 +118,7 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     call, a = validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
                                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
                                num_proj=num_proj, is_training=True, time_major=time_major)
-    lstm = call.config.is_lstm
+    lstm = call.config.has_cell_state
     h_shape, c_shape = state_shapes(call)
     y_shape = output_shape(call)
     h_legend = "[L*D, B, P]" if call.time_major else "[B, L*D, P]"

@@ -3,10 +3,13 @@
 The opaque `params` buffer, in the empirical cuDNN standard layout::
 
     for p in 0..L*D-1:  W_0 .. W_{G-1}, R_0 .. R_{G-1}, [W_proj]     # every matrix, flattened C-order
-    for p in 0..L*D-1:  bW_0 .. bW_{G-1}, bR_0 .. bR_{G-1}           # then every bias
+    for p in 0..L*D-1:  bW_0 .. bW_{G-1}, bR_0 .. bR_{G-1}, [V_0 .. V_{V-1}]   # then every bias (+ cell vectors)
 
 Matrices are row-major ``[out, in]`` so a gate is ``M @ v``: W ``[H, I_l]``, R ``[H, P]``, W_proj ``[P, H]``,
-biases ``[H]``.  With skip_input the layer-0 W matrices are absent (size 0); their biases remain.
+biases ``[H]``.  With skip_input the layer-0 W matrices are absent (size 0); their biases remain.  Cells with
+per-unit parameter vectors (a registered cell's `vectors`, e.g. peepholes; none for the cuDNN cells) keep
+them ``[H]`` each right after the pseudo-layer's biases, so one layer's per-unit parameters read as one
+``[D, 2G+V, H]`` view.  The canonical weight list holds matrices then vectors, in buffer order.
 
 `param_regions(cfg)` lists every region (offset, shape, meaning) once; everything else here, and the
 `explain` view of the CLI, is derived from it.
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import RNNConfig
+from .config import RNNConfig, params_size
 from .validation import as_array, check_rank, check_same_dtype, check_shape, shape_of
 
 
@@ -25,11 +28,11 @@ from .validation import as_array, check_rank, check_same_dtype, check_shape, sha
 class Region:
     """One matrix or bias vector of the opaque buffer."""
 
-    kind: str        # "W", "R", "W_proj", "bW" or "bR"
+    kind: str        # "W", "R", "W_proj", "bW", "bR" or "V" (a cell vector)
     p: int           # pseudo-layer l*D + d
     layer: int
     direction: int   # 0 forward, 1 reverse
-    gate: int        # gate index in cuDNN order (-1 for W_proj)
+    gate: int        # gate index in cuDNN order (-1 for W_proj; the vector index for V)
     linear_id: int   # cuDNN linear-layer id (SPEC 4.1): bias k goes with matrix k
     shape: tuple
     offset: int
@@ -43,14 +46,17 @@ class Region:
         return self.kind in ("bW", "bR")
 
     def describe(self, cfg: RNNConfig) -> str:
-        gate = "" if self.gate < 0 else f" gate {cfg.gate_names[self.gate]}"
+        if self.kind == "V":
+            gate = f" {cfg.cell.vectors[self.gate]}"
+        else:
+            gate = "" if self.gate < 0 else f" gate {cfg.gate_names[self.gate]}"
         way = "fwd" if self.direction == 0 else "rev"
         return f"layer {self.layer} {way} {self.kind}{gate}"
 
 
 def param_regions(cfg: RNNConfig) -> list[Region]:
     """Every region of the opaque buffer, in buffer order."""
-    G, H, P = cfg.G, cfg.H, cfg.P
+    G, H, P, V = cfg.G, cfg.H, cfg.P, cfg.V
     regions, offset = [], 0
 
     def add(kind, p, layer, d, gate, linear_id, shape):
@@ -71,17 +77,9 @@ def param_regions(cfg: RNNConfig) -> list[Region]:
             add("bW", p, layer, d, g, g, (H,))
         for g in range(G):
             add("bR", p, layer, d, g, G + g, (H,))
+        for k in range(V):
+            add("V", p, layer, d, k, 2 * G + 1 + k, (H,))
     return regions
-
-
-def params_size(cfg: RNNConfig) -> int:
-    """SPEC 4.2: sum_p [G*H*I_p (not skip layer 0) + G*H*P + P*H (projection)] + L*D*2*G*H."""
-    G, H, P = cfg.G, cfg.H, cfg.P
-    n = 0
-    for _, layer, _ in cfg.pseudo_layers():
-        n += (G * H * cfg.layer_input_size(layer) if cfg.has_w(layer) else 0) + G * H * P
-        n += P * H if cfg.has_proj else 0
-    return n + cfg.L * cfg.D * 2 * G * H
 
 
 def canonical_weight_shapes(cfg: RNNConfig) -> list[tuple]:
@@ -143,6 +141,7 @@ class LayerParams:
     W_proj: np.ndarray | None  # [P, H]      (None without projection)
     bW: np.ndarray             # [G*H]
     bR: np.ndarray             # [G*H]
+    V: np.ndarray | None = None   # [V, H]   cell vectors (None for cells without)
 
 
 def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
@@ -150,7 +149,7 @@ def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
 
     A pseudo-layer's gates are contiguous in the buffer, so W_0..W_{G-1} read as one [G*H, I_l] matrix.
     """
-    G, H, P = cfg.G, cfg.H, cfg.P
+    G, H, P, V = cfg.G, cfg.H, cfg.P, cfg.V
     first = {}
     for r in param_regions(cfg):
         first.setdefault((r.p, r.kind), r)
@@ -168,7 +167,8 @@ def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
                                R=view(p, "R", (G * H, P)),
                                W_proj=view(p, "W_proj", (P, H)),
                                bW=view(p, "bW", (G * H,)),
-                               bR=view(p, "bR", (G * H,))))
+                               bR=view(p, "bR", (G * H,)),
+                               V=view(p, "V", (V, H))))
     return out
 
 
@@ -202,6 +202,8 @@ def to_torch_state_dict(cfg: RNNConfig, params) -> dict:
         sd["bias_hh" + s] = np.asarray(lp.bR).copy()
         if cfg.has_proj:
             sd["weight_hr" + s] = np.asarray(lp.W_proj).copy()
+        for k, name in enumerate(cfg.cell.vectors):          # a registered cell's vectors: <name>_l0, ...
+            sd[name + s] = np.asarray(lp.V[k]).copy()
     return sd
 
 
@@ -247,6 +249,11 @@ def from_torch_state_dict(cfg: RNNConfig, state_dict: dict, dtype=None) -> np.nd
                 raise ValueError(f"state_dict: missing weight_hr{s} (projection)")
             check_shape(f"state_dict['weight_hr{s}']", sd["weight_hr" + s], (cfg.P, H), "[P, H]")
             lp.W_proj[...] = sd["weight_hr" + s]
+        for k, name in enumerate(cfg.cell.vectors):
+            if name + s not in sd:
+                raise ValueError(f"state_dict: missing {name}{s} (cell vector of {cfg.rnn_mode!r})")
+            check_shape(f"state_dict['{name}{s}']", sd[name + s], (H,), "[H]")
+            lp.V[k] = sd[name + s]
     return out
 
 
@@ -254,6 +261,15 @@ def from_torch_state_dict(cfg: RNNConfig, state_dict: dict, dtype=None) -> np.nd
 # TF "CudnnCompatible" cells (CudnnCompatibleLSTMCell / CudnnCompatibleGRUCell)
 # ---------------------------------------------------------------------------------------------------
 _TF_LSTM_ORDER = (0, 2, 1, 3)   # TF packs LSTM gates as i, g, f, o; cuDNN order is i, f, g, o
+
+
+def _check_tf_cell(cfg: RNNConfig) -> None:
+    if cfg.rnn_mode not in _TF_CELLS:
+        raise ValueError(f"rnn_mode: TF's CudnnCompatible cells exist for {_TF_CELLS}, not for the registered "
+                         f"cell {cfg.rnn_mode!r}")
+
+
+_TF_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 def _cell_prefix(layer: int, d: int, cfg: RNNConfig) -> str:
@@ -268,6 +284,7 @@ def to_tf_cells(cfg: RNNConfig, params) -> dict:
     ``candidate/hidden_projection/{kernel,bias}``; RNN modes (BasicRNNCell-like) ``kernel [I_l+H, H]``, ``bias``.
     Only the bias sum bW+bR is stored where TF keeps one bias.
     """
+    _check_tf_cell(cfg)
     params = np.asarray(check_params(cfg, params))
     G, H = cfg.G, cfg.H
     out = {}
@@ -284,7 +301,7 @@ def to_tf_cells(cfg: RNNConfig, params) -> dict:
             out[pre + "candidate/hidden_projection/kernel"] = R[2].T.copy()
             out[pre + "candidate/hidden_projection/bias"] = np.asarray(lp.bR).reshape(G, H)[2].copy()
         else:
-            order = _TF_LSTM_ORDER if cfg.is_lstm else (0,)
+            order = _TF_LSTM_ORDER if cfg.rnn_mode == "lstm" else (0,)
             out[pre + "kernel"] = np.concatenate([np.concatenate([W[g], R[g]], 1) for g in order], 0).T.copy()
             out[pre + "bias"] = bsum[list(order)].reshape(-1).copy()
             if cfg.has_proj:
@@ -297,6 +314,7 @@ def from_tf_cells(cfg: RNNConfig, cells: dict, dtype=None) -> np.ndarray:
 
     A summed bias is split half to bW, half to bR. For skip_input, layer 0's input kernel must be identity.
     """
+    _check_tf_cell(cfg)
     cells = {k: np.asarray(v) for k, v in cells.items()}
     if dtype is None:
         dtype = next(iter(cells.values())).dtype if cells else np.float32
@@ -324,7 +342,7 @@ def from_tf_cells(cfg: RNNConfig, cells: dict, dtype=None) -> np.ndarray:
             R[2] = get(pre + "candidate/hidden_projection/kernel", (H, H), "[H, H]").T
             bR[2] = get(pre + "candidate/hidden_projection/bias", (H,), "[H]")
         else:
-            order = _TF_LSTM_ORDER if cfg.is_lstm else (0,)
+            order = _TF_LSTM_ORDER if cfg.rnn_mode == "lstm" else (0,)
             k = get(pre + "kernel", (I_l + P, G * H), "[I_l+P, G*H]").T.reshape(G, H, I_l + P)
             bias = get(pre + "bias", (G * H,), "[G*H]").reshape(G, H)
             for slot, g in enumerate(order):

@@ -13,8 +13,9 @@ Entries at t >= len[b] are 0.  In the input's dtype::
 
 Grouping by layer lets one kernel launch serve both directions of a layer with plain views.
 
-Activations per cell (S): lstm i, f, g, o (4); gru r, z, n and hn = R_n h + bR_n, the recurrent part
-that the reset gate multiplies (4); rnn_tanh / rnn_relu h' (1).
+Activations per cell (S) are the cell's `saved` names (numbarnn.cells): lstm i, f, g, o (4); gru r, z, n
+and hn = R_n h + bR_n, the recurrent part that the reset gate multiplies (4); rnn_tanh / rnn_relu h' (1).
+c_l exists for cells with a cell state.
 """
 from __future__ import annotations
 
@@ -23,9 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import RNNCall
-
-#: activation slots saved per cell, in order
-ACTS = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n", "hn"), "rnn_tanh": ("h",), "rnn_relu": ("h",)}
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class ReserveEntry:
 
 def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
     cfg, T, B = call.config, call.T, call.B
-    H, P, D, S = cfg.H, cfg.P, cfg.D, len(ACTS[cfg.rnn_mode])
+    H, P, D, S, saved = cfg.H, cfg.P, cfg.D, cfg.cell.S, cfg.cell.saved
     out, offset = [], 0
 
     def add(name, shape, meaning):
@@ -51,9 +49,8 @@ def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
         offset += out[-1].size
 
     for layer in range(cfg.L):
-        add(f"acts{layer}", (D, T, B, S * H), f"layer {layer}: activations {', '.join(ACTS[cfg.rnn_mode])}"
-            f" per direction")
-        if cfg.is_lstm:
+        add(f"acts{layer}", (D, T, B, S * H), f"layer {layer}: activations {', '.join(saved)} per direction")
+        if cfg.has_cell_state:
             add(f"c{layer}", (D, T, B, H), f"layer {layer}: cell state c' after each step")
         if cfg.has_proj:
             add(f"m{layer}", (D, T, B, H), f"layer {layer}: o*tanh(c'), the input of the projection")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import ops
+from .cells import get_cell
 from .config import RNNConfig, rnn_config
 from .params import params_size
 
@@ -69,7 +70,7 @@ def make_rnn_case(cfg: RNNConfig, T: int, B: int, lengths=None, seed: int = 0, d
     def layout(shape_tm):  # time-major shape -> the call's layout
         return shape_tm if time_major else (shape_tm[1], shape_tm[0]) + tuple(shape_tm[2:])
 
-    lstm = cfg.is_lstm
+    lstm = cfg.has_cell_state
     lens = None if lengths is None else np.asarray(lengths, dtype=np.int32)
     return RNNCase(cfg, T, B, lens, rand(*layout((T, B, I))), rand(*layout((L * D, B, P))),
                    rand(*layout((L * D, B, H))) if lstm else None, rand(params_size(cfg)),
@@ -94,7 +95,7 @@ def rnn_loss(case: RNNCase, backend=None, **overrides) -> float:
     """The scalar whose gradient backprop computes: <y, dy> + <hT, dhT> (+ <cT, dcT>)."""
     y, hT, cT, _, _ = run_forward(case, backend, **overrides)
     loss = np.vdot(np.asarray(y, np.float64), case.dy) + np.vdot(np.asarray(hT, np.float64), case.dhT)
-    if case.cfg.is_lstm:
+    if case.cfg.has_cell_state:
         loss += np.vdot(np.asarray(cT, np.float64), case.dcT)
     return float(loss)
 
@@ -131,7 +132,7 @@ def check_rnn_gradients(case: RNNCase, backend=None, eps: float = 1e-6, seed: in
         "params_backprop": directional_check(lambda v: rnn_loss(case, backend, params=v), case.params, dparams,
                                              rng, eps),
     }
-    if case.cfg.is_lstm:
+    if case.cfg.has_cell_state:
         report["input_c_backprop"] = directional_check(lambda v: rnn_loss(case, backend, c0=v), case.c0, dc0,
                                                        rng, eps)
     return report
@@ -174,7 +175,14 @@ def ragged_lengths(T: int, B: int):
 
 def rnn_configs(modes=("lstm", "gru", "rnn_tanh", "rnn_relu"), max_layers: int = 2, max_units: int = 4,
                 max_input: int = 4, dropout: bool = True):
-    """RNNConfig with odd sizes, both directions, projection (LSTM), skip/linear input, dropout."""
+    """RNNConfig with odd sizes, both directions, projection (cells that allow one), skip/linear input, dropout.
+
+    modes: rnn_mode names, built-in or registered (numbarnn.cells.register); a CellSpec is accepted too.
+    """
+    modes = tuple(m.name if hasattr(m, "name") else m for m in ([modes] if isinstance(modes, str) else modes))
+    for m in modes:
+        get_cell(m)                 # unknown names fail here, with the registry's message
+
     @st.composite
     def build(draw):
         mode = draw(st.sampled_from(modes))
@@ -183,7 +191,7 @@ def rnn_configs(modes=("lstm", "gru", "rnn_tanh", "rnn_relu"), max_layers: int =
         input_mode = draw(st.sampled_from(["linear_input", "skip_input", "auto_select"]))
         I = H if input_mode == "skip_input" else draw(st.integers(1, max_input))  # noqa: E741
         direction = draw(st.sampled_from(["unidirectional", "bidirectional"]))
-        num_proj = draw(st.integers(0, H)) if mode == "lstm" else 0
+        num_proj = draw(st.integers(0, H)) if get_cell(mode).projection else 0
         p = draw(st.sampled_from([0.0, 0.0, 0.3, 1.0])) if dropout and L > 1 else 0.0
         seed, seed2 = draw(st.integers(-2**40, 2**40)), draw(st.integers(0, 2**33))
         return rnn_config(L, H, I, mode, input_mode, direction, num_proj, p, seed, seed2)
@@ -204,3 +212,124 @@ def rnn_cases(configs=None, max_T: int = 4, max_B: int = 4, dtype=np.float64, ti
         seed = draw(st.integers(0, 2**31 - 1))
         return make_rnn_case(cfg, T, B, lengths, seed=seed, dtype=dtype, time_major=tm)
     return build()
+
+
+# ---------------------------------------------------------------------------------------------------
+# a user cell's oracle: finite differences (numbarnn.cells.register'ed cells have no hand-written reference)
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class CellReport:
+    """What `check_cell` found: worst relative errors and, on failure, the (shrunk) failing example."""
+
+    cell: str
+    pointwise: float = 0.0                          # pointwise backward vs central FD of the pointwise forward
+    network: dict = field(default_factory=dict)     # backend -> worst FD error of the whole network's backprop
+    examples: int = 0
+    failing: str | None = None
+    tolerance: float = 0.0
+
+    @property
+    def worst(self) -> float:
+        return max([self.pointwise, *self.network.values()])
+
+    @property
+    def ok(self) -> bool:
+        return self.failing is None and self.worst <= self.tolerance
+
+    def __str__(self) -> str:
+        nets = ", ".join(f"{b} {e:.1e}" for b, e in self.network.items()) or "not run"
+        text = (f"cell {self.cell!r}: pointwise backward {self.pointwise:.1e}, network {nets} "
+                f"({self.examples} examples, tolerance {self.tolerance:.0e})")
+        return text + (f"\nfailing example: {self.failing}" if self.failing else "")
+
+
+def pointwise_gradient_error(cell, wx, rh, v, h, c, dm, dc, eps: float = 1e-6) -> float:
+    """max |analytic - FD| / max |gradient| of the loss dm*m + dc*c' over every input of the pointwise step.
+
+    Analytic: cell.backward from cell.forward's saved values; FD: central differences of cell.forward.
+    """
+    G, S, V = cell.G, cell.S, cell.V
+    dc = dc if cell.cell_state else 0.0
+
+    def loss(x):
+        saved = np.zeros(S)
+        m, c_new = cell.forward(x[:G], x[G:2 * G], x[2 * G:2 * G + V], x[-2], x[-1], saved)
+        return dm * m + (dc * c_new if cell.cell_state else 0.0)
+
+    x = np.concatenate([wx, rh, v, [h, c]]).astype(np.float64)
+    saved = np.zeros(S)
+    _, c_new = cell.forward(x[:G], x[G:2 * G], x[2 * G:2 * G + V], x[-2], x[-1], saved)
+    dwx, drh, dv = np.zeros(G), np.zeros(G), np.zeros(V)
+    dh, dc_prev = cell.backward(dm, dc, saved, x[2 * G:2 * G + V], x[-2], x[-1], c_new, dwx, drh, dv)
+    analytic = np.concatenate([dwx, np.where(cell.split_mask, drh, dwx), dv,
+                               [dh, dc_prev if cell.cell_state else 0.0]])
+    fd = np.zeros_like(x)
+    for k in range(x.size):
+        e = np.zeros_like(x)
+        e[k] = eps
+        fd[k] = (loss(x + e) - loss(x - e)) / (2 * eps)
+    scale = max(np.max(np.abs(analytic)), np.max(np.abs(fd)), 1e-12)
+    return float(np.max(np.abs(analytic - fd)) / scale)
+
+
+def check_cell(cell, backends=("reference",), max_examples: int = 25, network_examples: int | None = None,
+               tolerance: float = 1e-5, raise_on_failure: bool = True) -> CellReport:
+    """Hypothesis-driven gradient checks of a (user) cell: its oracle is finite differences.
+
+    1. the pointwise backward against central differences of the pointwise forward, at drawn inputs;
+    2. the whole network built from the cell (ragged lengths, both directions, up to two layers, dropout,
+       projection where allowed, skip/linear input, both layouts) through ops.cudnn_rnn_backprop_v3 against
+       finite differences of ops.cudnn_rnn_v3, on each of `backends`.
+    cell: a CellSpec (registered if need be) or a registered name.  Returns a CellReport; with
+    raise_on_failure an AssertionError carrying the report (and the shrunk failing example) instead.
+    """
+    from hypothesis import given, settings
+    from hypothesis import strategies as hst
+
+    from .cells import CellSpec, register
+    if isinstance(cell, CellSpec):
+        register(cell)
+    else:
+        cell = get_cell(cell)
+    report = CellReport(cell.name, tolerance=tolerance)
+    last = {}
+    quiet = settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(__import__("hypothesis").HealthCheck))
+    floats = (lambda lo, hi: hst.floats(lo, hi, allow_nan=False, allow_infinity=False))
+
+    @quiet
+    @given(hst.lists(floats(-3, 3), min_size=2 * cell.G, max_size=2 * cell.G),
+           hst.lists(floats(-1, 1), min_size=cell.V, max_size=cell.V),
+           floats(-2, 2), floats(-2, 2), floats(-1, 1), floats(-1, 1))
+    def pointwise(ab, v, h, c, dm, dc):
+        last["example"] = f"pointwise wx={ab[:cell.G]} rh={ab[cell.G:]} v={v} h={h} c={c} dm={dm} dc={dc}"
+        report.examples += 1
+        err = pointwise_gradient_error(cell, np.array(ab[:cell.G]), np.array(ab[cell.G:]), np.array(v), h, c,
+                                       dm, dc)
+        report.pointwise = max(report.pointwise, err)
+        assert err <= tolerance, f"pointwise gradient error {err:.2e}"
+
+    def network(backend):
+        @settings(quiet, max_examples=network_examples or max(2, max_examples // 3))
+        @given(rnn_cases(rnn_configs(modes=(cell.name,), max_layers=2, max_units=3, max_input=3), max_T=3,
+                         max_B=3))
+        def run(case):
+            last["example"] = (f"network backend={backend} {case.cfg} T={case.T} B={case.B} lengths="
+                               f"{None if case.lengths is None else case.lengths.tolist()} "
+                               f"time_major={case.time_major}")
+            report.examples += 1
+            err = max(check_rnn_gradients(case, backend).values())
+            report.network[backend] = max(report.network.get(backend, 0.0), err)
+            assert err <= tolerance, f"network gradient error {err:.2e} on {backend}"
+        return run
+
+    try:
+        pointwise()
+        for backend in backends:
+            network(backend)()
+    except AssertionError:
+        report.failing = last.get("example")
+        if raise_on_failure:
+            raise AssertionError(str(report)) from None
+    return report

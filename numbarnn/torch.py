@@ -151,7 +151,8 @@ def _weight_spans(cfg: RNNConfig, slots) -> tuple:
     views = unpack(cfg, index)
     spans = []
     for p, slot in slots:
-        v = getattr(views[p], slot)              # a view: its first element is its offset
+        v = getattr(views[p], slot) if isinstance(slot, str) else getattr(views[p], slot[0])[slot[1]]
+        # a view: its first element is its offset
         spans.append((int(v.reshape(-1)[0]), tuple(v.shape)))
     return tuple(spans)
 
@@ -174,7 +175,7 @@ class _NumbaRNNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan, x, h0, c0, *weights):
-        lstm = plan.config.is_lstm
+        lstm = plan.config.has_cell_state
         params = _opaque_params(plan, weights, like=x)                                 # [N]
         with _device_scope(x.device):
             results = ops.cudnn_rnn_v3(
@@ -198,7 +199,7 @@ class _NumbaRNNFunction(torch.autograd.Function):
             raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
         x, h0, c0, params = ctx.saved_tensors
         y, hT, cT, reserve, host_reserved = ctx.results
-        lstm = plan.config.is_lstm
+        lstm = plan.config.has_cell_state
         shapes = (y.shape, hT.shape) + ((cT.shape,) if lstm else ())
         # upstream gradients: all of them are used; an absent one is zeros
         dy, dhT, *rest = [torch.zeros(s, dtype=x.dtype, device=x.device) if g is None else g
@@ -236,8 +237,8 @@ class _NumbaRNNBase(torch.nn.Module):
     def __init__(self, mode: str, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, backend=None):
         super().__init__()
-        self.mode = mode   # torch.nn's spelling: "LSTM", "GRU", "RNN_TANH", "RNN_RELU"
-        self.rnn_mode = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}[mode]
+        self.mode = mode   # torch.nn's spelling: "LSTM", "GRU", "RNN_TANH", "RNN_RELU"; or a registered cell
+        self.rnn_mode = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}.get(mode, mode)
         self.input_size = check_int("input_size", input_size, minimum=1)
         self.hidden_size = check_int("hidden_size", hidden_size, minimum=1)
         self.num_layers = check_int("num_layers", num_layers, minimum=1)
@@ -269,11 +270,15 @@ class _NumbaRNNBase(torch.nn.Module):
                 shapes.update({"bias_ih": (cfg.G * cfg.H,), "bias_hh": (cfg.G * cfg.H,)})   # bW, bR [G*H]
             if cfg.has_proj:
                 shapes["weight_hr"] = (cfg.P, cfg.H)                                # W_proj     [P, H]
+            slot_of = dict(_SLOT_OF_PREFIX)
+            for k, name in enumerate(cfg.cell.vectors):                             # a cell's vectors [H]
+                shapes[name] = (cfg.H,)
+                slot_of[name] = ("V", k)
             names = []
             for prefix, shape in shapes.items():
                 setattr(self, prefix + suffix, torch.nn.Parameter(torch.empty(shape, **factory)))
                 names.append(prefix + suffix)
-                slots.append((p, _SLOT_OF_PREFIX[prefix]))
+                slots.append((p, slot_of[prefix]))
             self._flat_weights_names.extend(names)
             self._all_weights.append(names)
         self._spans = _weight_spans(cfg, slots)
@@ -333,9 +338,9 @@ class _NumbaRNNBase(torch.nn.Module):
         LD = cfg.L * cfg.D
         if hx is None:
             h0 = x.new_zeros((LD, B, cfg.P))                                      # [L*D, B, P]
-            c0 = x.new_zeros((LD, B, cfg.H)) if cfg.is_lstm else None             # [L*D, B, H]
+            c0 = x.new_zeros((LD, B, cfg.H)) if cfg.has_cell_state else None             # [L*D, B, H]
             return h0, c0
-        if cfg.is_lstm:
+        if cfg.has_cell_state:
             if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                 raise TypeError(f"hx: expected a tuple (h_0, c_0) for LSTM, got {type(hx).__name__}")
             states = (("hx[0] (h_0)", hx[0], cfg.P, "proj_size or hidden_size"),
@@ -350,7 +355,7 @@ class _NumbaRNNBase(torch.nn.Module):
                 t = t.unsqueeze(1)
             _check_shape(name, t, (LD, B, width), f"[num_layers*num_directions, batch, {what}]")
             out.append(t)
-        return out[0], (out[1] if cfg.is_lstm else None)
+        return out[0], (out[1] if cfg.has_cell_state else None)
 
     def _plan(self, x, h0, c0, weights, lengths) -> _Plan:
         cfg = self._config
@@ -406,7 +411,7 @@ class _NumbaRNNBase(torch.nn.Module):
                 output = output.squeeze(0 if self.batch_first else 1)
                 hT = hT.squeeze(1)
                 cT = None if cT is None else cT.squeeze(1)
-        return (output, (hT, cT)) if self._config.is_lstm else (output, hT)
+        return (output, (hT, cT)) if self._config.has_cell_state else (output, hT)
 
 
 def _check_shape(name: str, t, expected: tuple, legend: str) -> None:
@@ -443,6 +448,25 @@ class LSTM(_NumbaRNNBase):
 def _no_proj(cls: str, proj_size) -> None:
     if proj_size is not None:
         raise ValueError(f"proj_size: projections are only supported for LSTM, not {cls}; got proj_size={proj_size}")
+
+
+class RNNBase(_NumbaRNNBase):
+    """A torch module of any registered cell, parameters named as torch.nn.RNNBase names them (plus one
+    ``<vector>_l{k}[_reverse]`` per cell vector): ``RNNBase(cell, input_size, hidden_size, num_layers=1,
+    bias=True, batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *,
+    backend=None)``.  `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if need be).
+
+    ``forward(input, hx=None) -> (output, (h_n, c_n))`` for cells with a cell state, ``(output, h_n)`` otherwise.
+    """
+
+    def __init__(self, cell, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+        from .cells import CellSpec, get_cell, register
+        if isinstance(cell, CellSpec):
+            register(cell)
+            cell = cell.name
+        super().__init__(get_cell(cell).name, input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, proj_size, device, dtype, backend)
 
 
 class GRU(_NumbaRNNBase):
@@ -492,6 +516,8 @@ _TORCH_NN = {"lstm": lambda **kw: torch.nn.LSTM(**kw), "gru": lambda **kw: torch
 def torch_nn_supports(case) -> str | None:
     """None when torch.nn can compute `case` (a numbarnn.testing.RNNCase), else why not."""
     cfg = case.cfg
+    if cfg.rnn_mode not in _TORCH_NN:
+        return f"torch.nn has no {cfg.rnn_mode!r} cell"
     if cfg.skip_input:
         return "torch.nn has no skip_input"
     if case.is_training and cfg.dropout > 0 and cfg.L > 1:
@@ -533,24 +559,24 @@ def torch_nn_outputs(case) -> dict:
         return np.ascontiguousarray(np.swapaxes(a, 0, 1)) if swap else a.copy()
 
     x, h0 = leaf(case.x), leaf(case.h0, not tm)
-    c0 = leaf(case.c0, not tm) if cfg.is_lstm else None
+    c0 = leaf(case.c0, not tm) if cfg.has_cell_state else None
     if case.lengths is not None:
         seq = pack_padded_sequence(x, torch.as_tensor(np.asarray(case.lengths, np.int64)), batch_first=not tm,
                                    enforce_sorted=False)
-        out, final = module(seq, (h0, c0) if cfg.is_lstm else h0)
+        out, final = module(seq, (h0, c0) if cfg.has_cell_state else h0)
         y, _ = pad_packed_sequence(out, batch_first=not tm, total_length=case.T)
     else:
-        y, final = module(x, (h0, c0) if cfg.is_lstm else h0)
-    hn, cn = final if cfg.is_lstm else (final, None)
+        y, final = module(x, (h0, c0) if cfg.has_cell_state else h0)
+    hn, cn = final if cfg.has_cell_state else (final, None)
     loss = (y * torch.from_numpy(np.asarray(case.dy, np.float64))).sum() + \
         (hn * leaf(case.dhT, not tm).detach()).sum()
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         loss = loss + (cn * leaf(case.dcT, not tm).detach()).sum()
     loss.backward()
     grads = {name: p.grad.detach().numpy() for name, p in module.named_parameters()}
     result = {"output": back(y), "output_h": back(hn, not tm), "input_backprop": back(x.grad),
               "input_h_backprop": back(h0.grad, not tm),
               "params_backprop": from_torch_state_dict(cfg, grads, dtype=np.float64)}
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         result.update(output_c=back(cn, not tm), input_c_backprop=back(c0.grad, not tm))
     return result

@@ -67,7 +67,7 @@ def test_check_impossible_tolerance_fails(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--mode", "bogus"], "invalid choice"),
+    (["--mode", "bogus"], "rnn_mode: expected one of"),
     (["--backends", "reference,tpu"], "--backends"),
     (["--mode", "gru", "--proj", "2"], "num_proj"),
     (["--input-mode", "skip_input", "--units", "3", "--input-size", "2"], "skip_input"),

@@ -158,8 +158,8 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     expected = {(spec.name, spec.dtype, cc) for spec in specs for cc in ("80", "90")}
     assert set(got) == expected and len(got) == len(expected)   # each once
     names = {name for name, _, _ in got}
-    for kernel in ("lstm_forward_step_proj", "lstm_backward_step", "lstm_project", "gru_forward_step",
-                   "gru_backward_step", "rnn_tanh_forward_step", "rnn_relu_backward_step", "recurrent_backward_direct",
+    for kernel in ("lstm_forward_step_proj", "lstm_backward_step", "project", "gru_forward_step",
+                   "gru_backward_step", "rnn_tanh_forward_step", "rnn_relu_backward_step", "recurrent_backward",
                    "dropout_forward", "column_sums", "gemm_v3_tn", "dropout_keep_mask_kernel"):
         assert kernel in names, kernel
     assert any(n.startswith("block_lstm_") for n in names)

@@ -555,7 +555,7 @@ def test_get_config_from_config_round_trip(mode):
        seed=st.integers(0, 2**32))
 def test_any_configuration_matches_ops(cfg, T, B, seed, tmp_path_factory):
     rng = np.random.default_rng(seed)
-    kw = {"num_proj": cfg.num_proj} if cfg.is_lstm else {}
+    kw = {"num_proj": cfg.num_proj} if cfg.has_cell_state else {}
     layer = make(cfg.rnn_mode, cfg.L, cfg.H, input_mode=cfg.input_mode, direction=cfg.direction,
                  dropout=cfg.dropout, seed=seed, dtype="float64", **kw)
     x = rand(rng, (T, B, cfg.I), np.float64)
@@ -566,8 +566,8 @@ def test_any_configuration_matches_ops(cfg, T, B, seed, tmp_path_factory):
     dx, _ = layer.backward(dy)
     zeros = [np.zeros(s) for s in layer.state_shape(B)]
     ex, _, _, ep = ops.cudnn_rnn_backprop_v3(
-        x, zeros[0], zeros[1] if cfg.is_lstm else None, layer.weights[0], None, fwd[0], fwd[1],
-        fwd[2] if cfg.is_lstm else None, dy, zeros[0], zeros[1] if cfg.is_lstm else None, fwd[3], fwd[4],
+        x, zeros[0], zeros[1] if cfg.has_cell_state else None, layer.weights[0], None, fwd[0], fwd[1],
+        fwd[2] if cfg.has_cell_state else None, dy, zeros[0], zeros[1] if cfg.has_cell_state else None, fwd[3], fwd[4],
         rnn_mode=cfg.rnn_mode, input_mode=cfg.input_mode, direction=cfg.direction, dropout=cfg.dropout,
         seed=seed, seed2=0, num_proj=cfg.num_proj, backend=BACKEND)
     np.testing.assert_array_equal(dx, ex)
@@ -612,7 +612,7 @@ def test_bad_constructor_arguments(kwargs, error, match):
 
 @pytest.mark.parametrize("cls", [CudnnGRU, CudnnRNNTanh, CudnnRNNRelu])
 def test_num_proj_only_for_lstm(cls):
-    with pytest.raises(ValueError, match="num_proj: projection is only defined for rnn_mode='lstm'"):
+    with pytest.raises(ValueError, match=r"num_proj: projection is only defined for rnn_mode in \["):
         cls(1, 2, num_proj=1)
     assert "num_proj" not in cls(1, 2, num_proj=None).get_config()
 

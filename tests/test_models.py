@@ -86,7 +86,7 @@ def test_call_matches_op_exactly(cfg, T, B, time_major, training, seed, data):
     lengths = data.draw(st.none() | st.lists(st.integers(0, T), min_size=B, max_size=B))
     lengths = None if lengths is None else np.asarray(lengths, np.int32)
     case = make_rnn_case(cfg, T, B, lengths, seed=seed, dtype=np.float32, time_major=time_major)
-    kw = {"num_proj": cfg.num_proj} if cfg.is_lstm else {}
+    kw = {"num_proj": cfg.num_proj} if cfg.has_cell_state else {}
     model = make(cfg.rnn_mode, cfg.L, cfg.H, cfg.I, input_mode=cfg.input_mode, direction=cfg.direction,
                  dropout=cfg.dropout, seed=seed, **kw)
     out = call(model, case.x, case.h0, case.c0, case.params, is_training=training, sequence_lengths=lengths,
@@ -95,7 +95,7 @@ def test_call_matches_op_exactly(cfg, T, B, time_major, training, seed, data):
                                 input_mode=cfg.input_mode, direction=cfg.direction, dropout=cfg.dropout, seed=seed,
                                 seed2=0, num_proj=cfg.num_proj, is_training=training, time_major=time_major,
                                 backend=BACKEND)
-    assert len(out) == (3 if cfg.is_lstm else 2)
+    assert len(out) == (3 if cfg.has_cell_state else 2)
     for a, b in zip(out, expected):
         np.testing.assert_array_equal(a, b)
 
@@ -155,7 +155,7 @@ def test_bad_constructor_arguments(kwargs, error, match):
 
 @pytest.mark.parametrize("cls", [CudnnGRU, CudnnRNNTanh, CudnnRNNRelu])
 def test_num_proj_is_lstm_only(cls):
-    with pytest.raises(ValueError, match="num_proj: projection is only defined for rnn_mode='lstm'"):
+    with pytest.raises(ValueError, match=r"num_proj: projection is only defined for rnn_mode in \["):
         cls(1, 3, 2, num_proj=2)
 
 

@@ -288,7 +288,7 @@ def test_tf_cells_layout_and_round_trip(cfg):
                 np.testing.assert_array_equal(cells[pre + "candidate/hidden_projection/kernel"], R[2].T)
                 np.testing.assert_array_equal(cells[pre + "candidate/hidden_projection/bias"], bR[2])
             else:
-                order = TF_LSTM_ORDER if cfg.is_lstm else (0,)
+                order = TF_LSTM_ORDER if cfg.has_cell_state else (0,)
                 k = cells[pre + "kernel"]
                 assert k.shape == (I_l + P, G * H)
                 for slot, g in enumerate(order):

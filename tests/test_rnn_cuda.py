@@ -432,7 +432,7 @@ def test_launches_are_per_step_for_both_directions():
     steps = int(max(case.lengths))
     assert (fwd.per_step, fwd.steps) == (2, steps), fwd
     assert (bwd.per_step, bwd.steps) == (2, steps), bwd
-    assert fwd.by_kernel["forward_step"] == fwd.by_kernel["lstm_project"] == case.cfg.L * steps, fwd.by_kernel
+    assert fwd.by_kernel["forward_step"] == fwd.by_kernel["project"] == case.cfg.L * steps, fwd.by_kernel
     assert bwd.by_kernel["backward_step"] == bwd.by_kernel["recurrent_backward"] == case.cfg.L * steps, \
         bwd.by_kernel
 

@@ -92,7 +92,7 @@ def bad_ranks(a):
 @pytest.mark.parametrize("name", FORWARD_TENSORS + ("sequence_lengths",))
 def test_forward_wrong_rank(case, name):
     kw = forward_args(case)
-    if name == "input_c" and not case.cfg.is_lstm:
+    if name == "input_c" and not case.cfg.has_cell_state:
         return
     if name == "sequence_lengths":
         for bad in (np.array([[4, 0, 2]], np.int32), np.int32(3)):
@@ -106,7 +106,7 @@ def test_forward_wrong_rank(case, name):
 @pytest.mark.parametrize("name", BACKWARD_TENSORS)
 def test_backward_wrong_rank(case, name):
     kw = backward_args(case, forward(**forward_args(case)))
-    if name in ("output_c", "output_c_backprop") and not case.cfg.is_lstm:
+    if name in ("output_c", "output_c_backprop") and not case.cfg.has_cell_state:
         return   # ignored for other modes (SPEC 8)
     for bad in bad_ranks(kw[name]):
         if name == "host_reserved":
@@ -117,7 +117,7 @@ def test_backward_wrong_rank(case, name):
 @pytest.mark.parametrize("name", ("input_h", "input_c", "params", "sequence_lengths"))
 def test_every_input_as_1x1x1(case, name):
     """Each tensor given as [1, 1, 1] (TF's classic crash input): an error naming it."""
-    if name == "input_c" and not case.cfg.is_lstm:
+    if name == "input_c" and not case.cfg.has_cell_state:
         return
     one = np.ones((1, 1, 1), np.int32 if name == "sequence_lengths" else case.dtype)
     kw = dict(forward_args(case), **{name: one})
@@ -323,7 +323,7 @@ def test_bool_flags(case, name):
 @pytest.mark.parametrize("name", ["input_h", "input_c", "params"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_mixed_dtypes_forward(case, name, dtype):
-    if name == "input_c" and not case.cfg.is_lstm:
+    if name == "input_c" and not case.cfg.has_cell_state:
         return
     kw = forward_args(case)
     raises(TypeError, name, forward, **dict(kw, **{name: kw[name].astype(dtype)}))

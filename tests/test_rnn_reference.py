@@ -160,7 +160,7 @@ def naive_forward(cfg, x, h0, c0, params, lens, keep=None):
     D, P = cfg.D, cfg.P
     blocks = per_pseudo_layer(cfg, *canonical(cfg, params))
     hT = np.array(h0, np.float64)
-    cT = np.array(c0, np.float64) if cfg.is_lstm else None
+    cT = np.array(c0, np.float64) if cfg.has_cell_state else None
     inp = np.asarray(x, np.float64)
     for layer in range(cfg.L):
         if layer > 0 and keep is not None:
@@ -226,7 +226,7 @@ def assert_empty_rows_pass_state_grads(case, grads):
     axis = 1 if case.time_major else 0
     for b in np.flatnonzero(lens_of(case) == 0):
         np.testing.assert_array_equal(np.take(dh0, b, axis), np.take(case.dhT, b, axis))
-        if case.cfg.is_lstm:
+        if case.cfg.has_cell_state:
             np.testing.assert_array_equal(np.take(dc0, b, axis), np.take(case.dcT, b, axis))
 
 
@@ -244,10 +244,10 @@ def test_forward_matches_naive_spec_implementation(case):
         ref_y, ref_h, ref_c = naive_forward(case.cfg, tm.x, tm.h0, tm.c0, case.params, lens,
                                             keep_masks(case.cfg, case.T, case.B, is_training))
         if not case.time_major:
-            y, hT, cT = to_tm(y), to_tm(hT), (to_tm(cT) if case.cfg.is_lstm else cT)
+            y, hT, cT = to_tm(y), to_tm(hT), (to_tm(cT) if case.cfg.has_cell_state else cT)
         np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(hT, ref_h, rtol=1e-12, atol=1e-12)
-        if case.cfg.is_lstm:
+        if case.cfg.has_cell_state:
             np.testing.assert_allclose(cT, ref_c, rtol=1e-12, atol=1e-12)
         else:
             assert cT.shape == (0,) and cT.dtype == case.dtype
@@ -301,7 +301,7 @@ def test_gradients_finite_differences(case, seed):
     ragged lengths incl. 0, layouts, dropout incl. p=1), random upstream gradients of y, h and c."""
     report = check_rnn_gradients(case, backend=BACKEND, seed=seed)
     expected = {"input_backprop", "input_h_backprop", "params_backprop"} | \
-        ({"input_c_backprop"} if case.cfg.is_lstm else set())
+        ({"input_c_backprop"} if case.cfg.has_cell_state else set())
     assert set(report) == expected
     assert max(report.values()) < FD_TOL, report
     grads = bwd(case, fwd(case))
@@ -333,7 +333,7 @@ def test_gradients_ragged_grid(mode, L, direction):
     args = {"input": case.x, "input_h": case.h0, "input_c": case.c0, "params": case.params}
     keys = {"input": "x", "input_h": "h0", "input_c": "c0", "params": "params"}
     for name, g in zip(names, grads):
-        if name == "input_c" and not cfg.is_lstm:
+        if name == "input_c" and not cfg.has_cell_state:
             continue
         err = directional_check(lambda v: rnn_loss(case, BACKEND, **{keys[name]: v}), args[name], g, rng,
                                 directions=4)
@@ -360,7 +360,7 @@ def test_gradients_element_by_element(mode, variant):
     assert_grads_close(dh0, full_fd(lambda v: rnn_loss(case, BACKEND, h0=v), case.h0), "input_h_backprop")
     assert_grads_close(dparams, full_fd(lambda v: rnn_loss(case, BACKEND, params=v), case.params),
                        "params_backprop")
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         assert_grads_close(dc0, full_fd(lambda v: rnn_loss(case, BACKEND, c0=v), case.c0), "input_c_backprop")
     else:
         assert dc0.shape == (0,)
@@ -428,7 +428,7 @@ def test_batch_equals_rows_run_one_by_one(case):
         assert not np.any(y[n:, b])
         if n == 0:
             np.testing.assert_array_equal(hT[:, b], case.h0[:, b])
-            if case.cfg.is_lstm:
+            if case.cfg.has_cell_state:
                 np.testing.assert_array_equal(cT[:, b], case.c0[:, b])
         short = row_case(case, b, T=int(n), lengths=None)
         ys, hs, cs, _, _ = out_s = fwd(short)
@@ -437,7 +437,7 @@ def test_batch_equals_rows_run_one_by_one(case):
         dxs, dhs, dcs, dps = bwd(short, out_s)
         close(dx[:n, b:b + 1], dxs)
         close(dh0[:, b:b + 1], dhs)
-        if case.cfg.is_lstm:
+        if case.cfg.has_cell_state:
             close(cT[:, b:b + 1], cs)
             close(dc0[:, b:b + 1], dcs)
         full = row_case(case, b)
@@ -464,7 +464,7 @@ def test_zero_length_rows():
             assert not np.any(dx[:, b])
             np.testing.assert_array_equal(hT[:, b], case.h0[:, b])
             np.testing.assert_array_equal(dh0[:, b], case.dhT[:, b])
-            if cfg.is_lstm:
+            if cfg.has_cell_state:
                 np.testing.assert_array_equal(cT[:, b], case.c0[:, b])
                 np.testing.assert_array_equal(dc0[:, b], case.dcT[:, b])
         assert np.any(y[:, 1])
@@ -476,7 +476,7 @@ def test_zero_length_rows():
         assert not np.any(y) and not np.any(dx) and not np.any(dparams)
         np.testing.assert_array_equal(hT, case.h0)
         np.testing.assert_array_equal(dh0, case.dhT)
-        if cfg.is_lstm:
+        if cfg.has_cell_state:
             np.testing.assert_array_equal(cT, case.c0)
             np.testing.assert_array_equal(dc0, case.dcT)
 
@@ -511,14 +511,14 @@ def test_reverse_direction_is_forward_on_reversed_rows(case):
     yu, hu, cu, _, _ = out_u = fwd(rcase)
     close(y[..., P:], reverse_rows(yu, lens))
     close(hT[1:], hu)
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         close(cT[1:], cu)
     dx, dh0, dc0, dparams = bwd(case, out)
     dxu, dhu, dcu, dpu = bwd(rcase, out_u)
     close(dx, reverse_rows(dxu, lens))
     close(dh0[1:], dhu)
     assert not np.any(dh0[0])
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         close(dc0[1:], dcu)
         assert not np.any(dc0[0])
     dblocks = per_pseudo_layer(cfg, *canonical(cfg, dparams))
@@ -563,7 +563,7 @@ def test_bidirectional_stack_mirror_symmetry(case):
     ym, hm, cm, _, _ = fwd(m)
     close(ym, swap_halves(reverse_rows(y, lens), P))
     close(hm, swap_pairs(hT))
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         close(cm, swap_pairs(cT))
 
 
@@ -585,7 +585,7 @@ def test_batch_major_equals_time_major_transposed(case):
     assert bm_out[1].shape == (case.B, LD, cfg.P)
     np.testing.assert_array_equal(bm_out[0], to_tm(tm_out[0]))
     np.testing.assert_array_equal(bm_out[1], to_tm(tm_out[1]))
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         assert bm_out[2].shape == (case.B, LD, cfg.H)
         np.testing.assert_array_equal(bm_out[2], to_tm(tm_out[2]))
         np.testing.assert_array_equal(bm_grads[2], to_tm(tm_grads[2]))
@@ -646,7 +646,7 @@ def test_empty_time_or_batch(mode, time_major, T, B):
         yshape = (T, B, 2 * cfg.P) if time_major else (B, T, 2 * cfg.P)
         assert y.shape == yshape and y.dtype == np.float64
         np.testing.assert_array_equal(hT, case.h0)
-        if cfg.is_lstm:
+        if cfg.has_cell_state:
             np.testing.assert_array_equal(cT, case.c0)
         else:
             assert cT.shape == (0,)
@@ -655,7 +655,7 @@ def test_empty_time_or_batch(mode, time_major, T, B):
         assert dx.shape == case.x.shape and dparams.shape == case.params.shape
         assert not np.any(dparams)
         np.testing.assert_array_equal(dh0, case.dhT)
-        if cfg.is_lstm:
+        if cfg.has_cell_state:
             np.testing.assert_array_equal(dc0, case.dcT)
         else:
             assert dc0.shape == (0,)
@@ -719,7 +719,7 @@ def test_dropout_mask_in_reserve_and_applied(case, p, seed, seed2):
     yt, ht, ct, _, _ = fwd(top_case)
     close(y, yt)
     close(hT[sl], ht)
-    if cfg.is_lstm:
+    if cfg.has_cell_state:
         close(cT[sl], ct)
     if p == 1.0:  # the top layer's result does not depend on x at all
         y2 = fwd(replace(case, x=case.x + 1.0))[0]

@@ -32,7 +32,7 @@ def run_numbarnn(case):
     dx, dh0, dc0, dparams = ops.cudnn_rnn_backprop_v3(case.x, case.h0, case.c0, case.params, case.lengths, y, hT,
                                                       cT, case.dy, case.dhT, case.dcT, reserve, host_reserved,
                                                       **attrs)
-    return y, hT, cT if case.cfg.is_lstm else None, dx, dh0, dc0 if case.cfg.is_lstm else None, dparams
+    return y, hT, cT if case.cfg.has_cell_state else None, dx, dh0, dc0 if case.cfg.has_cell_state else None, dparams
 
 
 def compare(case, packed=True):

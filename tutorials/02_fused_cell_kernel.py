@@ -50,7 +50,10 @@ from numba import cuda  # noqa: E402
 from numbarnn import ops  # noqa: E402
 from numbarnn.config import rnn_config  # noqa: E402
 from numbarnn.kernels import backend as cuda_backend  # noqa: E402
-from numbarnn.kernels import lstm as lstm_kernels  # noqa: E402
+from numbarnn.cells import get_cell  # noqa: E402
+from numbarnn.kernels import cell_steps  # noqa: E402
+
+LSTM = get_cell("lstm")                 # the cell as data: gates, saved values, pointwise forward/backward
 from numbarnn.kernels.common import acc_dtype, activations, blocks, jit, threads  # noqa: E402
 from numbarnn.kernels.gemm import gemm  # noqa: E402
 from numbarnn.params import unpack  # noqa: E402
@@ -73,13 +76,19 @@ def device_name() -> str:
 # ---------------------------------------------------------------------------------------------------
 
 def show_kernel():
-    """Print the step kernel as numbarnn ships it (the inner function of the factory)."""
-    src = inspect.getsource(lstm_kernels.make_forward_step)
-    body = src[src.index("    def lstm_forward_step("):src.index("    return lstm_forward_step")]
-    print("  numbarnn/kernels/lstm.py, make_forward_step(dtype, has_proj) builds (closing over the compile-time"
-          " dtype and has_proj):")
+    """Print the step kernel as numbarnn ships it: the template's body, the LSTM's pointwise math, the wrapper."""
+    src = inspect.getsource(cell_steps.make_forward_step)
+    body = src[src.index("    def forward_body("):src.index("    name = f\"{cell.name}_forward_step\"")]
+    print("  numbarnn/kernels/cell_steps.py, make_forward_step(cell, dtype, has_proj): the template body (closing"
+          " over the cell's G, S, V and its pointwise function):")
     for line in body.rstrip().splitlines():
         print("  |" + line[4:])
+    print("  numbarnn/cells/lstm.py: the pointwise forward it compiles in (plain Python, one unit):")
+    for line in inspect.getsource(LSTM.forward).rstrip().splitlines():
+        print("  |" + line)
+    print("  and the LSTM's kernel: the cell's exact argument list, calling the body:")
+    for line in cell_steps.make_forward_step(LSTM, "float64", False).source.rstrip().splitlines():
+        print("  |" + line)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -100,6 +109,7 @@ class Problem:
         self.W = [lp.W for lp in layers]                                        # D x [4H, I]
         self.R = [np.ascontiguousarray(lp.R) for lp in layers]                  # D x [4H, H]
         self.bias = np.stack([np.stack([lp.bW, lp.bR]) for lp in layers])       # [D, 2, 4H]
+        self.unit_params = self.bias.reshape(self.D, 2 * 4, H)                  # [D, 2G, H]: bW, bR per gate
         self.x = rng.standard_normal((T, B, I)).astype(dtype)                   # [T, B, I]
         self.h0 = (rng.standard_normal((self.D, B, H)) * 0.5).astype(dtype)     # [D, B, H]
         self.c0 = (rng.standard_normal((self.D, B, H)) * 0.5).astype(dtype)     # [D, B, H]
@@ -112,26 +122,25 @@ class Problem:
         acc = acc_dtype(dt)
         return dict(
             lens=cuda.to_device(self.lens),
-            gx=cuda.to_device(self.gx), bias=cuda.to_device(self.bias),
+            gx=cuda.to_device(self.gx), unit_params=cuda.to_device(self.unit_params), bias=cuda.to_device(self.bias),
             R_fwd=cuda.to_device(self.R[0]), R_rev=cuda.to_device(self.R[1]),
             h_in=cuda.to_device(self.h0.astype(acc)), h_out=cuda.device_array((D, B, H), acc),
             c=cuda.to_device(self.c0.astype(acc)),
             y=cuda.to_device(np.zeros((T, B, D * H), dt)),
-            acts=cuda.to_device(np.zeros((D, T, B, 4 * H), dt)), cs=cuda.to_device(np.zeros((D, T, B, H), dt)),
-            ms=cuda.device_array((1, 1, 1, 1), dt))                              # unused without projection
+            acts=cuda.to_device(np.zeros((D, T, B, 4 * H), dt)), cs=cuda.to_device(np.zeros((D, T, B, H), dt)))
 
 
 def launch_step(kernel, s, buf, H, B, D):
     """One launch = one step of both directions: grid (ceil(H / threads), B, D)."""
     tpb = threads(H)
-    kernel[(blocks(H, tpb), B, D), tpb](s, buf["lens"], buf["gx"], buf["bias"], buf["R_fwd"], buf["R_rev"],
-                                         buf["h_in"], buf["h_out"], buf["c"], buf["y"], buf["acts"], buf["cs"],
-                                         buf["ms"])
+    kernel[(blocks(H, tpb), B, D), tpb](s, buf["lens"], buf["gx"], buf["unit_params"], buf["R_fwd"],
+                                         buf["R_rev"], buf["h_in"], buf["h_out"], buf["c"], buf["y"], buf["acts"],
+                                         buf["cs"])
 
 
 def check_one_step(pb: Problem):
     """Step s = 0 in the kernel against numbarnn.reference.lstm.forward on the active rows."""
-    kernel = jit(lstm_kernels.make_forward_step, str(pb.dtype), False)      # cached: compiled once
+    kernel = jit(cell_steps.make_forward_step, LSTM, str(pb.dtype), False)      # cached: compiled once
     buf = pb.device_buffers()
     launch_step(kernel, 0, buf, pb.H, pb.B, pb.D)
     h_out, c_out, y = buf["h_out"].copy_to_host(), buf["c"].copy_to_host(), buf["y"].copy_to_host()
@@ -163,7 +172,7 @@ def run_layer(pb: Problem, kernel):
 
 
 def check_time_loop(pb: Problem):
-    kernel = jit(lstm_kernels.make_forward_step, str(pb.dtype), False)
+    kernel = jit(cell_steps.make_forward_step, LSTM, str(pb.dtype), False)
     y, hT, cT = run_layer(pb, kernel)
     y_ref, hT_ref, cT_ref, _, _ = ops.cudnn_rnn_v3(pb.x, pb.h0, pb.c0, pb.params, pb.lens, rnn_mode="lstm",
                                                    direction="bidirectional", is_training=False,
@@ -241,7 +250,7 @@ def check_unfused(pb: Problem):
     buf = pb.device_buffers()
     gh = cuda.device_array((pb.D, pb.B, 4 * pb.H), acc_dtype(pb.dtype))   # [D, B, 4H] the round trip
     run_layer_unfused(pb, buf, gh, pointwise)
-    y_fused, _, _ = run_layer(pb, jit(lstm_kernels.make_forward_step, str(pb.dtype), False))
+    y_fused, _, _ = run_layer(pb, jit(cell_steps.make_forward_step, LSTM, str(pb.dtype), False))
     err = relative_error(buf["y"].copy_to_host(), y_fused)
     assert err < 1e-12, f"unfused vs fused: relative error {err:.1e}"
     print(f"  unfused (2 GEMM launches + 1 pointwise launch per step) gives the same output (relative error "
@@ -278,7 +287,7 @@ def check_projection_launches(rng):
     ops.cudnn_rnn_v3(x, h0, c0, params, num_proj=P, is_training=False, backend="cuda")
     fwd = cuda_backend.last_launch_count()["forward"]
     assert fwd.per_step == 2, f"projection: expected 2 launches per step, got {fwd.per_step}"
-    print(f"  with a projection (num_proj={P}): {fwd.per_step} launches per step (cell, then lstm_project: a "
+    print(f"  with a projection (num_proj={P}): {fwd.per_step} launches per step (cell, then project: a "
           f"thread needs every unit's m, which only a new launch (a grid-wide barrier) guarantees)")
 
 
@@ -306,7 +315,7 @@ def benchmark(quick: bool, rng):
         T, B, I, H = (50, 32, 256, 256) if quick else (100, 64, 512, 512)
     pb = Problem(T, B, I, H, [T] * B, rng, np.float32)
     reps = 1 if quick else 3
-    fused = jit(lstm_kernels.make_forward_step, "float32", False)
+    fused = jit(cell_steps.make_forward_step, LSTM, "float32", False)
     pointwise = jit(make_lstm_pointwise, "float32")
     buf = pb.device_buffers()
     gh = cuda.device_array((pb.D, pb.B, 4 * pb.H), np.float32)

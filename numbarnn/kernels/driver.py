@@ -6,13 +6,13 @@ It mirrors `numbarnn/reference/network.py` step for step.  Per layer l (both dir
       [dropout_forward]  x_l = y_{l-1} * keep * scale     1 per layer (l > 0, training, p > 0)
       gemm v3            gx[d] = x_l @ W_d^T              D per layer (tile_gates for skip_input)
       per step s:        <cell>_forward_step              1 per step: recurrent matvec + cell, both directions
-                         [lstm_project]                   +1 per step with num_proj
+                         [project]                        +1 per step with num_proj
     backward
       per step s (T-1 .. 0):
                          <cell>_backward_step             1 per step (projection fused in for LSTM)
                          recurrent_backward               1 per step: dh_prev = dgh @ R (+ GRU's z*dh)
       gemm v3            dW_d = dgx_d^T x_l, dR_d = dgh_d^T h_prev, dW_proj_d = dh_d^T m_d, dx_l = sum_d dgx_d W_d
-      column_sums        dbW, dbR (deterministic)
+      column_sums        dbW, dbR (deterministic) ; [row_sum] cell vectors (cells with vectors)
       [apply_mask]       dy_{l-1} = dx_l * keep * scale
 
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
@@ -27,13 +27,12 @@ import numpy as np
 from numba import cuda
 
 from ..params import param_regions, unpack
-from ..reference.philox import dropout_key, dropout_threshold
-from ..reference.network import dropout_scale
-from ..reserve import ACTS, reserve_size, reserve_views
-from . import gru, lstm, rnn
+from ..dropout import dropout_key, dropout_scale, dropout_threshold
+from ..reserve import reserve_size, reserve_views
+from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
-from .layer_ops import (make_apply_mask, make_column_sums, make_dropout_forward, make_sum_gates,
+from .layer_ops import (make_apply_mask, make_column_sums, make_dropout_forward, make_row_sum, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_recurrent_backward
 
@@ -99,22 +98,20 @@ def flat(a):
     return a.reshape(int(np.prod(a.shape, dtype=np.int64)))
 
 
-def _bias_views(cfg, params):
-    """Per layer, the [D, 2, G*H] view of bW, bR for both directions (contiguous in the buffer)."""
+def _unit_param_views(cfg, params):
+    """Per layer, the [D, 2G+V, H] view of bW, bR and the cell vectors of both directions (contiguous)."""
     first_bias = {r.p: r.offset for r in reversed(param_regions(cfg)) if r.kind == "bW"}
-    n = cfg.D * 2 * cfg.G * cfg.H
-    return [params[first_bias[layer * cfg.D]:first_bias[layer * cfg.D] + n].reshape(cfg.D, 2, cfg.G * cfg.H)
+    K = 2 * cfg.G + cfg.V
+    n = cfg.D * K * cfg.H
+    return [params[first_bias[layer * cfg.D]:first_bias[layer * cfg.D] + n].reshape(cfg.D, K, cfg.H)
             for layer in range(cfg.L)]
 
 
 def _cell_kernels(cfg, dtype):
-    dt, proj = str(dtype), cfg.has_proj
-    if cfg.rnn_mode == "lstm":
-        return jit(lstm.make_forward_step, dt, proj), jit(lstm.make_backward_step, dt, proj)
-    if cfg.rnn_mode == "gru":
-        return jit(gru.make_forward_step, dt), jit(gru.make_backward_step, dt)
-    nl = cfg.rnn_mode.split("_")[1]
-    return jit(rnn.make_forward_step, dt, nl), jit(rnn.make_backward_step, dt, nl)
+    """The cell's (forward, backward) step kernels and the argument names each takes, in order."""
+    key = (cfg.cell, str(dtype), cfg.has_proj)
+    return (jit(make_forward_step, *key), used_args(FORWARD_ARGS, cfg.cell, cfg.has_proj),
+            jit(make_backward_step, *key), used_args(BACKWARD_ARGS, cfg.cell, cfg.has_proj))
 
 
 def _dropout_args(cfg, layer, T, B):
@@ -139,13 +136,12 @@ def forward(call, x, h0, c0, params):
     saved = reserve_views(train_call, reserve)
     lens = cuda.to_device(call.lengths_array())                    # [B] int32
     steps = max(call.lengths, default=0)
-    layers, biases = unpack(cfg, params), _bias_views(cfg, params)
-    cell_forward, _ = _cell_kernels(cfg, dt)
-    project = jit(lstm.make_project, str(dt)) if cfg.has_proj else None
+    layers, unit_params = unpack(cfg, params), _unit_param_views(cfg, params)
+    cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
+    project = jit(make_project, str(dt)) if cfg.has_proj else None
     scale = a.type(dropout_scale(cfg.dropout))
     hT = cuda.device_array((cfg.L * D, B, P), dtype=dt)            # [L*D, B, P]
-    cT = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.is_lstm else None
-    dummy3, dummy4 = cuda.device_array((1, 1, 1), dtype=a), cuda.device_array((1, 1, 1, 1), dtype=dt)
+    cT = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
 
     x_l = x                                                        # [T, B, I_l]
     for layer in range(cfg.L):
@@ -173,26 +169,26 @@ def forward(call, x, h0, c0, params):
         h_in = cuda.device_array((D, B, P), dtype=a)               # [D, B, P] state, double-buffered
         h_out = cuda.device_array((D, B, P), dtype=a)
         cast_into(h0[ps], h_in, log)
-        c = cuda.device_array((D, B, H), dtype=a) if cfg.is_lstm else dummy3   # [D, B, H] in place
-        if cfg.is_lstm:
+        c = cuda.device_array((D, B, H), dtype=a) if cfg.has_cell_state else None   # [D, B, H] in place
+        if c is not None:
             cast_into(c0[ps], c, log)
-        R_fwd, R_rev = layers[layer * D].R, layers[layer * D + D - 1].R
         y_l = saved[f"y{layer}"]                                   # [T, B, D*P] (zeros past the lengths)
-        acts = saved[f"acts{layer}"]
-        cs = saved[f"c{layer}"] if cfg.is_lstm else dummy4
-        ms = saved[f"m{layer}"] if cfg.has_proj else dummy4
+        args = dict(lens=lens, gx=gx, unit_params=unit_params[layer], R_fwd=layers[layer * D].R,
+                    R_rev=layers[layer * D + D - 1].R, c=c, y=y_l, acts=saved[f"acts{layer}"],
+                    cs=saved.get(f"c{layer}"), ms=saved.get(f"m{layer}"))
         log.steps, before = steps, log.total
         for s in range(steps):
+            args.update(s=s, h_in=h_in, h_out=h_out)
             log(cell_forward, "forward_step", (blocks(H, threads(H)), B, D), threads(H),
-                s, lens, gx, biases[layer], R_fwd, R_rev, h_in, h_out, c, y_l, acts, cs, ms)
+                *[args[name] for name in forward_args])
             if project is not None:
-                log(project, "lstm_project", (blocks(P, threads(P)), B, D), threads(P),
-                    s, lens, ms, layers[layer * D].W_proj, layers[layer * D + D - 1].W_proj, h_in, h_out, y_l)
+                log(project, "project", (blocks(P, threads(P)), B, D), threads(P),
+                    s, lens, args["ms"], layers[layer * D].W_proj, layers[layer * D + D - 1].W_proj, h_in, h_out, y_l)
             h_in, h_out = h_out, h_in
         if steps:
             log.per_step = (log.total - before) // steps
         cast_into(h_in, hT[ps], log)
-        if cfg.is_lstm:
+        if cfg.has_cell_state:
             cast_into(c, cT[ps], log)
         x_l = y_l
     y = cuda.device_array((T, B, D * P), dtype=dt)
@@ -219,15 +215,14 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     lens = cuda.to_device(call.lengths_array())
     steps = max(call.lengths, default=0)
     layers, dparams = unpack(cfg, params), device_zeros((params.shape[0],), dt, log)
-    dlayers, dbiases = unpack(cfg, dparams), _bias_views(cfg, dparams)
-    _, cell_backward = _cell_kernels(cfg, dt)
-    is_gru = cfg.rnn_mode == "gru"
-    recurrent = jit(make_recurrent_backward, str(dt), is_gru)
+    dlayers, dunit_params = unpack(cfg, dparams), _unit_param_views(cfg, dparams)
+    unit_params = _unit_param_views(cfg, params)
+    _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
+    recurrent = jit(make_recurrent_backward, str(dt))
     scale = a.type(dropout_scale(cfg.dropout))
     dh0 = cuda.device_array((cfg.L * D, B, P), dtype=dt)
-    dc0 = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.is_lstm else None
-    dummy2, dummy3, dummy4 = (cuda.device_array((1,) * k, dtype=dt) for k in (2, 3, 4))
-    dummy3a = cuda.device_array((1, 1, 1), dtype=a)
+    dc0 = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
+    V = cfg.V
 
     def masked(src, layer):
         """src * keep_layer * scale into a new array (dropout backward, and x_l for dW)."""
@@ -247,34 +242,33 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         else:
             x_l = masked(saved[f"y{layer - 1}"], layer) if call.dropout_active else saved[f"y{layer - 1}"]
         dgx = device_zeros((D, T, B, GH), dt, log)                 # [D, T, B, G*H] zeros at padded steps
-        dgh = device_zeros((D, T, B, GH), dt, log) if is_gru else dgx
+        dgh = device_zeros((D, T, B, GH), dt, log)                 # [D, T, B, G*H]
+        dvec = device_zeros((D, T, B, V * H), dt, log) if V else None   # [D, T, B, V*H]
         h_prev = device_zeros((D, T, B, P), dt, log)               # [D, T, B, P]
-        dh_total = device_zeros((D, T, B, P), dt, log) if cfg.has_proj else dummy4
+        dh_total = device_zeros((D, T, B, P), dt, log) if cfg.has_proj else None
         dh_in = cuda.device_array((D, B, P), dtype=a)
         dh_out = cuda.device_array((D, B, P), dtype=a)
         cast_into(dhT[ps], dh_in, log)
-        dc = cuda.device_array((D, B, H), dtype=a) if cfg.is_lstm else dummy3a
-        if cfg.is_lstm:
+        dc = cuda.device_array((D, B, H), dtype=a) if cfg.has_cell_state else None
+        if dc is not None:
             cast_into(dcT[ps], dc, log)
-        direct = cuda.device_array((D, B, P), dtype=a) if is_gru else dummy3a
         lp_f, lp_r = layers[layer * D], layers[layer * D + D - 1]
-        Wp_f = lp_f.W_proj if cfg.has_proj else dummy2
-        Wp_r = lp_r.W_proj if cfg.has_proj else dummy2
-        args_c0 = c0[ps] if cfg.is_lstm else dummy3
-        cs = saved[f"c{layer}"] if cfg.is_lstm else dummy4
-        y_l = saved[f"y{layer}"]
+        args = dict(lens=lens, dy=dy_l, y=saved[f"y{layer}"], h0=h0[ps], c0=c0[ps] if dc is not None else None,
+                    acts=saved[f"acts{layer}"], cs=saved.get(f"c{layer}"), unit_params=unit_params[layer],
+                    Wp_fwd=lp_f.W_proj, Wp_rev=lp_r.W_proj, dc=dc, dgx=dgx, dgh=dgh, dvec=dvec, h_prev=h_prev,
+                    dh_total=dh_total)
         log.steps, before = steps, log.total
         for s in reversed(range(steps)):
+            args.update(s=s, dh_in=dh_in, dh_out=dh_out)
             log(cell_backward, "backward_step", (blocks(H, threads(H)), B, D), threads(H),
-                s, lens, dy_l, y_l, h0[ps], args_c0, saved[f"acts{layer}"], cs, Wp_f, Wp_r, dh_in, dc, dgx, dgh,
-                h_prev, dh_total, direct)
+                *[args[name] for name in backward_args])
             log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
-                s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out, direct)
+                s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
             dh_in, dh_out = dh_out, dh_in
         if steps:
             log.per_step = (log.total - before) // steps
         cast_into(dh_in, dh0[ps], log)
-        if cfg.is_lstm:
+        if cfg.has_cell_state:
             cast_into(dc, dc0[ps], log)
 
         # weight gradients and dx as big GEMMs after the time loop
@@ -294,8 +288,12 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             if cfg.has_proj:
                 gemm(dh_total[d].reshape(TB, P), saved[f"m{layer}"][d].reshape(TB, H), dlp.W_proj, trans_a=True)
                 log.count("gemm")
+            dbias = dunit_params[layer][d].reshape(-1)              # [(2G+V)*H]: bW, bR, vectors
             log(sums, "column_sums", (blocks(2 * GH, threads(2 * GH, 256)),), threads(2 * GH, 256),
-                gx2, gh2, dbiases[layer][d])
+                gx2, gh2, dbias[:2 * GH].reshape(2, GH))
+            if V and TB:
+                log(jit(make_row_sum, str(dt)), "row_sum", (blocks(V * H, threads(V * H, 256)),),
+                    threads(V * H, 256), dvec[d].reshape(TB, V * H), dbias[2 * GH:])
         if layers[layer * D].W is None and TB:
             n = TB * H
             log(jit(make_sum_gates, str(dt)), "sum_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
@@ -349,10 +347,10 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         return (blocks(n, t), B, D), t
 
     def cast_rows(phase, what):
-        for n in (D * B * P, D * B * H if cfg.is_lstm else 0):
+        for n in (D * B * P, D * B * H if cfg.has_cell_state else 0):
             add(phase, f"cast_copy ({what})", int(n > 0), *flat(n), 0, 2 * n * sz)
 
-    cell = cfg.rnn_mode if cfg.rnn_mode in ("lstm", "gru") else "rnn"
+    cell = cfg.rnn_mode
     train = replace(call, is_training=True)
     add("forward", "fill (reserve = 0)", 1 if reserve_size(train) else 0, *flat(reserve_size(train)),
         0, reserve_size(train) * sz)
@@ -371,7 +369,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
             D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
         if cfg.has_proj:
             grid, block = steps_grid(P)
-            add("forward", "lstm_project", steps if B else 0, grid, block, 2 * D * B * P * H,
+            add("forward", "project", steps if B else 0, grid, block, 2 * D * B * P * H,
                 D * (P * H + B * (H + 2 * P)) * sz)
         cast_rows("forward", "hT, cT out")
     layer = None
@@ -382,13 +380,13 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         n = T * B * D * P
         drop = layer > 0 and call.dropout_active and n > 0
         add("backward", "apply_mask (x_l for dW)", int(drop), *flat(n), n, 3 * n * sz)
-        for n, what in ((D * TB * GH, "dgx"), (D * TB * GH * (cfg.rnn_mode == "gru"), "dgh"), (D * TB * P, "h_prev"),
-                        (D * TB * P * cfg.has_proj, "dh_total")):
+        for n, what in ((D * TB * GH, "dgx"), (D * TB * GH, "dgh"), (D * TB * cfg.V * H, "dvec"),
+                        (D * TB * P, "h_prev"), (D * TB * P * cfg.has_proj, "dh_total")):
             add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
         cast_rows("backward", "dhT, dcT in")
         grid, block = steps_grid(H)
         add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
-            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + len(ACTS[cfg.rnn_mode]) * H + 3 * P) * sz)
+            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
         grid, block = steps_grid(P)
         add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
             D * (GH * P + B * (GH + 2 * P)) * sz)
@@ -400,6 +398,8 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         if cfg.has_proj:
             gemm_row("backward", "dW_proj = dh^T m", D, P, H, TB)
         add("backward", "column_sums (dbW, dbR)", D, *flat(2 * GH), 2 * TB * GH, 2 * TB * GH * sz)
+        add("backward", "row_sum (cell vectors)", D if cfg.V and TB else 0, *flat(cfg.V * H), TB * cfg.V * H,
+            TB * cfg.V * H * sz)
         add("backward", "sum_gates (skip_input dx)", int(not cfg.has_w(layer) and TB > 0), *flat(TB * H),
             D * TB * GH, D * TB * GH * sz)
         add("backward", "apply_mask (dropout backward)", int(drop), *flat(n), n, 3 * n * sz)

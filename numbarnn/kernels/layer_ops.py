@@ -117,6 +117,25 @@ def make_column_sums(dtype):
     return column_sums
 
 
+@functools.lru_cache(maxsize=None)
+def make_row_sum(dtype):
+    """out[c] = sum_r a[r, c] in a fixed order (the cell-vector gradients; column_sums for two sources)."""
+    t = acc_dtype(dtype).type
+
+    def row_sum(
+        a,     # [N, C]
+        out,   # [C]
+    ):
+        col = cuda.grid(1)
+        N, C = a.shape[0], a.shape[1]
+        if col < C:
+            total = t(0.0)
+            for r in range(N):
+                total += t(a[r, col])
+            out[col] = total
+    return row_sum
+
+
 def kernel_specs():
     specs = []
     for dt in DTYPES:
@@ -129,5 +148,6 @@ def kernel_specs():
             ("tile_gates", dt, make_tile_gates(dt), (f2, f2), 128),
             ("sum_gates", dt, make_sum_gates(dt), (f3, f2), 128),
             ("column_sums", dt, make_column_sums(dt), (f2, f2, f2), 128),
+            ("row_sum", dt, make_row_sum(dt), (f2, f1), 128),
         ]
     return specs

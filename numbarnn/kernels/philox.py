@@ -25,8 +25,8 @@ import math
 import numpy as np
 from numba import cuda, uint32, uint64
 
-from numbarnn.reference.philox import (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, check_mask_args,
-                                       dropout_key, dropout_threshold)
+from numbarnn.dropout import (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, check_mask_args, dropout_key,
+                              dropout_threshold)
 from numbarnn.validation import ArgumentTypeError, check_shape
 
 # typed constants (module globals that numba freezes into the kernels)

@@ -39,12 +39,8 @@ from typing import Any, Callable
 KERNEL_MODULES = (
     "numbarnn.kernels.gemm",
     "numbarnn.kernels.philox",
-    "numbarnn.kernels.cells",
-    "numbarnn.kernels.rnn",
-    "numbarnn.kernels.lstm",
-    "numbarnn.kernels.gru",
+    "numbarnn.kernels.cell_steps",
     "numbarnn.kernels.block_lstm",
-    "numbarnn.kernels.backprop",
 )
 
 #: submodules of numbarnn.kernels that are not kernel modules

@@ -20,18 +20,27 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import RNNCall
+from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries
-from . import gru, lstm, rnn
+from . import gru, lstm, rnn, spec_cell
 from .philox import dropout_keep_mask
 
+#: the hand-written oracle of each built-in cell (shares no code with numbarnn.cells or the kernels)
 CELLS = {"lstm": (lstm.forward, lstm.backward), "gru": (gru.forward, gru.backward),
          "rnn_tanh": (rnn.tanh_forward, rnn.tanh_backward), "rnn_relu": (rnn.relu_forward, rnn.relu_backward)}
 
 
-def dropout_scale(p: float) -> float:
-    """Inverted dropout: kept values scale by 1/(1-p); p == 1 drops everything (scale unused)."""
-    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+def cell_functions(cfg):
+    """(forward, backward) of the network's cell: hand-written for the built-ins, the spec's own otherwise.
+
+    Both take the cell vectors v [V, H] (None when the cell has none) and backward returns their per-row
+    gradient contributions dv [n, V*H] as a fifth value (None for the built-ins, which have no vectors).
+    """
+    if cfg.rnn_mode in CELLS:
+        fwd, bwd = CELLS[cfg.rnn_mode]
+        return (lambda gx, gh, h, c, v: fwd(gx, gh, h, c)), (lambda *a: bwd(*a[:6]) + (None,))
+    return spec_cell.make(cfg.cell)
 
 
 def _input_projection(lp, x_l, G):
@@ -57,12 +66,13 @@ def forward(call: RNNCall, x, h0, c0, params):
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, saved: dict of reserve arrays)."""
     cfg, T, B = call.config, call.T, call.B
     P, D, G = cfg.P, cfg.D, cfg.G
-    cell_forward, _ = CELLS[cfg.rnn_mode]
+    cell_forward, _ = cell_functions(cfg)
     lens = call.lengths_array()
     layers = unpack(cfg, params)
     saved = new_reserve(call)
     hT = np.array(h0, dtype=np.float64)                     # [L*D, B, P]
-    cT = np.array(c0, dtype=np.float64) if cfg.is_lstm else None   # [L*D, B, H]
+    cT = np.array(c0, dtype=np.float64) if cfg.has_cell_state else None   # [L*D, B, H]
+    h_unit = not cfg.has_proj                               # the cell may read its own h (not with a projection)
 
     x_l = x                                                 # [T, B, I_l]
     for layer in range(cfg.L):
@@ -81,7 +91,8 @@ def forward(call: RNNCall, x, h0, c0, params):
                 if b.size == 0:
                     break
                 gh = h[b] @ lp.R.T + lp.bR                  # [n, G*H]
-                m, c_new, acts = cell_forward(gx[t, b], gh, h[b], c[b] if c is not None else None)
+                m, c_new, acts = cell_forward(gx[t, b], gh, h[b] if h_unit else None, c[b] if c is not None else None,
+                                              lp.V)
                 h_new = m @ lp.W_proj.T if lp.W_proj is not None else m   # [n, P]
                 saved[f"acts{layer}"][d, t, b] = acts
                 if c is not None:
@@ -104,12 +115,12 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
     """
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
-    _, cell_backward = CELLS[cfg.rnn_mode]
+    _, cell_backward = cell_functions(cfg)
     lens = call.lengths_array()
     dparams = np.zeros(params.shape[0])
     layers, dlayers = unpack(cfg, params), unpack(cfg, dparams)
     dh0 = np.array(dhT, dtype=np.float64)                    # [L*D, B, P], becomes input_h_backprop in place
-    dc0 = np.array(dcT, dtype=np.float64) if cfg.is_lstm else None
+    dc0 = np.array(dcT, dtype=np.float64) if cfg.has_cell_state else None
     valid = np.arange(T)[:, None] < lens[None, :]           # [T, B]
     dy_l = np.where(valid[:, :, None], dy, 0.0)             # [T, B, D*P] padded positions ignored
     scale = dropout_scale(cfg.dropout)
@@ -128,11 +139,12 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             lp, dlp = layers[p], dlayers[p]
             step = 1 if d == 0 else -1                      # t of the previous step is t - step
             acts = saved[f"acts{layer}"][d]                   # [T, B, S*H]
-            cs = saved[f"c{layer}"][d] if cfg.is_lstm else None   # [T, B, H]
+            cs = saved[f"c{layer}"][d] if cfg.has_cell_state else None   # [T, B, H]
             dgx = np.zeros((T, B, G * H))                   # [T, B, G*H] W-side pre-activation grads
             dgh = np.zeros((T, B, G * H))                   # [T, B, G*H] R-side pre-activation grads
             h_prev_all = np.zeros((T, B, P))                # [T, B, P]   h entering each step
             dh_all = np.zeros((T, B, P))                    # [T, B, P]   total dh' at each step (projection)
+            dv_all = np.zeros((T, B, cfg.V * H))            # [T, B, V*H] cell-vector gradient contributions
             dh, dc = dh0[p], (dc0[p] if dc0 is not None else None)
             for s in reversed(range(T)):
                 b, t = _steps(lens, s, d)
@@ -145,9 +157,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                     c_prev = c0[p][b] if first else cs[t - step, b]
                 dh_tot = dy_l[t, b, d * P:(d + 1) * P] + dh[b]    # [n, P]
                 dm = dh_tot @ lp.W_proj if lp.W_proj is not None else dh_tot   # [n, H]
-                gx_b, gh_b, dh_direct, dc_prev = cell_backward(
-                    dm, dc[b] if dc is not None else None, acts[t, b], h_prev, c_prev,
-                    cs[t, b] if cs is not None else None)
+                gx_b, gh_b, dh_direct, dc_prev, dv = cell_backward(
+                    dm, dc[b] if dc is not None else None, acts[t, b], h_prev if lp.W_proj is None else None,
+                    c_prev, cs[t, b] if cs is not None else None, lp.V)
+                if dv is not None:
+                    dv_all[t, b] = dv
                 dgx[t, b], dgh[t, b], h_prev_all[t, b], dh_all[t, b] = gx_b, gh_b, h_prev, dh_tot
                 dh[b] = dh_direct + gh_b @ lp.R
                 if dc is not None:
@@ -164,6 +178,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             dlp.bR[...] = gh2.sum(axis=0)
             if lp.W_proj is not None:
                 dlp.W_proj[...] = dh_all.reshape(-1, P).T @ saved[f"m{layer}"][d].reshape(-1, H)
+            if lp.V is not None:
+                dlp.V[...] = dv_all.reshape(-1, cfg.V, H).sum(axis=0)
         if layer == 0:
             dx = dx_l
         else:

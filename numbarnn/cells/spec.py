@@ -1,0 +1,157 @@
+"""`CellSpec`: the one declarative description of a recurrent cell, and the registry of cells.
+
+Everything that differs between cells is derived from a spec (as PyTorch's RNNBase derives it from the
+mode): the gate count G and gate names (so the params layout, the canonical lists and the converters),
+whether a cell state c is carried, the per-unit parameter vectors V (e.g. peepholes), what is saved for
+backward S (so the reserve layout), whether a projection is allowed, and the pointwise math.
+
+The pointwise functions are plain scalar Python, one hidden unit j of one batch row at one step; the
+network around them (input GEMM, recurrent product, lengths, directions, layers, dropout, projection) is the
+framework's.  The kernel templates compile them as CUDA device functions; the reference backend runs them
+as they are (for user cells: the built-in cells keep their hand-written NumPy oracle).
+
+    forward(wx, rh, v, h, c, saved) -> (m, c_new)
+        wx[g]    W_g x + bW_g            G values: the input side of every gate (x already projected)
+        rh[g]    R_g h + bR_g            G values: the recurrent side, kept apart so a cell may use it
+                                         separately (GRU: n = tanh(wx_n + r * rh_n))
+        v[k]     cell vector k at j      V values (peephole weights, ...)
+        h        h_prev[j]               this unit's previous output (0 with a projection: cells that allow
+                                         one must not read it)
+        c        c_prev[j]               the previous cell state (0 without one)
+        saved    out: S values           what backward needs, in the order of `saved`
+        returns m, the unit's output (h', or the projection's input), and c' (any value without a state)
+
+    backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv) -> (dh, dc_prev)
+        dm       dL/dm                   the gradient reaching the unit's output
+        dc       dL/dc'                  from the next step (0 without a state)
+        saved    the forward's saved values ; v, h, c as in forward ; c_new = c'
+        dwx[g]   out: dL/d(wx_g)         also dL/d(bW_g)
+        drh[g]   out: dL/d(rh_g)         read only for the gates named in `split_recurrent`; for every other
+                                         gate dL/d(rh_g) = dL/d(wx_g) (the gate saw wx_g + rh_g)
+        dv[k]    out: dL/d(v_k)          this step's contribution (summed over steps and rows by the driver)
+        returns dL/dh (the part that bypasses R: GRU's z*dm; 0 for most cells) and dL/dc (0 without a state)
+
+Register a spec with `register(spec)`; afterwards `rnn_mode=spec.name` works in every op, layer and tool.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+_FORWARD_ARGS = ("wx", "rh", "v", "h", "c", "saved")
+_BACKWARD_ARGS = ("dm", "dc", "saved", "v", "h", "c", "c_new", "dwx", "drh", "dv")
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """A recurrent cell, declaratively.  Letters: G gates, S saved values, V cell vectors (all per unit)."""
+
+    name: str                                   # the rnn_mode string, e.g. "lstm"
+    gates: tuple                                # gate names in parameter order (cuDNN linear-layer ids 0..G-1)
+    saved: tuple                                # names of the S values `forward` saves for `backward`
+    forward: Callable = field(repr=False)       # pointwise forward, see the module docstring
+    backward: Callable = field(repr=False)      # pointwise backward
+    cell_state: bool = False                    # carries c (input_c / output_c, saved c' per step)
+    vectors: tuple = ()                         # per-unit parameter vectors [H] each, e.g. peepholes
+    split_recurrent: tuple = ()                 # gates whose R side gets its own gradient (drh)
+    projection: bool = False                    # num_proj allowed (needs a cell state; h is never read)
+    equations: str = ""                         # shown by `numbarnn explain` and the docs
+
+    def __post_init__(self):
+        for attr in ("gates", "saved", "vectors", "split_recurrent"):
+            value = getattr(self, attr)
+            if isinstance(value, str) or not all(isinstance(n, str) and n for n in value):
+                raise TypeError(f"CellSpec.{attr}: expected a tuple of non-empty names, got {value!r}")
+            object.__setattr__(self, attr, tuple(value))
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"CellSpec.name: expected an identifier such as 'peephole_lstm', got {self.name!r}")
+        if not self.gates:
+            raise ValueError(f"CellSpec.gates: a cell needs at least one gate, got {self.gates!r}")
+        if not self.saved:
+            raise ValueError("CellSpec.saved: expected at least one saved value (backward reads them)")
+        for attr, names in (("gates", self.gates), ("saved", self.saved), ("vectors", self.vectors)):
+            if len(set(names)) != len(names):
+                raise ValueError(f"CellSpec.{attr}: names must be distinct, got {names!r}")
+        unknown = [g for g in self.split_recurrent if g not in self.gates]
+        if unknown:
+            raise ValueError(f"CellSpec.split_recurrent: {unknown} are not gates of {self.name!r} {self.gates}")
+        if self.projection and not self.cell_state:
+            raise ValueError("CellSpec.projection: a projection needs a cell state (h' = W_proj m feeds only R)")
+        for attr, expected in (("forward", _FORWARD_ARGS), ("backward", _BACKWARD_ARGS)):
+            fn = getattr(self, attr)
+            if not inspect.isfunction(fn):
+                raise TypeError(f"CellSpec.{attr}: expected a plain Python function, got {fn!r}")
+            params = [p for p in inspect.signature(fn).parameters.values()]
+            if len(params) != len(expected) or any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                                   for p in params):
+                raise TypeError(f"CellSpec.{attr}: expected a function of {len(expected)} positional arguments "
+                                f"({', '.join(expected)}), got {fn.__name__}{inspect.signature(fn)}")
+
+    # derived sizes ------------------------------------------------------------------------------
+    @property
+    def G(self) -> int:
+        return len(self.gates)
+
+    @property
+    def S(self) -> int:
+        return len(self.saved)
+
+    @property
+    def V(self) -> int:
+        return len(self.vectors)
+
+    @property
+    def split_mask(self) -> tuple:
+        """Per gate: True where the R side has its own gradient."""
+        return tuple(g in self.split_recurrent for g in self.gates)
+
+    def gate(self, name: str) -> int:
+        """Index of a gate by name (the named gate offsets of the kernels and cells)."""
+        return self.gates.index(name)
+
+
+_CELLS: dict[str, CellSpec] = {}
+
+
+def register(spec: CellSpec, *, replace: bool = False) -> CellSpec:
+    """Make `spec.name` a valid rnn_mode everywhere.  Re-registering the same name needs replace=True
+    (a module imported twice registers an equal spec again, which is accepted)."""
+    if not isinstance(spec, CellSpec):
+        raise TypeError(f"spec: expected a numbarnn.cells.CellSpec, got {type(spec).__name__}")
+    old = _CELLS.get(spec.name)
+    if old is not None and not replace and not _same(old, spec):
+        raise ValueError(f"spec: a different cell named {spec.name!r} is already registered "
+                         f"(pass replace=True to replace it)")
+    _CELLS[spec.name] = spec
+    return spec
+
+
+def _same(a: CellSpec, b: CellSpec) -> bool:
+    code = (lambda f: (f.__code__.co_code, f.__code__.co_consts, f.__qualname__, f.__module__))
+    return a == b or (a.name == b.name and a.gates == b.gates and a.saved == b.saved
+                      and a.cell_state == b.cell_state and a.vectors == b.vectors
+                      and a.split_recurrent == b.split_recurrent and a.projection == b.projection
+                      and code(a.forward) == code(b.forward) and code(a.backward) == code(b.backward))
+
+
+def get_cell(name: str) -> CellSpec:
+    """The registered spec of an rnn_mode (ValueError naming rnn_mode when unknown)."""
+    try:
+        return _CELLS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"rnn_mode: expected one of {cell_names()} (or a cell registered with "
+                         f"numbarnn.cells.register), got {name!r}") from None
+
+
+def cell_names() -> tuple:
+    """Every registered rnn_mode, built-in first."""
+    return tuple(_CELLS)
+
+
+def is_builtin(name: str) -> bool:
+    return name in BUILTIN
+
+
+#: the cuDNN cells, registered by numbarnn.cells at import
+BUILTIN = ("lstm", "gru", "rnn_tanh", "rnn_relu")

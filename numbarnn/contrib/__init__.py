@@ -1,0 +1,8 @@
+"""Cells built only through the public API (`numbarnn.cells.CellSpec` + `register`), one file each.
+
+Importing a module registers its cell; afterwards its name works as an rnn_mode everywhere:
+
+    import numbarnn.contrib.peephole_lstm        # rnn_mode="peephole_lstm"
+    import numbarnn.contrib.cifg_lstm            # rnn_mode="cifg_lstm"
+    numbarnn check --cells numbarnn.contrib.cifg_lstm --mode cifg_lstm
+"""

@@ -1,0 +1,313 @@
+"""Cells as data: the CellSpec contract, the registry, layouts derived from specs, the kernel templates'
+exact argument lists, user cells (numbarnn.contrib) on every backend, and numbarnn.testing.check_cell."""
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+
+import numbarnn
+import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers cifg_lstm)
+import numbarnn.contrib.peephole_lstm  # noqa: F401  (registers peephole_lstm)
+from numbarnn import cells, ops
+from numbarnn.cells import CellSpec, get_cell, register
+from numbarnn.config import params_size, rnn_config
+from numbarnn.kernels import cell_steps
+from numbarnn.params import param_regions, to_torch_state_dict, from_torch_state_dict
+from numbarnn.reserve import reserve_entries
+from numbarnn.testing import check_cell, check_rnn_gradients, make_rnn_case, relative_error, run_backward, run_forward
+
+PACKAGE = pathlib.Path(numbarnn.__file__).parent
+USER_CELLS = ("peephole_lstm", "cifg_lstm")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the spec and the registry
+# ---------------------------------------------------------------------------------------------------
+
+def _fwd(wx, rh, v, h, c, saved):
+    saved[0] = wx[0] + rh[0]
+    return saved[0], c
+
+
+def _bwd(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    dwx[0] = dm
+    return 0.0, dc
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(name="bad name"), ValueError, "CellSpec.name"),
+    (dict(gates=()), ValueError, "at least one gate"),
+    (dict(gates="ab"), TypeError, "CellSpec.gates"),
+    (dict(saved=()), ValueError, "CellSpec.saved"),
+    (dict(gates=("a", "a")), ValueError, "distinct"),
+    (dict(split_recurrent=("z",)), ValueError, "split_recurrent"),
+    (dict(projection=True), ValueError, "needs a cell state"),
+    (dict(forward=lambda wx, rh: 0), TypeError, "CellSpec.forward: expected a function of 6"),
+    (dict(backward=print), TypeError, "CellSpec.backward: expected a plain Python function"),
+])
+def test_cellspec_rejects_bad_descriptions(kwargs, error, message):
+    base = dict(name="tiny", gates=("a",), saved=("a",), forward=_fwd, backward=_bwd)
+    with pytest.raises(error, match=message):
+        CellSpec(**{**base, **kwargs})
+
+
+def test_registry_names_and_errors():
+    assert cells.cell_names()[:4] == cells.BUILTIN
+    assert set(USER_CELLS) <= set(cells.cell_names())
+    with pytest.raises(ValueError, match="rnn_mode: expected one of .*'peephole_lstm'.*got 'nope'"):
+        get_cell("nope")
+    with pytest.raises(TypeError, match="CellSpec"):
+        register("lstm")
+    other = CellSpec(name="cifg_lstm", gates=("a",), saved=("a",), forward=_fwd, backward=_bwd)
+    with pytest.raises(ValueError, match="already registered"):
+        register(other)
+    register(get_cell("cifg_lstm"))                 # the same spec again: accepted (a module imported twice)
+
+
+def test_builtin_specs_describe_the_cudnn_cells():
+    assert [(c.name, c.G, c.S, c.cell_state, c.projection, c.split_recurrent) for c in map(get_cell, cells.BUILTIN)] \
+        == [("lstm", 4, 4, True, True, ()), ("gru", 3, 4, False, False, ("n",)),
+            ("rnn_tanh", 1, 1, False, False, ()), ("rnn_relu", 1, 1, False, False, ())]
+
+
+# ---------------------------------------------------------------------------------------------------
+# layouts derived from the spec
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", cells.BUILTIN + USER_CELLS)
+@pytest.mark.parametrize("direction", ["unidirectional", "bidirectional"])
+def test_params_size_formula_equals_the_regions(mode, direction):
+    cell = get_cell(mode)
+    cfg = rnn_config(2, 3, 5, mode, "linear_input", direction, 2 if cell.projection else 0)
+    regions = param_regions(cfg)
+    assert params_size(cfg) == sum(r.size for r in regions) == ops.cudnn_rnn_params_size(
+        2, 3, 5, mode, direction=direction, num_proj=cfg.num_proj)
+    assert sum(r.kind == "V" for r in regions) == cfg.L * cfg.D * cell.V
+    offsets = [r.offset for r in regions]
+    assert offsets == sorted(offsets) and regions[-1].offset + regions[-1].size == params_size(cfg)
+
+
+def test_peephole_vectors_follow_each_pseudo_layers_biases_and_round_trip():
+    cfg = rnn_config(1, 3, 2, "peephole_lstm", direction="bidirectional")
+    kinds = [(r.p, r.kind) for r in param_regions(cfg) if r.kind in ("bR", "V")]
+    assert kinds[4:7] == [(0, "V")] * 3 and kinds[-3:] == [(1, "V")] * 3
+    params = np.random.default_rng(0).standard_normal(params_size(cfg))
+    w, b = ops.cudnn_rnn_params_to_canonical(1, 3, 2, params, "peephole_lstm", direction="bidirectional")
+    assert [tuple(a.shape) for a in w[-6:]] == [(3,)] * 6            # the vectors close the weight list
+    assert np.array_equal(ops.cudnn_rnn_canonical_to_params(1, 3, 2, w, b, "peephole_lstm",
+                                                            direction="bidirectional"), params)
+    sd = to_torch_state_dict(cfg, params)
+    assert {"w_ci_l0", "w_cf_l0", "w_co_l0_reverse"} <= set(sd)
+    assert np.array_equal(from_torch_state_dict(cfg, sd), params)
+
+
+@pytest.mark.parametrize("mode,acts", [("lstm", 4), ("gru", 4), ("rnn_relu", 1), ("cifg_lstm", 3)])
+def test_reserve_layout_follows_saved_and_cell_state(mode, acts):
+    from numbarnn.config import RNNCall
+    cfg = rnn_config(1, 3, 2, mode)
+    entries = {e.name: e.shape for e in reserve_entries(RNNCall(cfg, 4, 2, np.dtype("float32")))}
+    assert entries["acts0"] == (1, 4, 2, acts * 3)
+    assert ("c0" in entries) == get_cell(mode).cell_state
+
+
+def test_projection_only_for_cells_that_allow_it():
+    rnn_config(1, 3, 2, "cifg_lstm", num_proj=2)
+    with pytest.raises(ValueError, match="num_proj: projection is only defined for rnn_mode in"):
+        rnn_config(1, 3, 2, "gru", num_proj=2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# kernel templates: every argument a kernel takes is used by its cell
+# ---------------------------------------------------------------------------------------------------
+
+def _args(maker, mode, proj=False):
+    return maker(get_cell(mode), "float32", proj).__code__.co_varnames[:maker(get_cell(mode), "float32",
+                                                                              proj).__code__.co_argcount]
+
+
+def test_kernels_take_exactly_the_arguments_their_cell_uses():
+    gru_fwd = _args(cell_steps.make_forward_step, "gru")
+    assert "c" not in gru_fwd and "cs" not in gru_fwd and "ms" not in gru_fwd
+    lstm_bwd = _args(cell_steps.make_backward_step, "lstm")
+    assert {"c0", "cs", "dc"} <= set(lstm_bwd) and "unit_params" not in lstm_bwd and "Wp_fwd" not in lstm_bwd
+    proj_fwd = _args(cell_steps.make_forward_step, "lstm", True)
+    assert "ms" in proj_fwd and "h_out" not in proj_fwd and "y" not in proj_fwd
+    peep_bwd = _args(cell_steps.make_backward_step, "peephole_lstm")
+    assert {"unit_params", "dvec"} <= set(peep_bwd)
+    rnn_bwd = _args(cell_steps.make_backward_step, "rnn_tanh")
+    assert rnn_bwd == ("s", "lens", "dy", "y", "h0", "acts", "dh_in", "dh_out", "dgx", "dgh", "h_prev")
+    src = cell_steps.make_forward_step(get_cell("rnn_tanh"), "float32", False).source
+    assert "def rnn_tanh_forward_step(" in src and "# [T, B, D*P] layer output" in src
+
+
+def test_kernel_signatures_match_the_argument_lists():
+    for mode in cells.cell_names():
+        cell = get_cell(mode)
+        for proj in cell_steps.proj_variants(cell):
+            for table, maker in ((cell_steps.FORWARD_ARGS, cell_steps.make_forward_step),
+                                 (cell_steps.BACKWARD_ARGS, cell_steps.make_backward_step)):
+                assert len(cell_steps.signature(table, cell, "float32", proj)) == \
+                       maker(cell, "float32", proj).__code__.co_argcount
+
+
+# ---------------------------------------------------------------------------------------------------
+# architecture: no import cycle; the kernels import nothing from the reference
+# ---------------------------------------------------------------------------------------------------
+
+def _imports(path: pathlib.Path, module: str) -> set:
+    """Every numbarnn module `path` imports, at any level (function-level imports included)."""
+    out = set()
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            names = [name] + [f"{name}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.startswith("numbarnn")}
+    return out
+
+
+def _graph() -> dict:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        modules[name] = path
+    return {m: {i for i in _imports(p, m) if i in modules and i != m} for m, p in modules.items()}
+
+
+def test_kernels_import_nothing_from_the_reference():
+    graph = _graph()
+    bad = {m: sorted(i for i in deps if i.startswith("numbarnn.reference"))
+           for m, deps in graph.items() if m.startswith("numbarnn.kernels")}
+    assert not any(bad.values()), bad
+
+
+def test_description_modules_have_no_import_cycle():
+    graph = _graph()
+    core = ["numbarnn.cells", "numbarnn.cells.spec", "numbarnn.config", "numbarnn.params", "numbarnn.reserve",
+            "numbarnn.dropout", "numbarnn.validation"]
+    for start in core:
+        seen, stack = set(), [(start, (start,))]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if not nxt.startswith(("numbarnn.cells", "numbarnn.config", "numbarnn.params", "numbarnn.reserve",
+                                       "numbarnn.dropout", "numbarnn.validation")):
+                    continue
+                assert nxt != start, f"import cycle: {' -> '.join(path + (nxt,))}"
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + (nxt,)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# user cells on every backend
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", USER_CELLS)
+def test_user_cell_kernels_equal_the_spec_reference(mode):
+    """cuda (simulator) vs the reference built from the spec: ragged lengths with 0, bidirectional, two layers,
+    dropout, projection; every output and gradient."""
+    cfg = rnn_config(2, 3, 4, mode, "linear_input", "bidirectional", 2, 0.3, 3, 4)
+    case = make_rnn_case(cfg, 4, 5, lengths=[4, 0, 2, 3, 1], seed=2)
+    ref, got = run_forward(case, "reference"), run_forward(case, "cuda")
+    for name, a, b in zip(("output", "output_h", "output_c", "reserve_space"), ref[:4], got[:4]):
+        assert relative_error(b, a) < 1e-12, name
+    for name, a, b in zip(("dx", "dh0", "dc0", "dparams"), run_backward(case, ref, "reference"),
+                          run_backward(case, got, "cuda")):
+        assert relative_error(b, a) < 1e-12, name
+
+
+@pytest.mark.parametrize("mode", USER_CELLS)
+def test_user_cell_network_gradients_by_finite_differences_on_cuda(mode):
+    cfg = rnn_config(2, 2, 3, mode, "linear_input", "bidirectional", 0, 0.5, 1, 2)
+    case = make_rnn_case(cfg, 3, 3, lengths=[3, 0, 2], seed=5)
+    report = check_rnn_gradients(case, "cuda")
+    assert max(report.values()) < 1e-6, report
+
+
+@pytest.mark.parametrize("mode", cells.BUILTIN + USER_CELLS)
+def test_check_cell_passes_for_correct_cells(mode):
+    report = check_cell(mode, max_examples=10)
+    assert report.ok and report.worst < 1e-6 and report.failing is None, str(report)
+
+
+def test_check_cell_finds_a_wrong_backward_and_reports_the_example():
+    lstm = get_cell("cifg_lstm")
+
+    def wrong_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+        dh, dc_prev = lstm.backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv)
+        dwx[2] = dwx[2] * 1.01                     # a 1% error in the output gate's gradient
+        return dh, dc_prev
+
+    bad = CellSpec(name="wrong_cifg", gates=lstm.gates, saved=lstm.saved, forward=lstm.forward,
+                   backward=wrong_backward, cell_state=True)
+    report = check_cell(bad, max_examples=10, raise_on_failure=False)
+    assert not report.ok and report.pointwise > 1e-3 and report.failing.startswith("pointwise"), str(report)
+    with pytest.raises(AssertionError, match="failing example: pointwise"):
+        check_cell(bad, max_examples=10)
+
+
+def test_check_cell_of_a_user_cell_on_cuda():
+    report = check_cell("cifg_lstm", backends=("cuda",), max_examples=4, network_examples=2)
+    assert report.ok and set(report.network) == {"cuda"}, str(report)
+
+
+def test_layer_and_torch_module_of_a_user_cell():
+    layer = numbarnn.CudnnRNN("peephole_lstm", 1, 3, direction="bidirectional", seed=0, dtype="float64",
+                              backend="reference")
+    x = np.random.default_rng(0).standard_normal((4, 2, 5))
+    y, (h, c) = layer(x, sequence_lengths=np.array([4, 2], np.int32))
+    assert y.shape == (4, 2, 6) and h.shape == c.shape == (2, 2, 3)
+    dx, (dh0, dc0) = layer.backward(np.ones_like(y))
+    assert dx.shape == x.shape and layer.params_grad.shape == layer.weights[0].shape
+    assert type(layer).from_config(layer.get_config()).rnn_mode == "peephole_lstm"
+    torch = pytest.importorskip("torch")
+    from numbarnn.torch import RNNBase
+    module = RNNBase("cifg_lstm", 3, 2, bidirectional=True, dtype=torch.float64, backend="reference")
+    assert {"weight_ih_l0", "weight_hh_l0_reverse"} <= set(dict(module.named_parameters()))
+    inp = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: module(t)[0], (inp,))
+    peep = RNNBase("peephole_lstm", 2, 2, dtype=torch.float64, backend="reference")
+    assert "w_co_l0" in dict(peep.named_parameters())
+    out, (hn, cn) = peep(torch.randn(3, 1, 2, dtype=torch.float64))
+    (out.sum() + cn.sum()).backward()
+    assert peep.w_co_l0.grad is not None and peep.w_co_l0.grad.abs().sum() > 0
+
+
+def test_tf_cells_round_trip_for_plain_rnn_modes():
+    from numbarnn.params import from_tf_cells, to_tf_cells
+    for mode in ("rnn_tanh", "rnn_relu"):
+        cfg = rnn_config(2, 3, 4, mode, direction="bidirectional")
+        params = np.random.default_rng(1).standard_normal(params_size(cfg))
+        tf = to_tf_cells(cfg, params)
+        assert tf["cell_1/bw/kernel"].shape == (6 + 3, 3) and tf["cell_0/fw/bias"].shape == (3,)
+        back = from_tf_cells(cfg, tf)
+        W = [r for r in param_regions(cfg) if r.kind in ("W", "R")]
+        for r in W:                                   # matrices exactly; biases as the split of their sum
+            assert np.array_equal(back[r.offset:r.offset + r.size], params[r.offset:r.offset + r.size])
+        x = np.random.default_rng(2).standard_normal((3, 2, 4))
+        h0 = np.zeros((4, 2, 3))
+        a = ops.cudnn_rnn_v3(x, h0, None, params, rnn_mode=mode, direction="bidirectional", backend="reference")
+        b = ops.cudnn_rnn_v3(x, h0, None, back, rnn_mode=mode, direction="bidirectional", backend="reference")
+        assert relative_error(b[0], a[0]) < 1e-14
+    with pytest.raises(ValueError, match="CudnnCompatible cells exist for"):
+        to_tf_cells(rnn_config(1, 3, 2, "cifg_lstm"), np.zeros(params_size(rnn_config(1, 3, 2, "cifg_lstm"))))
+
+
+def test_cli_checks_a_user_cell(capsys):
+    from numbarnn import cli
+    assert cli.main(["check", "--cells", "numbarnn.contrib.cifg_lstm", "--mode", "cifg_lstm", "--layers", "2",
+                     "--direction", "bidirectional", "--lengths", "3,0,2", "--dtype", "float64",
+                     "--backends", "reference,cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "cifg_lstm" in out and "ok" in out
