@@ -19,7 +19,7 @@ def test_readme_has_the_numpy_layer_and_torch_examples():
     assert any("numbarnn.torch" in b for b in blocks)
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_readme_example_runs(index, tmp_path, monkeypatch, capsys):
     block = python_blocks()[index]
     if "import torch" in block:

@@ -1,0 +1,168 @@
+"""Tutorial 06: your own cell in one short file: a coupled input-forget gate LSTM (CIFG).
+
+Motivation.  cuDNN and torch.nn have four fixed cells; a new cell in plain PyTorch runs as a Python loop of
+small ops, and in haste it means C++.  In numbarnn a cell is data: a `CellSpec` naming its gates, what it
+saves for backward, whether it carries a cell state, and two plain scalar Python functions (one hidden unit,
+one step).  Everything around them (the input GEMM over all steps, the fused recurrent product, ragged
+lengths, both directions, layers, dropout, projection, the reserve, the params layout, layers, torch modules,
+`numbarnn check`) is derived from the spec, and the same two functions are compiled into the CUDA kernels.
+
+The CIFG LSTM (Greff et al., "LSTM: A Search Space Odyssey") couples the forget gate to the input gate,
+f = 1 - i, so it has 3 gates instead of 4:
+
+    i = σ(wx_i + rh_i)     g = tanh(wx_g + rh_g)     o = σ(wx_o + rh_o)
+    c' = (1-i)*c + i*g     m = o*tanh(c')
+
+where wx = W x + bW and rh = R h + bR per gate.  Steps:
+  1. write the spec (below; numbarnn/contrib/cifg_lstm.py is the same cell as a module);
+  2. check its gradients: `numbarnn.testing.check_cell` (hypothesis + finite differences: a user cell has no
+     hand-written oracle, so finite differences are the oracle);
+  3. run it as an op, on the reference backend and on the CUDA kernels (the simulator without a GPU), and
+     compare; 4. look at the kernel numbarnn generated for it; 5. time it.
+
+Run: python tutorials/06_custom_cell.py [--quick]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if os.environ.get("NUMBARNN_REAL_GPU") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")     # no GPU: the kernels run in numba's simulator
+
+import numpy as np  # noqa: E402
+
+from numbarnn import ops  # noqa: E402
+from numbarnn.cells import CellSpec, dsigmoid, dtanh, one_minus, register, sigmoid, tanh  # noqa: E402
+
+QUICK = "--quick" in sys.argv or os.environ.get("NUMBARNN_QUICK") == "1"
+
+# ---------------------------------------------------------------------------------------------------
+# 1. The cell: two scalar functions and a description
+# ---------------------------------------------------------------------------------------------------
+I, G, O = 0, 1, 2          # named gate offsets: the order of the gates in the params (W_i, W_g, W_o, ...)
+
+
+def cifg_forward(wx, rh, v, h, c, saved):
+    """One unit, one step.  wx[k], rh[k]: the input and recurrent sides of gate k; c: previous cell state.
+    Save what backward needs; return the unit's output m and the new cell state c'."""
+    i = sigmoid(wx[I] + rh[I])
+    g = tanh(wx[G] + rh[G])
+    o = sigmoid(wx[O] + rh[O])
+    c_new = c + i * (g - c)                 # (1-i)*c + i*g, without a float literal (GPU: stays in float32)
+    saved[I] = i
+    saved[G] = g
+    saved[O] = o
+    return o * tanh(c_new), c_new
+
+
+def cifg_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    """dm = dL/dm, dc = dL/dc' from the next step.  Write dL/d(pre-activation) of each gate into dwx (the
+    recurrent side gets the same gradient: each gate saw wx + rh); return (dL/dh bypassing R, dL/dc)."""
+    i, g, o = saved[I], saved[G], saved[O]
+    tc = tanh(c_new)
+    dcell = dc + dm * o * dtanh(tc)         # c' reaches the loss through m and through the next step
+    dwx[I] = dcell * (g - c) * dsigmoid(i)  # dc'/di = g - c  (the coupling: f = 1 - i)
+    dwx[G] = dcell * i * dtanh(g)
+    dwx[O] = dm * tc * dsigmoid(o)
+    return 0.0, dcell * one_minus(i)        # h only enters through R h; dc'/dc = 1 - i
+
+
+CIFG = register(CellSpec(name="cifg_tutorial", gates=("i", "g", "o"), saved=("i", "g", "o"),
+                         forward=cifg_forward, backward=cifg_backward, cell_state=True, projection=True,
+                         equations=__doc__))
+
+
+def step1_spec():
+    print(f"  registered {CIFG.name!r}: G={CIFG.G} gates {CIFG.gates}, saves {CIFG.saved}, cell state "
+          f"{CIFG.cell_state}, projection allowed {CIFG.projection}")
+    n4 = ops.cudnn_rnn_params_size(1, 8, 8, "lstm")
+    n3 = ops.cudnn_rnn_params_size(1, 8, 8, CIFG.name)
+    assert n3 * 4 == n4 * 3, (n3, n4)
+    print(f"  params of one layer, H = I = 8: {n3} (an LSTM has {n4}: one gate fewer, 3/4 of the weights)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Gradient checks: finite differences are the oracle of a new cell
+# ---------------------------------------------------------------------------------------------------
+
+def step2_check():
+    from numbarnn.testing import check_cell
+    report = check_cell(CIFG, max_examples=10 if QUICK else 50)
+    print(f"  {report}")
+    assert report.ok
+    # a wrong derivative is caught, with the (shrunk) example that shows it
+    def wrong(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+        dh, dc_prev = cifg_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv)
+        dcell = dc + dm * saved[O] * dtanh(tanh(c_new))
+        dwx[I] = dcell * saved[G] * dsigmoid(saved[I])   # a classic slip: the uncoupled LSTM's dc'/di = g
+        return dh, dc_prev
+    bad = CellSpec(name="cifg_wrong", gates=CIFG.gates, saved=CIFG.saved, forward=cifg_forward, backward=wrong,
+                   cell_state=True)
+    caught = check_cell(bad, max_examples=10, raise_on_failure=False)
+    assert not caught.ok
+    print(f"  the same check on a backward with dc'/di = g instead of g - c: worst error {caught.worst:.2f}, "
+          f"failing example:\n    {caught.failing}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. The cell as an op: reference vs the CUDA kernels (the same two functions compiled into them)
+# ---------------------------------------------------------------------------------------------------
+
+def step3_ops():
+    from numbarnn.config import rnn_config
+    from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
+    cfg = rnn_config(2, 3, 4, CIFG.name, "linear_input", "bidirectional", num_proj=2, dropout=0.3, seed=1)
+    case = make_rnn_case(cfg, 4, 3, lengths=[4, 0, 2], seed=0)
+    ref, gpu = run_forward(case, "reference"), run_forward(case, "cuda")
+    worst = max(relative_error(b, a) for a, b in zip(ref[:3], gpu[:3]))
+    worst = max([worst] + [relative_error(b, a) for a, b in zip(run_backward(case, ref, "reference"),
+                                                                run_backward(case, gpu, "cuda"))])
+    assert worst < 1e-12, worst
+    print(f"  2 layers, bidirectional, projection P=2, dropout 0.3, lengths [4, 0, 2]: cuda kernels equal the "
+          f"reference built from the spec (outputs and every gradient) to {worst:.1e}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. The kernel numbarnn made for it
+# ---------------------------------------------------------------------------------------------------
+
+def step4_kernel():
+    from numbarnn.kernels import cell_steps
+    src = cell_steps.make_forward_step(CIFG, "float32", False).source
+    print("  its forward step kernel: the cell's exact argument list, calling the template body "
+          "(numbarnn/kernels/cell_steps.py) with cifg_forward compiled in:")
+    for line in src.rstrip().splitlines():
+        print("  |" + line)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Time it (reference backend on this machine; the kernels when a GPU is present)
+# ---------------------------------------------------------------------------------------------------
+
+def step5_time():
+    from numbarnn.bench import timed_ms
+    T, B, H = (10, 4, 16) if QUICK else (50, 16, 64)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    h0 = np.zeros((1, B, H), np.float32)
+    for mode in ("lstm", CIFG.name):
+        params = (rng.standard_normal(ops.cudnn_rnn_params_size(1, H, H, mode)) * 0.1).astype(np.float32)
+        ms = timed_ms(lambda: ops.cudnn_rnn_v3(x, h0, h0, params, rnn_mode=mode, is_training=False,
+                                               backend="reference"), reps=3)
+        print(f"  reference forward, T={T} B={B} H={H}, {mode:>13}: {ms:8.2f} ms (median of 3)")
+    print("  (a registered cell runs on the reference backend as plain Python per unit: it is the oracle, "
+          "not the fast path; the kernels are)")
+
+
+def main():
+    for title, step in (("1. the cell as data", step1_spec), ("2. gradient checks", step2_check),
+                        ("3. as an op, on every backend", step3_ops), ("4. the generated kernel", step4_kernel),
+                        ("5. timing", step5_time)):
+        print(title)
+        step()
+    print("tutorial 06: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
