@@ -56,6 +56,7 @@ from .cells import cell_names
 
 from . import device as _device
 from .device import SIM_VAR
+from .reserve import reserve_contents
 
 #: DeepBench-like training shapes (H, B, T) for a GPU: hidden sizes 256-1024, batch 1-64, 25-100 steps
 GPU_SHAPES = ("256x16x25", "512x32x25", "512x1x100", "1024x64x25", "1024x16x50", "256x64x100")
@@ -150,7 +151,8 @@ class ReferenceBackend:
 
         def named(fwd, grads):
             lstm = case.cfg.has_cell_state
-            out = {n: _host(a) for n, a in zip(FORWARD_NAMES, fwd[:4]) if lstm or n != "output_c"}
+            out = {n: _host(a) for n, a in zip(FORWARD_NAMES, fwd[:3] + (reserve_contents(fwd[3]),))
+                   if lstm or n != "output_c"}
             out.update({n: _host(a) for n, a in zip(BACKWARD_NAMES, grads) if lstm or n != "input_c_backprop"})
             return out
 
@@ -371,7 +373,8 @@ def reference_outputs(case) -> dict:
     case64 = case.astype(np.float64)
     fwd = run_forward(case64, "reference")
     grads = run_backward(case64, fwd, "reference")
-    out = dict(zip(FORWARD_NAMES, fwd[:4]))
+    out = dict(zip(FORWARD_NAMES, fwd[:3] + (reserve_contents(fwd[3]),)))
+
     out.update(zip(BACKWARD_NAMES, grads))
     if not case.cfg.has_cell_state:
         del out["output_c"], out["input_c_backprop"]

@@ -289,7 +289,9 @@ def _run_rnn(case, backend: str, be_module=None):
         launches["backward"] = info
     y, hT, cT, reserve, _ = fwd
     dx, dh0, dc0, dparams = bwd
-    named = {"output": y, "output_h": hT, "output_c": cT, "reserve_space": reserve, "input_backprop": dx,
+    from .reserve import reserve_contents   # compare reserves without their per-call nonce
+    named = {"output": y, "output_h": hT, "output_c": cT, "reserve_space": reserve_contents(reserve), "input_backprop": dx,
+
              "input_h_backprop": dh0, "input_c_backprop": dc0, "params_backprop": dparams}
     if not case.cfg.has_cell_state:            # output_c / input_c_backprop are empty placeholders (SPEC 3)
         named.pop("output_c")
@@ -784,6 +786,8 @@ def cmd_explain(args) -> int:
     from .reserve import reserve_entries, reserve_size
     call = spec.rnn_call(is_training=True)
     cfg = call.config
+    module, why = load_cuda_backend()
+    print(f"cuda backend: {env if module is not None else 'not available (' + str(why) + ')'}")
     print(f"configuration: {spec.label()}")
     print(f"  L={cfg.L} D={cfg.D} G={cfg.G} (gates {', '.join(cfg.gate_names)}) H={cfg.H} P={cfg.P} I={cfg.I} "
           f"input_mode={cfg.input_mode} time_major={call.time_major}")
@@ -799,16 +803,15 @@ def cmd_explain(args) -> int:
     print(format_table(("name", "offset", "shape", "meaning"), rows))
     if cfg.dropout > 0 and cfg.L > 1:
         print("  (keep flags: a pure function of (seed, seed2, layer, t, b, j), SPEC 6)")
-    print("host_reserved: int8 fingerprint of the forward call (mode, shapes, dtype, lengths, dropout, seeds), "
-          "checked by backprop")
+    print("host_reserved: int8 fingerprint of the forward call (mode, shapes, dtype, lengths, dropout, seeds) and "
+          "its nonce, checked by backprop (a reserve_space from another forward call is an error)")
+
     print("\nkernel launch plan (launch sizes of a real GPU; FLOPs and compulsory bytes are estimates):")
-    module, why = load_cuda_backend()
     if module is None:
         print(f"  not available: {why}")
     else:
         plan = module.launch_plan(call)
         print(plan if isinstance(plan, str) else plan_table(plan, call))
-    print(f"\ncuda backend: {env if module is not None else 'not available (' + str(why) + ')'}")
     return 0
 
 

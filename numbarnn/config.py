@@ -230,12 +230,13 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     if not isinstance(is_training, (bool, np.bool_)):
         raise ArgumentTypeError(f"is_training: expected a bool, got {is_training!r}")
     time_major, is_training = bool(time_major), bool(is_training)
-    x = as_array("input", input)
-    h0 = as_array("input_h", input_h)
-    w = as_array("params", params)
+    x = as_array("input", _typed("input", input))
+    h0 = as_array("input_h", _typed("input_h", input_h))
+    w = as_array("params", _typed("params", params))
     rnn_mode = check_choice("rnn_mode", rnn_mode, cell_names())
     is_lstm = get_cell(rnn_mode).cell_state      # the cell carries c: input_c is checked
-    c0 = as_array("input_c", input_c) if (is_lstm or input_c is not None) else None
+    c0 = as_array("input_c", _typed("input_c", input_c) if is_lstm else input_c) \
+        if (is_lstm or input_c is not None) else None
     dtype = check_same_dtype({"input": x, "input_h": h0, "params": w, **({"input_c": c0} if is_lstm else {})})
 
     legend_x = "[T, B, I]" if time_major else "[B, T, I]"
@@ -256,6 +257,12 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
         num_layers = L_inf if num_layers is None else num_layers
         num_units = H_inf if num_units is None else num_units
     cfg = rnn_config(num_layers, num_units, I, rnn_mode, input_mode, direction, num_proj, dropout, seed, seed2)
+    batches = {"input_h": hs[1] if time_major else hs[0]}
+    if is_lstm and len(shape_of(c0)) == 3:
+        batches["input_c"] = shape_of(c0)[1] if time_major else shape_of(c0)[0]
+    if sequence_lengths is not None and len(np.shape(sequence_lengths)) == 1:
+        batches["sequence_lengths"] = np.shape(sequence_lengths)[0]
+    _check_layout(batches, xs, time_major)
     lengths = _lengths(sequence_lengths, T, B)
     call = RNNCall(cfg, T, B, dtype, time_major, is_training, lengths)
 
@@ -272,7 +279,32 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     return call, {"input": x, "input_h": h0, "input_c": c0, "params": w}
 
 
+def _typed(name, a):
+    """The op's float arrays must carry their dtype: a list or scalar would become float64 silently and then
+    blame another argument's dtype, so it is rejected here, naming this argument."""
+    if a is not None and not hasattr(a, "dtype") and not is_device_array(a):
+        raise ArgumentTypeError(f"{name}: expected a NumPy array or a device array (float16, float32 or float64), "
+                                f"got {type(a).__name__}; convert it with np.asarray({name}, dtype=...) in the dtype "
+                                f"of the other arrays")
+    return a
+
+
+def _check_layout(batches: dict, xs, time_major) -> None:
+    """Every batch size given (input_h, input_c, sequence_lengths) disagrees with input's B but equals input's
+    other leading axis: input is in the other layout (say so instead of blaming input_h's shape)."""
+    B, other = (xs[1], xs[0]) if time_major else (xs[0], xs[1])
+    if B != other and all(b == other for b in batches.values()):
+        name, batch = next(iter(batches.items()))
+
+        legend, alt = ("[T, B, I]", "[B, T, I]") if time_major else ("[B, T, I]", "[T, B, I]")
+        raise ValueError(f"input: shape {tuple(xs)} read as {legend} (time_major={time_major}) gives B={B}, but "
+                         f"{name} has batch size {batch}, input's {'first' if time_major else 'second'} dimension: "
+                         f"did you mean time_major={not time_major}? (then input is {alt} and the states are "
+                         f"{'[B, L*D, P]' if time_major else '[L*D, B, P]'})")
+
+
 def _infer_layers_units(hs, cs, time_major, D, I, n_params, rnn_mode, input_mode, direction, num_proj):
+
     """(L, H) as TF reads them: L from input_h's L*D, H from input_c (LSTM) or input_h (other modes).
 
     For an LSTM, input_h and input_c both carry L*D, and without projection both carry H.  When they disagree,
@@ -303,9 +335,11 @@ def _infer_layers_units(hs, cs, time_major, D, I, n_params, rnn_mode, input_mode
 _MAGIC = b"NRNN1"
 
 
-def encode_host_reserved(call: RNNCall, reserve_size: int) -> np.ndarray:
-    """int8 1-D: magic, then the JSON of the fingerprint and reserve size (readable with `decode_host_reserved`)."""
-    payload = json.dumps({**call.fingerprint(), "reserve_size": int(reserve_size)}, sort_keys=True).encode()
+def encode_host_reserved(call: RNNCall, reserve_size: int, nonce=None) -> np.ndarray:
+    """int8 1-D: magic, then the JSON of the fingerprint, reserve size and the nonce written into the reserve
+    (`numbarnn.reserve`; readable with `decode_host_reserved`)."""
+    extra = {} if nonce is None else {"nonce": [int(v) for v in nonce]}
+    payload = json.dumps({**call.fingerprint(), "reserve_size": int(reserve_size), **extra}, sort_keys=True).encode()
     digest = hashlib.sha256(payload).digest()[:8]
     return np.frombuffer(_MAGIC + digest + payload, dtype=np.int8).copy()
 
@@ -342,4 +376,17 @@ def check_host_reserved(call: RNNCall, host_reserved, reserve_space, expected_re
     if len(rs) != 1 or rs[0] != expected_reserve_size or recorded.get("reserve_size") != expected_reserve_size:
         raise ValueError(f"reserve_space: expected a 1-D buffer of {expected_reserve_size} elements (from the "
                          f"forward call with is_training=True), got shape {rs}")
+
+
+def check_reserve_nonce(host_reserved, reserve_space) -> None:
+    """The reserve must come from the same forward call as host_reserved: both carry that call's random nonce."""
+    from .reserve import read_nonce   # reserve builds on config
+    recorded = decode_host_reserved(host_reserved)
+
+    got = read_nonce(reserve_space)
+    if got != [float(v) for v in recorded.get("nonce", ())]:
+        raise ValueError(f"reserve_space and host_reserved come from different forward calls: host_reserved records "
+                         f"the nonce {recorded.get('nonce')} but reserve_space holds {[int(v) for v in got]}; pass the "
+                         f"reserve_space and host_reserved returned by the same cudnn_rnn_v3 call")
+
 

@@ -14,9 +14,10 @@ import numpy as np
 from . import params as _params
 from .backends import get_backend
 from .block_lstm_config import validate_block_lstm, validate_block_lstm_grad
-from .config import (RNNCall, check_host_reserved, encode_host_reserved, output_shape, rnn_config, state_shapes,
-                     validate_forward)
-from .reserve import reserve_size
+from .config import (RNNCall, check_host_reserved, check_reserve_nonce, encode_host_reserved, output_shape,
+                     rnn_config, state_shapes, validate_forward)
+
+from .reserve import new_nonce, reserve_size, write_nonce
 from .validation import as_array, check_same_dtype, check_shape, shape_of
 
 __all__ = ["cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params", "cudnn_rnn_params_to_canonical",
@@ -100,7 +101,10 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mod
     if lstm:
         (cT,) = _back_to_layout(be, call, cT)
     if call.is_training:
-        host_reserved = encode_host_reserved(call, reserve_size(call))
+        nonce = new_nonce()      # pairs this reserve with this host_reserved (numbarnn.reserve)
+        write_nonce(reserve, nonce)
+        host_reserved = encode_host_reserved(call, reserve_size(call), nonce)
+
     else:
         host_reserved = np.zeros((0,), dtype=np.int8)
     return y, hT, cT, reserve, host_reserved
@@ -138,6 +142,7 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     check_host_reserved(call, host_reserved, reserve_space, reserve_size(call))
     reserve = as_array("reserve_space", reserve_space)
     check_same_dtype({"input": a["input"], "reserve_space": reserve})
+    check_reserve_nonce(host_reserved, reserve_space)
 
     be = get_backend(backend)
     x, h0, c0, dy, dhT, dcT = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None,

@@ -10,12 +10,18 @@ Entries at t >= len[b] are 0.  In the input's dtype::
                          m_l     [D, T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
                          y_l     [T, B, D*P]      layer l's output h' (before dropout; y_{L-1} is `output`)
     for l in 1..L-1:     keep_l  [T, B, D*P]      dropout keep flags 0/1 of layer l's input (training, p > 0)
+    last:                nonce   [4]              this forward call's random tag, also recorded in host_reserved
 
 Grouping by layer lets one kernel launch serve both directions of a layer with plain views.
 
 Activations per cell (S) are the cell's `saved` names (numbarnn.cells): lstm i, f, g, o (4); gru r, z, n
 and hn = R_n h + bR_n, the recurrent part that the reset gate multiplies (4); rnn_tanh / rnn_relu h' (1).
 c_l exists for cells with a cell state.
+
+The nonce pairs a reserve with its host_reserved: every training forward call draws NONCE_SIZE random integers
+in [1024, 2048) (exact in float16), the op writes them into the reserve's last elements and records them in
+host_reserved, and backprop reads them back, so a reserve_space from another forward call of the same size
+is an error instead of a silently wrong gradient.  Compare two calls' reserves with `reserve_contents`.
 """
 from __future__ import annotations
 
@@ -24,6 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import RNNCall
+
+#: elements of the nonce entry (the last entry of every training reserve)
+NONCE_SIZE = 4
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
     if call.dropout_active:
         for layer in range(1, cfg.L):
             add(f"keep{layer}", (T, B, D * P), f"layer {layer}: dropout keep flags (0/1) of its input")
+    add("nonce", (NONCE_SIZE,), "this forward call's random tag (also in host_reserved; backprop checks it)")
     return out
 
 
@@ -71,3 +81,39 @@ def reserve_size(call: RNNCall) -> int:
 def reserve_views(call: RNNCall, reserve) -> dict:
     """name -> view of `reserve` (NumPy or device array: slicing and reshape only)."""
     return {e.name: reserve[e.offset:e.offset + e.size].reshape(e.shape) for e in reserve_entries(call)}
+
+
+def new_nonce() -> list:
+    """NONCE_SIZE random integers in [1024, 2048): exact in float16, four digits each (host_reserved keeps
+    one size); drawn from fresh OS entropy, not from the op seeds."""
+    return [int(v) for v in np.random.default_rng().integers(1024, 2048, NONCE_SIZE)]
+
+
+def write_nonce(reserve, nonce) -> None:
+    """Write `nonce` into the last NONCE_SIZE elements of a training reserve (NumPy or device array)."""
+    tail = reserve[reserve.shape[0] - NONCE_SIZE:]
+    values = np.asarray(nonce, dtype=reserve.dtype)
+    if isinstance(tail, np.ndarray):
+        tail[...] = values
+    else:
+        _device(tail).copy_to_device(values)
+
+
+def read_nonce(reserve) -> list:
+    """The nonce stored in a training reserve (a NONCE_SIZE-element copy, also from a device array)."""
+    tail = reserve[reserve.shape[0] - NONCE_SIZE:]
+    if not isinstance(tail, np.ndarray):
+        tail = _device(tail).copy_to_host()
+    return [float(v) for v in np.asarray(tail, dtype=np.float64)]
+
+
+def reserve_contents(reserve):
+    """The reserve without its nonce: what two forward calls on the same inputs reproduce bit for bit."""
+    return reserve[:reserve.shape[0] - NONCE_SIZE] if reserve.shape[0] else reserve
+
+
+def _device(a):
+    if hasattr(a, "copy_to_host"):
+        return a
+    from numba import cuda
+    return cuda.as_cuda_array(a)

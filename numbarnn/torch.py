@@ -40,6 +40,7 @@ torch's caching allocator.  The CUDA path cannot be exercised without a GPU (the
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -170,6 +171,20 @@ def _weight_grads(plan: _Plan, dparams: torch.Tensor) -> list:
     return [dparams[offset:offset + int(np.prod(shape))].view(shape) for offset, shape in plan.spans]
 
 
+def _no_double_backward(backward):
+    """Backward runs with grad mode on only under create_graph=True: numbarnn's backward is not differentiable,
+    so say so instead of returning gradients without a graph (torch then fails later with a generic
+    "element 0 of tensors does not require grad")."""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError("numbarnn.torch: double backward (gradients of gradients, create_graph=True) is not "
+                               "supported: numbarnn's RNN backward is not itself differentiable; use "
+                               "create_graph=False, or torch.nn's RNN modules where second derivatives are needed")
+        return backward(ctx, *grads)
+    return wrapper
+
+
 class _NumbaRNNFunction(torch.autograd.Function):
     """(plan, x [T,B,I], h0 [L*D,B,P], c0 [L*D,B,H] | None, *weights) -> y [T,B,D*P], h_n [L*D,B,P][, c_n]."""
 
@@ -192,8 +207,10 @@ class _NumbaRNNFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @_no_double_backward
     @once_differentiable
     def backward(ctx, *grads):
+
         plan = ctx.plan
         if ctx.results is None:   # pragma: no cover - the module only runs inference mode when no grad is needed
             raise RuntimeError("numbarnn.torch: backward through a call made without gradients")

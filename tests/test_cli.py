@@ -172,7 +172,22 @@ def test_explain_prints_the_drivers_launch_plan(capsys):
     assert "forward: " in out and "1 per step per layer" in out and "2 per step per layer" in out
 
 
+def test_explain_names_the_cuda_backend_first_and_labels_every_plan_row_once(capsys):
+    """Issue 10: the "cuda backend: ..." line comes first; no two launch-plan rows share a label (the h and c
+    cast_copy rows were both "cast_copy (h0, c0 in)")."""
+    assert cli.main(["explain", "--mode", "lstm", "--layers", "2", "--units", "3", "--input-size", "2",
+                     "--batch", "2", "--time", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cuda backend: ") and not any(ln.startswith("cuda backend") for ln in lines[1:])
+    from numbarnn.kernels import driver
+    call = RNNCall(rnn_config(2, 3, 2, "lstm"), 3, 2, np.dtype(np.float32), True, True, (3, 3))
+    labels = [(r["phase"], r["layer"], r["kernel"]) for r in driver.launch_plan(call)]
+    assert len(labels) == len(set(labels)), [k for k in labels if labels.count(k) > 1]
+    assert ("forward", 0, "cast_copy (h0 in)") in labels and ("forward", 0, "cast_copy (c0 in)") in labels
+
+
 def test_explain_blocklstm(capsys):
+
     assert cli.main(["explain", "--blocklstm", "--v1", "--units", "2"]) == 0
     out = capsys.readouterr().out
     assert "cell input" in out and "forget gate" in out

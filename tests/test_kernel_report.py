@@ -2,6 +2,7 @@
 specialisation for sm_80 and sm_90 in a subprocess without the CUDA simulator."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -188,3 +189,91 @@ def test_main_leaves_the_simulator_by_itself(capfd):
 def test_bad_cc_is_refused(capsys):
     assert report.main(["--cc", "75"]) == 2  # refused before any subprocess or compile
     assert "--cc: expected some of 80 90, got '75'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10: progress, --only that matches nothing, missing CUDA compiler libraries (no compile needed)
+# ------------------------------------------------------------------------------------------------
+class _Tty:
+    """A stderr that says it is a terminal and keeps what was written."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.parts = tty, []
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.parts.append(text)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.parts)
+
+
+def _fake_compile(spec, ccs, block=report.DEFAULT_BLOCK):
+    return [{"kernel": spec.name, "dtype": spec.dtype, "cc": f"{a}{b}", "registers": 32, "spill_stores": 0,
+             "spill_loads": 0, "stack": 0, "shared": 0, "block": block, "occupancy": 1.0, "module": spec.module}
+            for a, b in ccs]
+
+
+_real_toolkit_problem = report.toolkit_problem
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """report.main as if outside the simulator, with a fake (instant) compile."""
+    monkeypatch.setattr(report, "_simulator_on", lambda: False)
+    monkeypatch.setattr(report, "compile_spec", _fake_compile)
+    monkeypatch.setattr(report, "toolkit_problem", lambda: None)
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_kernels_shows_progress_on_a_terminal_only(in_process, monkeypatch, capsys, tty):
+    n = len([s for s in registry.load_specs()[0] if "gemm" in s.name])
+    err = _Tty(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert report.main(["--only", "gemm", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm" in out and f"{2 * n} rows" in out
+    assert "compiling every kernel for sm_80, sm_90" in err.text()
+    assert (f"[{n}/{n}]" in err.text()) == tty and bool(re.search(rf"\[ *1/{n}\]", err.text())) == tty, err.text()
+
+
+def test_kernels_json_prints_nothing_else(in_process, monkeypatch, capsys):
+    err = _Tty(True)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert report.main(["--only", "gemm", "--jobs", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"]
+    assert err.text() == ""
+
+
+def test_kernels_only_that_matches_nothing_fails(in_process, capsys):
+    assert report.main(["--only", "nosuchkernel", "--jobs", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "no kernel name contains 'nosuchkernel'" in captured.err
+    assert "kernel" not in captured.out                    # no empty table
+
+
+def test_kernels_only_that_matches_nothing_fails_through_the_cli():
+    """The same through `numbarnn kernels` from a simulator process (it re-runs itself without it)."""
+    from numbarnn import cli
+    assert cli.main(["kernels", "--only", "nosuchkernel"]) == 2
+
+
+def test_kernels_says_how_to_get_missing_cuda_libraries(in_process, monkeypatch, capsys):
+    from cuda import pathfinder
+    monkeypatch.setattr(report, "toolkit_problem", _real_toolkit_problem)   # the fixture's stub undone
+
+    def not_found(lib):
+        raise pathfinder.DynamicLibNotFoundError(f"lib{lib} not found")
+    monkeypatch.setattr(pathfinder, "load_nvidia_dynamic_lib", not_found)
+    assert report.main(["--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "numbarnn[cuda]" in err and "nvvm" in err and "nvJitLink" in err
+
+
+def test_toolkit_found_here():
+    assert report.toolkit_problem() is None

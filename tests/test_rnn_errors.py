@@ -7,12 +7,14 @@ reserve_space / host_reserved / arguments that do not match its forward call. Pu
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from numbarnn import ops
 from numbarnn.config import rnn_config
+from numbarnn.reserve import reserve_contents
 from numbarnn.testing import make_rnn_case
 
 BACKEND = "reference"
@@ -236,8 +238,9 @@ def test_lengths_other_integer_dtypes_accepted(case):
     ref = forward(**forward_args(case))
     for lens in ([4, 0, 2], np.array([4, 0, 2], np.int64), np.array([4, 0, 2], np.uint8)):
         out = forward(**dict(forward_args(case), sequence_lengths=lens))
-        for a, b in zip(out[:4], ref[:4]):
+        for a, b in zip(out[:3] + (reserve_contents(out[3]),), ref[:3] + (reserve_contents(ref[3]),)):
             np.testing.assert_array_equal(a, b)
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -464,8 +467,72 @@ def test_backprop_different_shapes(lstm_case):
     raises(ValueError, "reserve_space", backward, **dict(kw, reserve_space=other_out[3]))
 
 
+@pytest.mark.parametrize("backend, on_device", [("reference", False), ("cuda", False), ("cuda", True)],
+                         ids=["reference", "cuda-host", "cuda-device"])
+def test_backprop_reserve_from_another_forward_call_of_the_same_size(backend, on_device):
+    """Issue 10: the right host_reserved with the reserve_space of another forward call with the same
+    fingerprint (same config and lengths, other inputs) gave gradients silently wrong by ~50%."""
+    cfg = rnn_config(2, 3, 2, "lstm", "linear_input", "bidirectional")
+    case = make_rnn_case(cfg, 3, 2, [3, 2], seed=0)
+    other = make_rnn_case(cfg, 3, 2, [3, 2], seed=1)                # same sizes, other inputs and params
+    if on_device:
+        from numba import cuda
+        case, other = (replace(c, **{k: cuda.to_device(v) for k, v in vars(c).items()
+                                     if isinstance(v, np.ndarray) and k in ("x", "h0", "c0", "params")})
+                       for c in (case, other))
+    run = dict(backend=backend)
+    out = ops.cudnn_rnn_v3(**forward_args(case), **run)
+    other_out = ops.cudnn_rnn_v3(**forward_args(other), **run)
+    assert other_out[3].shape == out[3].shape and other_out[4].shape == out[4].shape
+    kw = backward_args(case, out)
+    ops.cudnn_rnn_backprop_v3(**kw, **run)                          # the matching pair is accepted
+    for bad in (dict(reserve_space=other_out[3]), dict(host_reserved=other_out[4])):
+        with pytest.raises(ValueError) as info:
+            ops.cudnn_rnn_backprop_v3(**dict(kw, **bad), **run)
+        msg = str(info.value)
+        assert "reserve_space" in msg and "host_reserved" in msg and "different forward calls" in msg, msg
+    # two calls on the very same inputs are two forward calls too: each reserve pairs with its own host_reserved
+    again = ops.cudnn_rnn_v3(**forward_args(case), **run)
+    with pytest.raises(ValueError, match="different forward calls"):
+        ops.cudnn_rnn_backprop_v3(**dict(kw, reserve_space=again[3]), **run)
+    if backend == "cuda" and not on_device:   # a reserve and its host_reserved also pair across backends
+        ref_out = ops.cudnn_rnn_v3(**forward_args(case), backend="reference")
+        ops.cudnn_rnn_backprop_v3(**backward_args(case, ref_out), **run)
+        with pytest.raises(ValueError, match="different forward calls"):
+            ops.cudnn_rnn_backprop_v3(**dict(kw, reserve_space=ref_out[3]), **run)
+
+
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_batch_major_input_without_time_major_false_says_so(case, with_lengths):
+    """Issue 10: a [B, T, I] input with the default time_major=True blamed input_h's shape."""
+    kw = dict(forward_args(case), input=np.ascontiguousarray(np.swapaxes(case.x, 0, 1)))
+    if not with_lengths:
+        kw["sequence_lengths"] = None
+    msg = raises(ValueError, "input", forward, **kw)
+    assert "did you mean time_major=False?" in msg, msg
+    # and the other way round: time-major input with time_major=False
+    bm = make_rnn_case(case.cfg, 4, 3, [4, 0, 2], seed=0, time_major=False)
+    kw = dict(forward_args(bm), input=np.ascontiguousarray(np.swapaxes(bm.x, 0, 1)))
+    if not with_lengths:
+        kw["sequence_lengths"] = None
+    msg = raises(ValueError, "input", forward, **kw)
+    assert "did you mean time_major=True?" in msg, msg
+
+
+@pytest.mark.parametrize("name", ["input", "input_h", "params"])
+def test_python_list_is_rejected_naming_it(case, name):
+    """Issue 10: a list as input gave a misleading dtype message about input_h."""
+    kw = forward_args(case.astype(np.float32))
+    kw[name] = kw[name].tolist()
+    msg = raises(TypeError, name, forward, **kw)
+    assert "list" in msg and "np.asarray" in msg, msg
+
+
+
 # ----------------------------------------------------------------------------------------------
 # canonical / params converters
+
+
 # ----------------------------------------------------------------------------------------------
 def test_canonical_errors():
     cfg = LSTM

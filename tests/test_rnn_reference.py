@@ -28,9 +28,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numbarnn import ops
-from numbarnn.config import rnn_config, validate_forward
+from numbarnn.config import decode_host_reserved, rnn_config, validate_forward
 from numbarnn.reference.philox import dropout_keep_mask
-from numbarnn.reserve import reserve_size, reserve_views
+from numbarnn.reserve import read_nonce, reserve_contents, reserve_size, reserve_views
+
 from numbarnn.testing import (TOLERANCES, check_rnn_gradients, directional_check, make_rnn_case, relative_error,
                               rnn_cases, rnn_configs, rnn_loss)
 
@@ -591,7 +592,7 @@ def test_batch_major_equals_time_major_transposed(case):
         np.testing.assert_array_equal(bm_grads[2], to_tm(tm_grads[2]))
     else:
         assert bm_out[2].shape == (0,)
-    np.testing.assert_array_equal(bm_out[3], tm_out[3])
+    np.testing.assert_array_equal(reserve_contents(bm_out[3]), reserve_contents(tm_out[3]))
     assert bm_grads[0].shape == bm.x.shape and bm_grads[1].shape == bm.h0.shape
     np.testing.assert_array_equal(bm_grads[0], to_tm(tm_grads[0]))
     np.testing.assert_array_equal(bm_grads[1], to_tm(tm_grads[1]))
@@ -608,9 +609,16 @@ def test_repeated_calls_are_bit_identical(case):
     first_grads = bwd(case, first)
     for _ in range(2):
         again = fwd(case)
-        for a, b in zip(first, again):
+        for a, b in zip(first[:3], again[:3]):
             assert a.dtype == b.dtype and a.shape == b.shape
             np.testing.assert_array_equal(a, b)
+        # the reserve and host_reserved are bit-identical except for the per-call nonce (numbarnn.reserve)
+        assert first[3].dtype == again[3].dtype and first[3].shape == again[3].shape
+        np.testing.assert_array_equal(reserve_contents(first[3]), reserve_contents(again[3]))
+        rec1, rec2 = decode_host_reserved(first[4]), decode_host_reserved(again[4])
+        assert rec1.pop("nonce") == [int(v) for v in read_nonce(first[3])]
+        assert rec2.pop("nonce") == [int(v) for v in read_nonce(again[3])]
+        assert rec1 == rec2
         for a, b in zip(first_grads, bwd(case, again)):
             np.testing.assert_array_equal(a, b)
 
@@ -755,7 +763,8 @@ def test_non_lstm_c_conventions(mode):
     assert ref_grads[2].shape == (0,) and ref_grads[2].dtype == np.float64
     for c0 in (np.ones((4, 2, 3)), np.full((5, 7), 3.0), np.zeros((2,), np.float32)):
         out = fwd(case, input_c=c0)
-        for a, b in zip(out, ref):
+        for a, b in zip(out[:3] + (reserve_contents(out[3]),), ref[:3] + (reserve_contents(ref[3]),)):
+
             np.testing.assert_array_equal(a, b)
         grads = bwd(case, out, input_c=c0, output_c=np.ones(3), output_c_backprop=np.ones((1, 2)))
         assert grads[2].shape == c0.shape and grads[2].dtype == np.float64 and not np.any(grads[2])
@@ -776,7 +785,8 @@ def test_low_precision_within_tolerance(case, dtype):
     out, ref_out = fwd(low), fwd(ref)
     grads, ref_grads = bwd(low, out), bwd(ref, ref_out)
     tol_out, tol_grad = TOLERANCES[np.dtype(dtype)]
-    for name, a, b in zip(("output", "output_h", "output_c", "reserve_space"), out[:4], ref_out[:4]):
+    for name, a, b in zip(("output", "output_h", "output_c", "reserve_space"), out[:3] + (reserve_contents(out[3]),),
+                          ref_out[:3] + (reserve_contents(ref_out[3]),)):
         assert a.dtype == np.dtype(dtype), name
         assert a.shape == b.shape, name
         assert relative_error(a, b) <= tol_out, (name, relative_error(a, b))

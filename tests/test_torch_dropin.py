@@ -243,8 +243,24 @@ def test_gradcheck_with_dropout():
     gradcheck_module(ours, x, h0, c0, make_input, seed=11, fast_mode=True)
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_double_backward_says_it_is_not_supported(kind):
+    """Issue 10: create_graph=True then a second backward failed with torch's generic "element 0 of tensors
+    does not require grad"; now the first-order call under create_graph=True names the limitation."""
+    ours, _ = make_pair(kind)
+    x = torch.randn(2, 1, ours.input_size, dtype=F64, requires_grad=True)
+
+    out, _ = ours(x)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+    out, _ = ours(x)                                           # first order is unaffected
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert g.shape == x.shape
+
+
 # ---------------------------------------------------------------------------------------------------
 # parameters: names, shapes, init, state_dict both ways
+
 # ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", list(KINDS))

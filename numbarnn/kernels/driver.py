@@ -346,8 +346,8 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         t = threads(n, simulator=sim)
         return (blocks(n, t), B, D), t
 
-    def cast_rows(phase, what):
-        for n in (D * B * P, D * B * H if cfg.has_cell_state else 0):
+    def cast_rows(phase, what_h, what_c):
+        for n, what in ((D * B * P, what_h), (D * B * H if cfg.has_cell_state else 0, what_c)):
             add(phase, f"cast_copy ({what})", int(n > 0), *flat(n), 0, 2 * n * sz)
 
     cell = cfg.rnn_mode
@@ -363,7 +363,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 gemm_row("forward", "gx = x W^T, all steps", D, TB, GH, I_l)
             else:
                 add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
-        cast_rows("forward", "h0, c0 in")
+        cast_rows("forward", "h0 in", "c0 in")
         grid, block = steps_grid(H)
         add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
             D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
@@ -371,7 +371,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
             grid, block = steps_grid(P)
             add("forward", "project", steps if B else 0, grid, block, 2 * D * B * P * H,
                 D * (P * H + B * (H + 2 * P)) * sz)
-        cast_rows("forward", "hT, cT out")
+        cast_rows("forward", "hT out", "cT out")
     layer = None
     n_params = sum(r.size for r in param_regions(cfg))
     add("backward", "fill (dparams = 0)", 1, *flat(n_params), 0, n_params * sz)
@@ -383,14 +383,15 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         for n, what in ((D * TB * GH, "dgx"), (D * TB * GH, "dgh"), (D * TB * cfg.V * H, "dvec"),
                         (D * TB * P, "h_prev"), (D * TB * P * cfg.has_proj, "dh_total")):
             add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
-        cast_rows("backward", "dhT, dcT in")
+        cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
         add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
             D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
         grid, block = steps_grid(P)
         add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
             D * (GH * P + B * (GH + 2 * P)) * sz)
-        cast_rows("backward", "dh0, dc0 out")
+        cast_rows("backward", "dh0 out", "dc0 out")
+
         if cfg.has_w(layer):
             gemm_row("backward", "dW = dgx^T x", D, GH, I_l, TB)
             gemm_row("backward", "dx += dgx W", D, TB, I_l, GH)

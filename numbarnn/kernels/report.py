@@ -238,12 +238,32 @@ def _compile_task(task) -> list[dict]:
     return compile_spec(_TASK_SPECS[index], ccs, block)
 
 
+def toolkit_problem() -> str | None:
+    """None when the CUDA compiler libraries the report needs (NVVM, nvJitLink) load, else what to install."""
+    try:
+        from cuda import pathfinder
+    except ImportError:   # pragma: no cover - numba-cuda always brings cuda-pathfinder
+        return None
+    missing = []
+    for lib in ("nvvm", "nvJitLink"):
+        try:
+            pathfinder.load_nvidia_dynamic_lib(lib)
+        except Exception:
+            missing.append(lib)
+    if not missing:
+        return None
+    return (f"the CUDA compiler libraries {' and '.join(missing)} were not found; numbarnn kernels compiles with "
+            f"them (no GPU needed). Install them with: pip install 'numbarnn[cuda]' (from a checkout: "
+            f"pip install -e '.[cuda]'; the numba-cuda[cu13] wheels, about 200 MB), or install a CUDA toolkit")
+
+
 def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None = None,
-            jobs: int | None = None) -> list[dict]:
+            jobs: int | None = None, progress=None) -> list[dict]:
     """Rows (dicts with ROW_KEYS, plus block, occupancy, module; error on failure) for every spec x cc.
 
     Broken kernel modules give a row with kernel "<module>" and the error.  ``only``: kernels whose
     name contains it.  ``jobs``: compiling processes (forked; default ``default_jobs()``, 1 = here).
+    ``progress(done, total, spec_rows)``: called after each spec (in this process only, not in a subprocess).
     In a simulator process the work runs in a subprocess without the simulator.
     """
     ccs = [tuple(cc) for cc in ccs]
@@ -274,11 +294,18 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
     try:
         import multiprocessing
 
+        results = []
         if jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods():
             with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
-                results = pool.map(_compile_task, tasks, chunksize=1)
+                for spec_rows in pool.imap(_compile_task, tasks, chunksize=1):
+                    results.append(spec_rows)
+                    if progress:
+                        progress(len(results), len(tasks), spec_rows)
         else:
-            results = [_compile_task(task) for task in tasks]
+            for task in tasks:
+                results.append(_compile_task(task))
+                if progress:
+                    progress(len(results), len(tasks), results[-1])
     finally:
         _TASK_SPECS.clear()
     rows += [row for spec_rows in results for row in spec_rows]
@@ -333,8 +360,16 @@ def _parse_args(argv):
     return p.parse_args(argv)
 
 
+def _progress_line(done: int, total: int, spec_rows: list) -> None:
+    """One updating line on a terminal: [done/total] the kernel just compiled."""
+    name = f"{spec_rows[0]['kernel']} {spec_rows[0]['dtype']}" if spec_rows else ""
+    end = "\n" if done == total else ""
+    print(f"\r  [{done:>{len(str(total))}}/{total}] {name[:60]:<60}", end=end, file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+
     args = _parse_args(argv)
     ccs = []
     for text in args.cc:
@@ -348,9 +383,24 @@ def main(argv=None) -> int:
         proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", *argv],
                               env=_env_without_simulator())
         return proc.returncode
+    problem = toolkit_problem()
+    if problem:
+        print(f"numbarnn kernels: {problem}", file=sys.stderr)
+        return 2
+    progress = None
+    if not args.json:
+        print(f"numbarnn kernels: compiling every kernel for {', '.join(f'sm_{a}{b}' for a, b in ccs)} with "
+              f"{args.jobs or default_jobs()} processes (all of them: about 70 s on 2 cores)...", file=sys.stderr,
+              flush=True)
+        if sys.stderr.isatty():
+            progress = _progress_line
     start = time.perf_counter()
-    rows = collect(ccs, block=args.block, only=args.only, jobs=args.jobs)
+    rows = collect(ccs, block=args.block, only=args.only, jobs=args.jobs, progress=progress)
     seconds = time.perf_counter() - start
+    if args.only and not any(r["kernel"] != "<module>" for r in rows):
+        print(f"numbarnn kernels: no kernel name contains {args.only!r} (--only matches a substring of the kernel "
+              f"names in the table of a plain `numbarnn kernels`)", file=sys.stderr)
+        return 2
     found = problems(rows)
     if args.json:
         print(json.dumps({"rows": rows, "problems": found, "seconds": round(seconds, 2)}, indent=1))

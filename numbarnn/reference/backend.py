@@ -47,7 +47,9 @@ def rnn_forward(call, x, h0, c0, params):
     dt = call.dtype
     y, hT, cT, saved = network.forward(call, _f64(x), _f64(h0), _f64(c0), _f64(params))
     if call.is_training:
-        reserve = np.concatenate([saved[e.name].reshape(-1) for e in reserve_entries(call)] or [np.zeros(0)])
+        reserve = np.concatenate([saved[e.name].reshape(-1) if e.name in saved else np.zeros(e.size)   # nonce: ops
+                                  for e in reserve_entries(call)] or [np.zeros(0)])
+
     else:
         reserve = np.zeros(0)
     cT = cT.astype(dt) if cT is not None else np.zeros((0,), dtype=dt)
