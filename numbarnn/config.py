@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cells import CellSpec, cell_names, get_cell
+from .reserve import read_nonce
 from .validation import (ArgumentTypeError, as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
                          check_shape, is_device_array, shape_of)
 
@@ -380,7 +381,6 @@ def check_host_reserved(call: RNNCall, host_reserved, reserve_space, expected_re
 
 def check_reserve_nonce(host_reserved, reserve_space) -> None:
     """The reserve must come from the same forward call as host_reserved: both carry that call's random nonce."""
-    from .reserve import read_nonce   # reserve builds on config
     recorded = decode_host_reserved(host_reserved)
 
     got = read_nonce(reserve_space)

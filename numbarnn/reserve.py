@@ -26,10 +26,12 @@ is an error instead of a silently wrong gradient.  Compare two calls' reserves w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .config import RNNCall
+if TYPE_CHECKING:                 # annotations only: config imports reserve (the nonce), not the other way
+    from .config import RNNCall
 
 #: elements of the nonce entry (the last entry of every training reserve)
 NONCE_SIZE = 4

@@ -159,7 +159,12 @@ def _imports(path: pathlib.Path, module: str) -> set:
     """Every numbarnn module `path` imports, at any level (function-level imports included)."""
     out = set()
     package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:            # `if TYPE_CHECKING:` imports never run
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[:len(package.split(".")) - node.level + 1]
