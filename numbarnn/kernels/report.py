@@ -252,8 +252,9 @@ def toolkit_problem() -> str | None:
             missing.append(lib)
     if not missing:
         return None
-    return (f"the CUDA compiler libraries {' and '.join(missing)} were not found; numbarnn kernels compiles with "
-            f"them (no GPU needed). Install them with: pip install 'numbarnn[cuda]' (from a checkout: "
+    what = f"library {missing[0]} was" if len(missing) == 1 else f"libraries {' and '.join(missing)} were"
+    return (f"the CUDA compiler {what} not found; numbarnn kernels compiles with NVVM and nvJitLink "
+            f"(no GPU needed). Install them with: pip install 'numbarnn[cuda]' (from a checkout: "
             f"pip install -e '.[cuda]'; the numba-cuda[cu13] wheels, about 200 MB), or install a CUDA toolkit")
 
 
