@@ -3,7 +3,8 @@
     python examples/char_lstm.py                       # 300 steps on examples/data/alice_ch1.txt
     python examples/char_lstm.py --steps 1000 --units 256
     python examples/char_lstm.py --quick               # a few dozen small steps (CI; also NUMBARNN_QUICK=1)
-    python examples/char_lstm.py --backend cuda        # the numba.cuda kernels (a GPU, or the slow simulator)
+    python examples/char_lstm.py --backend cuda        # the numba.cuda kernels (a GPU, or the slow simulator:
+                                                       # there use --quick, which picks H=4, T=4, B=2, 3 steps)
 
 The model reads one character at a time and predicts the next:
 
@@ -38,6 +39,10 @@ import numpy as np  # noqa: E402
 from numbarnn.layers import CudnnLSTM  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "alice_ch1.txt"
+#: --quick sizes, and those of --quick with the cuda backend in the simulator (the size that is practical there)
+QUICK = dict(steps=40, units=48, seq_len=24, batch=16, sample_chars=80)
+SIMULATOR_QUICK = dict(steps=3, units=4, seq_len=4, batch=2, sample_chars=5)
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -184,9 +189,21 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="a UTF-8 text file")
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("NUMBARNN_QUICK") == "1"
-    pick = lambda given, full, small: given if given is not None else (small if quick else full)   # noqa: E731
-    steps, H = pick(args.steps, 300, 40), pick(args.units, 128, 48)
-    T, B, n_sample = pick(args.seq_len, 48, 24), pick(args.batch, 32, 16), pick(args.sample_chars, 300, 80)
+    from numba import config as numba_config
+    simulator = args.backend == "cuda" and bool(numba_config.ENABLE_CUDASIM)
+    # the simulator runs one Python thread per CUDA thread: ~4 s per step at H=4, T=4, B=2 on 2 cores (~7.5 s at
+    # H=8) and far longer at the default sizes, so --quick there picks SIMULATOR_QUICK
+    small = SIMULATOR_QUICK if simulator else QUICK
+    pick = lambda given, key, full: given if given is not None else (small[key] if quick else full)   # noqa: E731
+    steps, H = pick(args.steps, "steps", 300), pick(args.units, "units", 128)
+    T, B = pick(args.seq_len, "seq_len", 48), pick(args.batch, "batch", 32)
+    n_sample = pick(args.sample_chars, "sample_chars", 300)
+    if simulator:
+        s = SIMULATOR_QUICK
+        print(f"note: no GPU, so the cuda backend runs in numba's CUDA simulator, which is very slow (about 4 s per "
+              f"training step at H={s['units']}, T={s['seq_len']}, B={s['batch']}, far more at the default "
+              f"sizes); practical there: --quick (H={s['units']}, T={s['seq_len']}, B={s['batch']}, "
+              f"{s['steps']} steps). Every step is reported.", flush=True)
     if steps < 1:
         parser.error(f"--steps: expected at least 1, got {steps}")
 
@@ -198,15 +215,14 @@ def main(argv=None) -> int:
     eval_x = corpus.one_hot(eval_x, model.dtype)
     where = args.backend
     if args.backend == "cuda":
-        from numba import config as numba_config
-        where += " (numba CUDA simulator: slow, for checking only)" if numba_config.ENABLE_CUDASIM else " (GPU)"
+        where += " (numba CUDA simulator: slow, for checking only)" if simulator else " (GPU)"
     print(f"corpus: {args.data.name}, {len(corpus.ids)} characters, vocabulary V={corpus.V}")
     print(f"model: one-hot [T, B, V] -> CudnnLSTM(H={H}) -> softmax [V]; {model.lstm.count_params()} LSTM params "
           f"+ {model.W_out.size + model.b_out.size} output params; backend={where}; float32")
     print(f"training: {steps} steps of B={B} windows x T={T} characters, Adam lr={args.lr}, seed={args.seed}")
     first = model.loss(eval_x, eval_y)
-    print(f"eval loss before training {first:.4f} (uniform guess: ln V = {np.log(corpus.V):.4f})")
-    log_every = max(1, steps // 10)
+    print(f"eval loss before training {first:.4f} (uniform guess: ln V = {np.log(corpus.V):.4f})", flush=True)
+    log_every = 1 if simulator else max(1, steps // 10)
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         ids, targets = corpus.windows(rng, T, B)
@@ -214,7 +230,9 @@ def main(argv=None) -> int:
         grads, _ = clip_global_norm(grads, 5.0)
         optimiser.step(grads)
         if step % log_every == 0 or step == 1 or step == steps:
-            print(f"step {step:5d}  train loss {loss:.4f}")
+            took = f"  ({time.perf_counter() - t0:.1f} s)" if simulator else ""
+            print(f"step {step:5d}  train loss {loss:.4f}{took}", flush=True)
+
     elapsed = time.perf_counter() - t0
     final = model.loss(eval_x, eval_y)
     print(f"trained {steps} steps in {elapsed:.1f} s ({1e3 * elapsed / steps:.1f} ms/step)")

@@ -31,7 +31,10 @@ For every (mode, shape):
    checks, launch overhead): a user pays for it too.
 
 Output: a table (milliseconds; ratio = time / time of the baseline backend, the first of cudnn, reference in
-the run; above 1: slower), --csv PATH (one row per mode/shape/backend), --plot PATH (bar chart PNG; needs
+the run; above 1: slower; `err vs f64` = the backend's worst relative error over the outputs and gradients
+against the float64 reference, the reserve_space only when it fails; the reference row shows the rounding of
+the float64 reference to the dtype), --csv PATH
+ (one row per mode/shape/backend), --plot PATH (bar chart PNG; needs
 matplotlib, which numbarnn does not depend on).  Exit status: 0 all validated and timed, 1 a validation (or a
 timed call) failed, 2 bad arguments, an unavailable backend asked for by name, or --plot without matplotlib.
 
@@ -412,9 +415,13 @@ def validate(backend, case, ref: dict) -> Check:
             return Check(math.inf, name, tol, False, f"{name}: shape {value.shape}, expected {want.shape}")
         err = relative_error(value, want)
         checks.append(Check(err, name, tol, bool(err <= tol)))      # NaN is not <= anything: a failure
-    worst = max(checks, key=lambda c: math.inf if math.isnan(c.error) else c.error / c.tolerance)
+    ratio = lambda c: math.inf if math.isnan(c.error) else c.error / c.tolerance   # noqa: E731
+    # shown: the worst of what a user reads (outputs and gradients); the opaque reserve_space is validated too,
+    # but only shown when it fails (its error is the dtype's rounding of bounded activations, the same every row)
+    worst = max([c for c in checks if c.output != "reserve_space"] or checks, key=ratio)
     bad = [c for c in checks if not c.ok]
     if bad:
+        worst = max(checks, key=ratio)
         worst.ok = False
         worst.message = "; ".join(f"{c.output} rel. error {c.error:.2e} > {c.tolerance:.0e}" for c in bad)
     return worst
@@ -487,7 +494,8 @@ def _check_text(r: Row) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    headers = ("mode", "shape HxBxT", "backend", "fwd ms", "fwd+bwd ms", "fwd ratio", "fwd+bwd ratio", "check")
+    headers = ("mode", "shape HxBxT", "backend", "fwd ms", "fwd+bwd ms", "fwd ratio", "fwd+bwd ratio",
+               "err vs f64")
     body = [(r.mode, r.shape, r.backend, _fmt(r.fwd_ms), _fmt(r.fwdbwd_ms), _fmt(r.fwd_ratio, ".2f"),
              _fmt(r.fwdbwd_ratio, ".2f"), _check_text(r)) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(headers, *body)]
@@ -689,7 +697,8 @@ def measure(args, backends: list[str], instances: dict, shapes) -> tuple[list[Ro
                     print(f"  {label:<18} {b:<9} {row.note}", flush=True)
                     continue
                 row.extra = instances[b].extra()
-                print(f"  {label:<18} {b:<9} check {row.check.error:.1e} ({row.check.output}) ok; "
+                print(f"  {label:<18} {b:<9} error vs float64 reference {row.check.error:.1e} "
+                      f"({row.check.output}) ok; "
                       f"fwd {row.fwd_ms:.3f} ms, fwd+bwd {row.fwdbwd_ms:.3f} ms", flush=True)
     return rows, failed
 
@@ -741,8 +750,11 @@ def run(args) -> int:
     print()
     print(format_table(rows))
     print(f"\nratio = time / time of the baseline for the same mode and shape, the first of "
-          f"{' > '.join(BASELINES)} timed (above 1: slower)\ncheck = worst ‖out − ref‖/‖ref‖ over the named outputs "
-          f"vs the float64 reference, T={CHECK_T} (a failed check: not timed)")
+          f"{' > '.join(BASELINES)} timed (above 1: slower)\nerr vs f64 = this backend's worst relative error "
+          f"‖out − ref‖/‖ref‖ over the outputs and gradients, against the float64 reference on the same inputs "
+          f"(T={CHECK_T}; a failed check: not timed). The reference row is the float64 reference rounded to the "
+          f"dtype: its value is that rounding, the floor for every backend.")
+
     if cuda_simulated:
         print("(cuda: numba's CUDA simulator, timings meaningless)")
     if args.csv:

@@ -217,8 +217,26 @@ def test_cuda_in_the_simulator_validates_and_times(tmp_path, capsys, timed_backe
     assert int(cuda["launches_fwd"]) > 0 and int(cuda["launches_bwd"]) > 0
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="the cuda backend in numba's CUDA simulator")
+def test_error_column_is_each_backends_error_against_float64(tmp_path, capsys, timed_backends):
+    """Issue 10: the "check" column showed the float32 reference's rounding of the reserve (2.7e-08 on every row).
+    Now it is each backend's worst error over the outputs and gradients vs the float64 reference, and says so."""
+    path = tmp_path / "bench.csv"
+    assert bench.main(["--backends", "reference", "cuda", "--simulator", "--modes", "lstm", "--shapes", "4x2x2",
+                       "--dtype", "float32", "--csv", str(path), *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "err vs f64" in out and "err vs f64 = this backend's worst relative error" in out
+    assert "float64 reference rounded to the dtype" in out
+    rows = {r["backend"]: r for r in read_csv(path)}
+    for r in rows.values():
+        assert r["check_output"] != "reserve_space" and r["check_ok"] == "True", r
+    assert rows["reference"]["check_rel_error"] != rows["cuda"]["check_rel_error"]
+    assert 0 < float(rows["cuda"]["check_rel_error"]) <= 1e-4
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="no GPU: cuda needs --simulator")
 def test_cuda_by_name_without_gpu_or_simulator_flag_exits_2(capsys, timed_backends):
+
     assert bench.main(["--backends", "cuda", "--shapes", "3x2x2", *FAST]) == 2
     err = capsys.readouterr().err
     assert "--backends cuda: needs a real GPU" in err and "--simulator" in err

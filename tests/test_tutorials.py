@@ -73,3 +73,16 @@ def test_char_lstm_is_deterministic_with_seed():
     assert keep(first) == keep(second)
     other, _ = run_script(EXAMPLE, "--quick", "--steps", "6", "--sample-chars", "20", "--seed", "4")
     assert keep(other) != keep(first)
+
+
+def test_char_lstm_cuda_quick_in_the_simulator_is_practical_and_talks():
+    """Issue 10: `--backend cuda --quick` in the simulator printed nothing for minutes (7.5 s per step at the
+    quick size). Now it says the simulator is slow and which size is practical, picks that size, and reports
+    every step."""
+    if os.environ.get("NUMBARNN_REAL_GPU") == "1":
+        pytest.skip("about the simulator")
+    out, elapsed = run_script(EXAMPLE, "--backend", "cuda", "--quick", "--sample-chars", "3")
+    assert "simulator" in out.splitlines()[0] and "practical there: --quick (H=4, T=4, B=2, 3 steps)" in out, out
+    assert "training: 3 steps of B=2 windows x T=4 characters" in out and "CudnnLSTM(H=4)" in out, out
+    assert len(re.findall(r"^step +\d+ +train loss [0-9.]+ +\([0-9.]+ s\)$", out, flags=re.M)) == 3, out
+    print(f"char_lstm.py --backend cuda --quick (simulator): {elapsed:.1f} s")
