@@ -30,7 +30,7 @@ import types as pytypes
 import numpy as np
 from numba import cuda, int64
 
-from ..cells import HELPERS, cell_names, get_cell
+from ..cells import HELPERS, get_cell
 from .common import DTYPES, acc_dtype, arr, nb
 
 # ---------------------------------------------------------------------------------------------------
@@ -353,11 +353,17 @@ def proj_variants(cell) -> tuple:
     return (False, True) if cell.projection else (False,)
 
 
+#: the cells the kernel report compiles: the built-in ones and the shipped user cells (numbarnn.contrib)
+REPORTED_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm")
+
+
 def kernel_specs():
-    """Every registered cell's step kernels (user cells registered before the report runs included)."""
+    """The step kernels of REPORTED_CELLS (the same list in every process, whatever else was registered)."""
+    import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the shipped user cells)
+    import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
     for dt in DTYPES:
-        for cell in map(get_cell, cell_names()):
+        for cell in map(get_cell, REPORTED_CELLS):
             for proj in proj_variants(cell):
                 tag = "_proj" if proj else ""
                 specs.append((f"{cell.name}_forward_step{tag}", dt, make_forward_step(cell, dt, proj),
