@@ -21,7 +21,10 @@ TIMEOUT_S = 240          # per script; each takes well under 30 s in the simulat
 
 
 def run_script(path: Path, *args: str) -> tuple[str, float]:
-    env = dict(os.environ, NUMBARNN_QUICK="1", PYTHONUNBUFFERED="1")
+    # the scripts import numbarnn from this checkout (a script's own folder comes first on sys.path, not the cwd)
+    path_var = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, NUMBARNN_QUICK="1", PYTHONUNBUFFERED="1", PYTHONPATH=path_var)
+
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, str(path), *args], cwd=ROOT, env=env, capture_output=True,
