@@ -24,14 +24,13 @@ Python: `device_function` rebinds the helpers they call (sigmoid, tanh, ...) to 
 from __future__ import annotations
 
 import functools
-import math
 import types as pytypes
 
 import numpy as np
 from numba import cuda, int64
 
 from ..cells import HELPERS, get_cell
-from .common import DTYPES, acc_dtype, arr, nb
+from .common import DTYPES, acc_dtype, activations, arr, nb
 
 # ---------------------------------------------------------------------------------------------------
 # the cell's pointwise functions as device functions
@@ -43,19 +42,8 @@ def helpers(dtype) -> dict:
     """numbarnn.cells helper -> its device twin computing in acc_dtype(dtype) (typed constants: numba would
     promote ``float32 * 0.5`` to float64)."""
     f = acc_dtype(dtype).type
-    half, zero, one = f(0.5), f(0.0), f(1.0)
-
-    @cuda.jit(device=True, inline="always")
-    def sigmoid(x):
-        return half * math.tanh(half * x) + half      # = 1/(1+e^-x), no exp to overflow
-
-    @cuda.jit(device=True, inline="always")
-    def tanh(x):
-        return math.tanh(x)
-
-    @cuda.jit(device=True, inline="always")
-    def relu(x):
-        return zero if x <= zero else x                # NaN propagates (NaN <= 0 is False), as np.maximum
+    zero, one = f(0.0), f(1.0)
+    sigmoid, tanh, relu = activations(dtype)          # the overflow-free twins every kernel shares
 
     @cuda.jit(device=True, inline="always")
     def dsigmoid(s):
