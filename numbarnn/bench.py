@@ -9,8 +9,10 @@
 A shape is HxBxT: H hidden units (= input size I, as in DeepBench), B batch, T time steps; one layer,
 unidirectional, linear input, full-length sequences (DeepBench's RNN training set-up).
 
-Backends (default: every available one):
+Backends (default: every available one; the adapters live in numbarnn/measure.py):
     reference   numbarnn's NumPy reference (always available); NumPy arrays in and out
+    cpu         numbarnn's numba CPU backend; NumPy arrays in and out
+    torch       torch.nn on the CPU, same thread count as numba: what a user without a GPU would pick instead
     cuda        numbarnn's numba.cuda kernels on a real GPU; device arrays in and out (nothing goes through the
                 host).  Without a GPU only with --simulator, in numba's CUDA simulator: it validates, but the
                 simulator runs one Python thread per CUDA thread, so its timings mean nothing
@@ -22,7 +24,7 @@ For every (mode, shape):
    T=2 in the benchmark dtype, and every named output it has (output, output_h, output_c, reserve_space,
    input_backprop, input_h_backprop, input_c_backprop, params_backprop; cuDNN has no reserve_space) is compared
    with the float64 reference on the same (dtype-rounded) inputs as ‖out − ref‖/‖ref‖ against the SPEC 10
-   tolerances (numbarnn.testing.TOLERANCES).  A backend that fails is printed and not timed; the exit code is 1.
+   tolerances (numbarnn.verify.TOLERANCES).  A backend that fails is printed and not timed; the exit code is 1.
 2. timing: `fwd` = one training-mode cudnn_rnn_v3 call (it writes the reserve space), `fwd+bwd` = that call
    plus cudnn_rnn_backprop_v3 (cuDNN: module(x) plus torch.autograd.grad of the same upstream gradients).
    --warmup untimed calls first (numba compiles each kernel on its first launch: compilation is not timed),
@@ -30,8 +32,11 @@ For every (mode, shape):
    torch.cuda.synchronize; nothing for NumPy).  The times include numbarnn's Python-side work (argument
    checks, launch overhead): a user pays for it too.
 
-Output: a table (milliseconds; ratio = time / time of the baseline backend, the first of cudnn, reference in
-the run; above 1: slower; `err vs f64` = the backend's worst relative error over the outputs and gradients
+The validation call is the first call of each backend and cell in the process: its time is the `cold` column
+(JIT compilation included); the timed calls come after it and after the warm-up.
+
+Output: a table (milliseconds; ratio = time / time of the baseline backend, the first of cudnn, torch, reference
+in the run; above 1: slower; `err vs f64` = the backend's worst relative error over the outputs and gradients
 against the float64 reference, the reserve_space only when it fails; the reference row shows the rounding of
 the float64 reference to the dtype), --csv PATH
  (one row per mode/shape/backend), --plot PATH (bar chart PNG; needs
@@ -48,23 +53,20 @@ import argparse
 import csv
 import math
 import os
-import statistics
 import sys
-import time
-from dataclasses import dataclass, field
-
-import numpy as np
-
-from .cells import cell_names
 
 from . import device as _device
+from . import measure
+from .cells import cell_names
 from .device import SIM_VAR
-from .reserve import reserve_contents
+from .measure import timed_ms  # noqa: F401 (numbarnn.bench.timed_ms: older tutorials)
+from .measure import (BACKENDS, BASELINES, CHECK_T, Row, cpu_status, cuda_status, make_adapter, measure_all,
+                      torch_status)
 
 #: DeepBench-like training shapes (H, B, T) for a GPU: hidden sizes 256-1024, batch 1-64, 25-100 steps
 GPU_SHAPES = ("256x16x25", "512x32x25", "512x1x100", "1024x64x25", "1024x16x50", "256x64x100")
 GPU_QUICK_SHAPES = ("256x16x25", "512x4x25")
-#: NumPy only (no GPU): small shapes that finish in seconds
+#: no GPU (reference, cpu, torch on the CPU): shapes that finish in seconds on the reference
 CPU_SHAPES = ("64x1x10", "64x16x25", "128x4x25", "256x16x25")
 CPU_QUICK_SHAPES = ("64x4x10", "128x8x25")
 #: the cuda backend in numba's CUDA simulator (one Python thread per CUDA thread): tiny
@@ -72,15 +74,9 @@ SIMULATOR_SHAPES = ("3x2x2", "4x3x3")
 SIMULATOR_QUICK_SHAPES = ("3x2x2",)
 
 DTYPES = ("float16", "float32", "float64")
-BACKENDS = ("reference", "cuda", "cudnn")          # the order of the rows
-BASELINES = ("cudnn", "reference")                 # ratios are against the first of these in the run
-CHECK_T = 2                                        # time steps of the validation slice
-FORWARD_NAMES = ("output", "output_h", "output_c", "reserve_space")
-BACKWARD_NAMES = ("input_backprop", "input_h_backprop", "input_c_backprop", "params_backprop")
-CSV_FIELDS = ("mode", "dtype", "H", "B", "T", "I", "backend", "fwd_ms", "fwdbwd_ms", "baseline", "fwd_ratio",
+CSV_FIELDS = ("mode", "dtype", "H", "B", "T", "I", "backend", "cold_ms", "fwd_ms", "fwdbwd_ms", "baseline", "fwd_ratio",
               "fwdbwd_ratio", "check_rel_error", "check_output", "check_tolerance", "check_ok", "timed",
               "launches_fwd", "launches_bwd", "reps", "warmup", "device", "note")
-TORCH_DEVICE = "cuda"   # where the cudnn backend runs ("cpu" only to test this module without a GPU)
 PROG = "numbarnn bench"
 
 
@@ -94,389 +90,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(f"expected positive sizes in HxBxT, got {text!r}")
     return H, B, T
 
-
-def shape_label(shape) -> str:
-    return "x".join(str(v) for v in shape)
-
-
-def make_case(mode: str, H: int, B: int, T: int, I: int, dtype, seed: int = 0):  # noqa: E741
-    """A one-layer, unidirectional, linear-input case (full lengths), scaled like torch's default init."""
-    from .config import rnn_config
-    from .testing import make_rnn_case
-
-    cfg = rnn_config(1, H, I, mode, input_mode="linear_input")
-    return make_rnn_case(cfg, T, B, None, seed=seed, dtype=dtype, scale=1.0 / math.sqrt(max(H, I)))
-
-
-def _host(a):
-    """NumPy copy of a NumPy / numba device / torch array (None stays None)."""
-    if a is None:
-        return None
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    if hasattr(a, "detach"):
-        return a.detach().cpu().numpy()
-    return np.asarray(a)
-
-
-# --------------------------------------------------------------------------------------------------
-# backends: calls(case) -> (forward, backward, named)
-#   forward() -> forward outputs; backward(forward outputs) -> gradients;
-#   named(forward outputs, gradients) -> {output name: NumPy array} (validation only)
-# --------------------------------------------------------------------------------------------------
-
-class ReferenceBackend:
-    """numbarnn's ops with backend="reference" on NumPy arrays."""
-
-    name = "reference"
-    op_backend = "reference"
-
-    def sync(self) -> None:
-        pass
-
-    def put(self, a):
-        return None if a is None else np.ascontiguousarray(a)
-
-    def calls(self, case):
-        from . import ops
-
-        x, h0, c0, params, dy, dhT, dcT = (self.put(a) for a in (case.x, case.h0, case.c0, case.params, case.dy,
-                                                                  case.dhT, case.dcT))
-        attrs, be = case.attrs, self.op_backend
-
-        def forward():
-            return ops.cudnn_rnn_v3(x, h0, c0, params, None, is_training=True, backend=be, **attrs)
-
-        def backward(fwd):
-            y, hT, cT, reserve, host_reserved = fwd
-            return ops.cudnn_rnn_backprop_v3(x, h0, c0, params, None, y, hT, cT, dy, dhT, dcT, reserve,
-                                             host_reserved, backend=be, **attrs)
-
-        def named(fwd, grads):
-            lstm = case.cfg.has_cell_state
-            out = {n: _host(a) for n, a in zip(FORWARD_NAMES, fwd[:3] + (reserve_contents(fwd[3]),))
-                   if lstm or n != "output_c"}
-            out.update({n: _host(a) for n, a in zip(BACKWARD_NAMES, grads) if lstm or n != "input_c_backprop"})
-            return out
-
-        return forward, backward, named
-
-    def start(self) -> None:
-        """Called once before this backend's first call of the run (stop: after its last)."""
-
-    def stop(self) -> None:
-        pass
-
-    def extra(self) -> dict:
-        return {}
-
-
-class CudaBackend(ReferenceBackend):
-    """numbarnn's numba.cuda kernels (backend="cuda") on device arrays."""
-
-    name = "cuda"
-    op_backend = "cuda"
-
-    def sync(self) -> None:
-        from numba import cuda
-        cuda.synchronize()
-
-    def put(self, a):
-        from numba import cuda
-        return None if a is None else cuda.to_device(np.ascontiguousarray(a))
-
-    def extra(self) -> dict:
-        """Kernel launches of the last forward / backward call."""
-        try:
-            from .kernels import driver
-            last = driver.last_launch_count()
-            return {"launches_fwd": last["forward"].total, "launches_bwd": last["backward"].total}
-        except Exception:   # pragma: no cover - informative only
-            return {}
-
-
-class CudnnBackend:
-    """cuDNN through torch.nn.LSTM / GRU / RNN (training mode) on TORCH_DEVICE, torch tensors.
-
-    TF32 is switched off for cuDNN's RNNs during the run (torch allows it by default on Ampere and later): float32
-    means float32, as in numbarnn, so that the SPEC 10 tolerances apply and the timings compare like with like.
-    """
-
-    name = "cudnn"
-    _restore = None
-
-    def start(self) -> None:
-        import torch
-        if TORCH_DEVICE != "cuda":
-            return
-        rnn = getattr(torch.backends.cudnn, "rnn", None)
-        if rnn is not None and hasattr(rnn, "fp32_precision"):     # torch >= 2.9: the new API only (no mixing)
-            old = rnn.fp32_precision
-            rnn.fp32_precision = "ieee"
-            self._restore = lambda: setattr(rnn, "fp32_precision", old)
-        else:
-            old = torch.backends.cudnn.allow_tf32
-            torch.backends.cudnn.allow_tf32 = False
-            self._restore = lambda: setattr(torch.backends.cudnn, "allow_tf32", old)
-
-    def stop(self) -> None:
-        if self._restore is not None:
-            self._restore()
-            self._restore = None
-
-    def sync(self) -> None:
-        import torch
-        if TORCH_DEVICE == "cuda":
-            torch.cuda.synchronize()
-
-    def calls(self, case):
-        import torch
-
-        from .params import from_torch_state_dict, to_torch_state_dict
-
-        cfg = case.cfg
-        tdt = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}[str(case.dtype)]
-        kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bidirectional=cfg.D == 2)
-        make = {"lstm": lambda: torch.nn.LSTM(**kw), "gru": lambda: torch.nn.GRU(**kw),
-                "rnn_tanh": lambda: torch.nn.RNN(nonlinearity="tanh", **kw),
-                "rnn_relu": lambda: torch.nn.RNN(nonlinearity="relu", **kw)}[cfg.rnn_mode]
-        module = make().to(dtype=tdt)
-        state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in to_torch_state_dict(cfg, case.params).items()}
-        module.load_state_dict(state, strict=True)
-        module = module.to(device=TORCH_DEVICE).train()
-
-        def tensor(a, grad=False):
-            return None if a is None else torch.tensor(np.asarray(a), device=TORCH_DEVICE, dtype=tdt,
-                                                       requires_grad=grad)
-
-        x, h0, c0 = tensor(case.x, True), tensor(case.h0, True), tensor(case.c0, True)    # [T,B,I] [1,B,H] [1,B,H]
-        dy, dhT, dcT = tensor(case.dy), tensor(case.dhT), tensor(case.dcT)
-        lstm = cfg.has_cell_state
-        names = [n for n, _ in module.named_parameters()]
-        inputs = [x, h0] + ([c0] if lstm else []) + [p for _, p in module.named_parameters()]
-
-        def forward():
-            return module(x, (h0, c0) if lstm else h0)
-
-        def backward(fwd):
-            y, state_T = fwd
-            outs, grads = ([y, state_T[0], state_T[1]], [dy, dhT, dcT]) if lstm else ([y, state_T], [dy, dhT])
-            return torch.autograd.grad(outs, inputs, grads)
-
-        def named(fwd, grads):
-            y, state_T = fwd
-            out = {"output": _host(y)}
-            if lstm:
-                out["output_h"], out["output_c"] = _host(state_T[0]), _host(state_T[1])
-            else:
-                out["output_h"] = _host(state_T)
-            k = 3 if lstm else 2
-            out["input_backprop"], out["input_h_backprop"] = _host(grads[0]), _host(grads[1])
-            if lstm:
-                out["input_c_backprop"] = _host(grads[2])
-            out["params_backprop"] = from_torch_state_dict(
-                cfg, {n: _host(g).astype(np.float64) for n, g in zip(names, grads[k:])}, dtype=np.float64)
-            return out
-
-        return forward, backward, named
-
-    def extra(self) -> dict:
-        return {}
-
-
-BACKEND_CLASSES = {"reference": ReferenceBackend, "cuda": CudaBackend, "cudnn": CudnnBackend}
-
-
-# --------------------------------------------------------------------------------------------------
-# what is available (numba and torch imported only here, after use_simulator_unless_gpu)
-# --------------------------------------------------------------------------------------------------
-
-def cuda_status(allow_simulator: bool) -> tuple[bool, bool, str]:
-    """-> (usable, in the simulator, description) of the cuda backend."""
-    if os.environ.get(SIM_VAR) == "1":
-        if allow_simulator:
-            return True, True, "numba's CUDA simulator (--simulator)"
-        return False, True, (f"needs a real GPU (numba's CUDA simulator is active: no GPU found, or {SIM_VAR}=1), "
-                             "or --simulator to run it in the simulator (validates; its timings mean nothing)")
-    try:
-        from numba import cuda
-        if not cuda.is_available():
-            return False, False, "needs a real GPU (numba finds no CUDA driver/device), or --simulator"
-        name = cuda.get_current_device().name
-        return True, False, name.decode() if isinstance(name, bytes) else str(name)
-    except Exception as exc:
-        return False, False, f"numba.cuda is not usable ({type(exc).__name__}: {exc})"
-
-
-def cudnn_status() -> tuple[bool, str]:
-    """-> (usable, description) of cuDNN through torch; torch is not imported when there is no GPU."""
-    if TORCH_DEVICE == "cuda" and not _device.real_gpu_present():
-        return False, "needs torch with CUDA on a GPU (no GPU found)"
-    try:
-        import torch
-    except Exception as exc:
-        return False, f"torch does not import ({type(exc).__name__}: {exc})"
-    if TORCH_DEVICE != "cuda":
-        return True, f"torch {torch.__version__} on {TORCH_DEVICE} (a stand-in, not cuDNN)"
-    try:
-        if not torch.cuda.is_available():
-            return False, f"torch {torch.__version__} has no usable CUDA"
-        if not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
-            return False, f"torch {torch.__version__} has no usable cuDNN"
-        return True, (f"cuDNN {torch.backends.cudnn.version()} via torch {torch.__version__}, TF32 off, on "
-                      f"{torch.cuda.get_device_name()}")
-    except Exception as exc:   # pragma: no cover - broken installs
-        return False, f"torch's CUDA is not usable ({type(exc).__name__}: {exc})"
-
-
-# --------------------------------------------------------------------------------------------------
-# validation and timing
-# --------------------------------------------------------------------------------------------------
-
-@dataclass
-class Check:
-    error: float            # ‖out − ref‖/‖ref‖ of the output worst relative to its tolerance
-    output: str             # the output it belongs to
-    tolerance: float
-    ok: bool
-    message: str = ""
-
-
-@dataclass
-class Row:
-    mode: str
-    dtype: str
-    H: int
-    B: int
-    T: int
-    I: int  # noqa: E741
-    backend: str
-    check: Check | None = None
-    fwd_ms: float | None = None
-    fwdbwd_ms: float | None = None
-    baseline: str = ""
-    fwd_ratio: float | None = None
-    fwdbwd_ratio: float | None = None
-    extra: dict = field(default_factory=dict)
-    note: str = ""
-
-    @property
-    def shape(self) -> str:
-        return shape_label((self.H, self.B, self.T))
-
-    @property
-    def timed(self) -> bool:
-        return self.fwd_ms is not None and self.fwdbwd_ms is not None
-
-
-def reference_outputs(case) -> dict:
-    """The float64 reference of `case` (whatever backends the run patches or times)."""
-    from .testing import run_backward, run_forward
-
-    case64 = case.astype(np.float64)
-    fwd = run_forward(case64, "reference")
-    grads = run_backward(case64, fwd, "reference")
-    out = dict(zip(FORWARD_NAMES, fwd[:3] + (reserve_contents(fwd[3]),)))
-
-    out.update(zip(BACKWARD_NAMES, grads))
-    if not case.cfg.has_cell_state:
-        del out["output_c"], out["input_c_backprop"]
-    return {k: _host(v) for k, v in out.items()}
-
-
-def named_outputs(backend, case) -> dict:
-    """One forward + backward of `backend` on `case`: {name: NumPy array}."""
-    forward, backward, named = backend.calls(case)
-    fwd = forward()
-    grads = backward(fwd)
-    backend.sync()
-    return named(fwd, grads)
-
-
-def validate(backend, case, ref: dict) -> Check:
-    """Every named output `backend` has vs the float64 reference `ref`, SPEC 10 tolerances of case.dtype."""
-    from .testing import TOLERANCES, relative_error
-
-    tol_out, tol_grad = TOLERANCES[np.dtype(case.dtype)]
-    try:
-        got = named_outputs(backend, case)
-    except Exception as exc:
-        return Check(math.inf, "-", tol_out, False, f"{type(exc).__name__}: {exc}")
-    missing = [n for n in ("output", "output_h", "input_backprop", "params_backprop") if n not in got]
-    if missing:
-        return Check(math.inf, missing[0], tol_out, False, f"no {', '.join(missing)} returned")
-    checks = []
-    for name in FORWARD_NAMES + BACKWARD_NAMES:
-        if name not in got or name not in ref:
-            continue
-        tol = tol_out if name in FORWARD_NAMES else tol_grad
-        value, want = np.asarray(got[name]), ref[name]
-        if value.shape != want.shape:
-            return Check(math.inf, name, tol, False, f"{name}: shape {value.shape}, expected {want.shape}")
-        err = relative_error(value, want)
-        checks.append(Check(err, name, tol, bool(err <= tol)))      # NaN is not <= anything: a failure
-    ratio = lambda c: math.inf if math.isnan(c.error) else c.error / c.tolerance   # noqa: E731
-    # shown: the worst of what a user reads (outputs and gradients); the opaque reserve_space is validated too,
-    # but only shown when it fails (its error is the dtype's rounding of bounded activations, the same every row)
-    worst = max([c for c in checks if c.output != "reserve_space"] or checks, key=ratio)
-    bad = [c for c in checks if not c.ok]
-    if bad:
-        worst = max(checks, key=ratio)
-        worst.ok = False
-        worst.message = "; ".join(f"{c.output} rel. error {c.error:.2e} > {c.tolerance:.0e}" for c in bad)
-    return worst
-
-
-def median_ms(fn, sync, reps: int, warmup: int) -> float:
-    """Median wall time in ms of fn() over `reps` calls after `warmup` untimed ones, synchronised around each."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def timed_ms(fn, reps: int, warmup: int = 1) -> float:
-    """Median ms of fn() over `reps` calls, synchronised with the GPU when numba.cuda runs on one.
-
-    `warmup` untimed calls first keep kernel compilation out of the numbers; in the CUDA simulator there is
-    nothing to synchronise and no warm-up (its timings only say that it is slow).
-    """
-    from numba import config, cuda
-    if config.ENABLE_CUDASIM:
-        return median_ms(fn, lambda: None, reps, 0)
-    return median_ms(fn, cuda.synchronize, reps, warmup)
-
-
-def time_backend(backend, case, reps: int, warmup: int) -> tuple[float, float]:
-    """(forward ms, forward+backward ms) of `backend` on `case`."""
-    forward, backward, _ = backend.calls(case)
-    fwd_ms = median_ms(forward, backend.sync, reps, warmup)
-    fwdbwd_ms = median_ms(lambda: backward(forward()), backend.sync, reps, warmup)
-    return fwd_ms, fwdbwd_ms
-
-
-def add_ratios(rows: list[Row]) -> None:
-    """ratio = time / time of the baseline (first of BASELINES timed for the same mode and shape)."""
-    groups: dict = {}
-    for r in rows:
-        groups.setdefault((r.mode, r.H, r.B, r.T), []).append(r)
-    for group in groups.values():
-        timed = {r.backend: r for r in group if r.timed}
-        base = next((timed[b] for b in BASELINES if b in timed), None)
-        if base is None:
-            continue
-        for r in group:
-            r.baseline = base.backend
-            if r.timed:
-                r.fwd_ratio = r.fwd_ms / base.fwd_ms if base.fwd_ms > 0 else None
-                r.fwdbwd_ratio = r.fwdbwd_ms / base.fwdbwd_ms if base.fwdbwd_ms > 0 else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -494,10 +107,10 @@ def _check_text(r: Row) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    headers = ("mode", "shape HxBxT", "backend", "fwd ms", "fwd+bwd ms", "fwd ratio", "fwd+bwd ratio",
+    headers = ("mode", "shape HxBxT", "backend", "cold ms", "fwd ms", "fwd+bwd ms", "fwd ratio", "fwd+bwd ratio",
                "err vs f64")
-    body = [(r.mode, r.shape, r.backend, _fmt(r.fwd_ms), _fmt(r.fwdbwd_ms), _fmt(r.fwd_ratio, ".2f"),
-             _fmt(r.fwdbwd_ratio, ".2f"), _check_text(r)) for r in rows]
+    body = [(r.mode, r.shape, r.backend, _fmt(r.cold_ms, ".0f"), _fmt(r.fwd_ms), _fmt(r.fwdbwd_ms),
+             _fmt(r.fwd_ratio, ".2f"), _fmt(r.fwdbwd_ratio, ".2f"), _check_text(r)) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(headers, *body)]
     left = 3                                   # mode, shape, backend left-aligned; numbers right-aligned
 
@@ -515,7 +128,7 @@ def write_csv(path: str, rows: list[Row], reps: int, warmup: int, device: str) -
         for r in rows:
             c = r.check
             w.writerow(dict(mode=r.mode, dtype=r.dtype, H=r.H, B=r.B, T=r.T, I=r.I, backend=r.backend,
-                            fwd_ms=_csv(r.fwd_ms), fwdbwd_ms=_csv(r.fwdbwd_ms), baseline=r.baseline,
+                            cold_ms=_csv(r.cold_ms), fwd_ms=_csv(r.fwd_ms), fwdbwd_ms=_csv(r.fwdbwd_ms), baseline=r.baseline,
                             fwd_ratio=_csv(r.fwd_ratio), fwdbwd_ratio=_csv(r.fwdbwd_ratio),
                             check_rel_error="" if c is None else repr(c.error), check_output="" if c is None
                             else c.output, check_tolerance="" if c is None else repr(c.tolerance),
@@ -578,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validated timings of numbarnn's RNN ops (CudnnRNNV3 forward + CudnnRNNBackpropV3) per "
                     "backend, DeepBench-style\nshapes HxBxT (H hidden = input size, B batch, T steps; one layer, "
                     "unidirectional).",
-        epilog="backends: reference (NumPy, always), cuda (numba.cuda kernels: a real GPU, or --simulator), "
-               "cudnn (torch.nn on cuda).\nEach backend is validated against the float64 reference at T=2 "
+        epilog="backends: reference (NumPy, always), cpu (numba CPU kernels), torch (torch.nn on the CPU), cuda "
+               "(numba.cuda kernels: a real GPU, or --simulator),\ncudnn (torch.nn on cuda).\nEach backend is validated against the float64 reference at T=2 "
                "(SPEC 10 tolerances) before it is timed.\n"
                f"default shapes: GPU {' '.join(GPU_SHAPES)}\n"
                f"                (--quick {' '.join(GPU_QUICK_SHAPES)});\n"
@@ -629,31 +242,29 @@ def choose_backends(args) -> tuple[list[str], dict, list[str], int | None]:
     """-> (backends to run, {backend: description}, notes to print, exit code when a named one is unavailable)."""
     requested = list(dict.fromkeys(args.backends)) if args.backends else None
     wanted = requested or [b for b in BACKENDS if not (b == "cudnn" and args.no_cudnn)]
-    info = {"reference": "numbarnn.reference (NumPy)"}
+    info = {"reference": "numbarnn.reference (NumPy, float64 inside)"}
     chosen = ["reference"] if "reference" in wanted else []
     notes = []
-    if "cuda" in wanted:
-        ok, simulated, why = cuda_status(args.simulator)
-        info["cuda"] = why
-        if ok:
-            chosen.append("cuda")
-            if simulated:
+    for name in [b for b in BACKENDS if b in wanted and b != "reference"]:
+        if name == "cuda":
+            ok, simulated, why = cuda_status(args.simulator)
+            if ok and simulated:
                 notes.append("WARNING: the cuda backend runs in numba's CUDA simulator (--simulator): one Python "
                              "thread per CUDA thread, so its timings mean nothing about a GPU; they only show that "
                              "the path runs.")
-        elif requested:
-            return chosen, info, notes, _error(f"--backends cuda: {why}")
+        elif name == "cpu":
+            ok, why = cpu_status()
         else:
-            notes.append(f"note: cuda backend skipped: {why}")
-    if "cudnn" in wanted:
-        ok, why = cudnn_status()
-        info["cudnn"] = why
+            ok, why = torch_status("cpu" if name == "torch" else measure.TORCH_CUDA_DEVICE)
+            if name == "cudnn" and measure.TORCH_CUDA_DEVICE != "cuda":
+                why += " (a stand-in, not cuDNN)"
+        info[name] = why
         if ok:
-            chosen.append("cudnn")
+            chosen.append(name)
         elif requested:
-            return chosen, info, notes, _error(f"--backends cudnn: {why}")
+            return chosen, info, notes, _error(f"--backends {name}: {why}")
         else:
-            notes.append(f"note: cudnn backend skipped: {why}")
+            notes.append(f"note: {name} backend skipped: {why}")
     return [b for b in BACKENDS if b in chosen], info, notes, None
 
 
@@ -665,42 +276,6 @@ def default_shapes(args, backends: list[str], cuda_simulated: bool) -> list[tupl
     else:
         names = CPU_QUICK_SHAPES if args.quick else CPU_SHAPES
     return [parse_shape(s) for s in names]
-
-
-def measure(args, backends: list[str], instances: dict, shapes) -> tuple[list[Row], bool]:
-    """Validate, then time, every backend for every (mode, shape). -> (rows, anything failed)."""
-    rows: list[Row] = []
-    failed = False
-    for mode in args.modes:
-        for H, B, T in shapes:
-            I = H  # noqa: E741 - DeepBench: input size = hidden size
-            label = f"{mode} {shape_label((H, B, T))}"
-            small = make_case(mode, H, B, CHECK_T, I, np.float64, seed=H + B).astype(args.dtype)
-            ref = reference_outputs(small)
-            case = None
-            for b in backends:
-                row = Row(mode, args.dtype, H, B, T, I, b)
-                rows.append(row)
-                row.check = validate(instances[b], small, ref)
-                if not row.check.ok:
-                    failed = True
-                    row.note = row.check.message
-                    print(f"  {label:<18} {b:<9} validation FAILED: {row.check.message}; not timed", flush=True)
-                    continue
-                case = case if case is not None else make_case(mode, H, B, T, I, args.dtype, seed=1)
-                try:
-                    row.fwd_ms, row.fwdbwd_ms = time_backend(instances[b], case, args.reps, args.warmup)
-                except Exception as exc:
-                    failed = True
-                    row.fwd_ms = row.fwdbwd_ms = None
-                    row.note = f"timing failed: {type(exc).__name__}: {exc}"
-                    print(f"  {label:<18} {b:<9} {row.note}", flush=True)
-                    continue
-                row.extra = instances[b].extra()
-                print(f"  {label:<18} {b:<9} error vs float64 reference {row.check.error:.1e} "
-                      f"({row.check.output}) ok; "
-                      f"fwd {row.fwd_ms:.3f} ms, fwd+bwd {row.fwdbwd_ms:.3f} ms", flush=True)
-    return rows, failed
 
 
 def run(args) -> int:
@@ -720,7 +295,7 @@ def run(args) -> int:
     shapes = args.shapes or default_shapes(args, backends, cuda_simulated)
     if "cuda" in backends and not cuda_simulated:
         device = info["cuda"]
-    elif "cudnn" in backends and TORCH_DEVICE == "cuda":
+    elif "cudnn" in backends and measure.TORCH_CUDA_DEVICE == "cuda":
         device = info["cudnn"].rsplit(" on ", 1)[-1]
     else:
         device = f"CPU ({os.cpu_count()} cores)" + (", cuda backend in numba's CUDA simulator" if cuda_simulated
@@ -735,17 +310,17 @@ def run(args) -> int:
     print(f"validation: every named output vs the float64 reference at T={CHECK_T} (SPEC 10 tolerances), before "
           f"timing\n", flush=True)
 
-    instances = {b: BACKEND_CLASSES[b]() for b in backends}
+    adapters = {b: make_adapter(b) for b in backends}
     started = []
     try:
-        for b in backends:
-            instances[b].start()
-            started.append(instances[b])
-        rows, failed = measure(args, backends, instances, shapes)
+        for adapter in adapters.values():
+            adapter.start()
+            started.append(adapter)
+        rows, failed = measure_all(args.modes, args.dtype, shapes, adapters, args.reps, args.warmup,
+                                   log=lambda text: print(text, flush=True))
     finally:
-        for inst in started:
-            inst.stop()
-    add_ratios(rows)
+        for adapter in started:
+            adapter.stop()
 
     print()
     print(format_table(rows))

@@ -20,11 +20,12 @@ import numpy as np
 from . import ops
 from . import params as _params
 from .backends import BACKENDS
+from .cells import CellSpec, get_cell, register
 from .config import RNNConfig, rnn_config
 from .validation import (ArgumentTypeError, SUPPORTED_DTYPES, as_array, check_choice,
                          check_int, check_rank, check_shape, shape_of)
 
-__all__ = ["CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu"]
+__all__ = ["CudnnRNN", "CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu"]
 
 
 def _check_dtype(dtype) -> np.dtype:
@@ -162,6 +163,37 @@ class _CudnnRNNModel:
                                 input_mode=c.input_mode, direction=c.direction, dropout=c.dropout, seed=c.seed,
                                 seed2=c.seed2, num_proj=c.num_proj, is_training=is_training, time_major=time_major,
                                 backend=self._backend)
+
+
+class CudnnRNN(_CudnnRNNModel):
+    """The model of any registered cell: ``CudnnRNN("cifg_lstm", num_layers, num_units, input_size, ...)``.
+
+    `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if it is not yet).  The call takes
+    the cell's states like the fixed models: ``model(x, h0, c0, params)`` -> (output, output_h, output_c) for a
+    cell with a cell state, ``model(x, h0, params)`` -> (output, output_h) otherwise.  The four cuDNN models
+    below are this model with the cell fixed.
+    """
+
+    def __init__(self, cell, num_layers, num_units, input_size, input_mode="linear_input",
+                 direction="unidirectional", dtype="float32", dropout=0.0, seed=0, backend=None, num_proj=None):
+        if isinstance(cell, CellSpec):
+            register(cell)
+            cell = cell.name
+        self._cell = get_cell(cell)
+        self._rnn_mode = self._cell.name
+        super().__init__(num_layers, num_units, input_size, input_mode, direction, dtype, dropout, seed, backend,
+                         num_proj=num_proj)
+
+    def __call__(self, input_data, input_h, *states_and_params, is_training=True, sequence_lengths=None,
+                 time_major=True):
+        names = ("input_c", "params") if self._cell.cell_state else ("params",)
+        if len(states_and_params) != len(names):
+            raise TypeError(f"{type(self).__name__}({self._rnn_mode!r})(input_data, input_h, {', '.join(names)}): "
+                            f"expected {len(names) + 2} positional arguments, got {len(states_and_params) + 2}")
+        args = dict(zip(names, states_and_params))
+        y, hT, cT, _, _ = self._run(input_data, input_h, args.get("input_c"), args["params"], is_training,
+                                    sequence_lengths, time_major)
+        return (y, hT, cT) if self._cell.cell_state else (y, hT)
 
 
 class CudnnLSTM(_CudnnRNNModel):

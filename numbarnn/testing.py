@@ -20,6 +20,7 @@ from . import ops
 from .cells import get_cell
 from .config import RNNConfig, rnn_config
 from .params import params_size
+from .verify import TOLERANCES, relative_error, rnn_named  # noqa: F401 (TOLERANCES: public here too)
 
 try:  # hypothesis is a test dependency, not a runtime one
     from hypothesis import strategies as st
@@ -138,20 +139,10 @@ def check_rnn_gradients(case: RNNCase, backend=None, eps: float = 1e-6, seed: in
     return report
 
 
-def relative_error(a, b) -> float:
-    """‖a − b‖ / ‖b‖ in float64 (0 when both are empty or zero)."""
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
-    nb = np.linalg.norm(b)
-    na = np.linalg.norm(a - b)
-    return float(na / nb) if nb > 0 else float(na)
-
-
-#: SPEC 10 tolerances for ‖out − ref‖/‖ref‖ against the float64 reference: (outputs, gradients)
-TOLERANCES = {np.dtype(np.float64): (1e-10, 1e-10), np.dtype(np.float32): (1e-5, 1e-4),
-              np.dtype(np.float16): (1e-2, 1e-2)}
+def run_named(case: RNNCase, backend=None) -> dict:
+    """{name: NumPy array} of one forward + backward of `case` on `backend` (numbarnn.verify's names)."""
+    fwd = run_forward(case, backend)
+    return rnn_named(fwd, run_backward(case, fwd, backend), case.cfg.has_cell_state)
 
 
 # ---------------------------------------------------------------------------------------------------

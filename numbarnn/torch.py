@@ -530,6 +530,23 @@ _TORCH_NN = {"lstm": lambda **kw: torch.nn.LSTM(**kw), "gru": lambda **kw: torch
              "rnn_relu": lambda **kw: torch.nn.RNN(nonlinearity="relu", **kw)}
 
 
+def torch_nn_module(cfg, params, dtype=torch.float64, batch_first: bool = False) -> torch.nn.Module:
+    """The torch.nn.LSTM / GRU / RNN of `cfg` holding the weights of numbarnn's opaque `params`, in `dtype`."""
+    from .params import to_torch_state_dict
+
+    if cfg.rnn_mode not in _TORCH_NN:
+        raise ValueError(f"rnn_mode: torch.nn has no {cfg.rnn_mode!r} cell")
+    kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bias=True, batch_first=batch_first,
+              dropout=0.0, bidirectional=cfg.D == 2)
+    if cfg.num_proj:
+        kw["proj_size"] = cfg.num_proj
+    module = _TORCH_NN[cfg.rnn_mode](**kw).to(dtype=dtype)
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dtype)
+             for k, v in to_torch_state_dict(cfg, np.asarray(params, np.float64)).items()}
+    module.load_state_dict(state, strict=True)
+    return module
+
+
 def torch_nn_supports(case) -> str | None:
     """None when torch.nn can compute `case` (a numbarnn.testing.RNNCase), else why not."""
     cfg = case.cfg
@@ -552,20 +569,13 @@ def torch_nn_outputs(case) -> dict:
     Ragged lengths go through pack_padded_sequence(enforce_sorted=False).  Raises ValueError for a case
     torch.nn cannot express (see `torch_nn_supports`).
     """
-    from .params import from_torch_state_dict, to_torch_state_dict
+    from .params import from_torch_state_dict
 
     why = torch_nn_supports(case)
     if why:
         raise ValueError(f"case: {why}")
     cfg, tm = case.cfg, case.time_major
-    kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bias=True, batch_first=not tm, dropout=0.0,
-              bidirectional=cfg.D == 2)
-    if cfg.num_proj:
-        kw["proj_size"] = cfg.num_proj
-    module = _TORCH_NN[cfg.rnn_mode](**kw).double()
-    state = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
-             for k, v in to_torch_state_dict(cfg, case.params).items()}
-    module.load_state_dict(state, strict=True)
+    module = torch_nn_module(cfg, case.params, torch.float64, batch_first=not tm)
 
     def leaf(a, swap=False):   # numbarnn batch-major states are [B, L*D, *]; torch's are [L*D, B, *] always
         a = np.asarray(a, dtype=np.float64)

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numbarnn import bench, cli, device
+from numbarnn import bench, cli, device, measure
+from numbarnn.verify import RNN_GRADIENTS, RNN_OUTPUTS, TOLERANCES
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 FAST = ["--reps", "1", "--warmup", "1"]
@@ -48,13 +49,13 @@ def table_rows(out: str) -> list[list[str]]:
 def timed_backends(monkeypatch):
     """Records which backend each time_backend call timed."""
     seen = []
-    original = bench.time_backend
+    original = measure.time_backend
 
     def spy(backend, case, reps, warmup):
         seen.append(backend.name)
         return original(backend, case, reps, warmup)
 
-    monkeypatch.setattr(bench, "time_backend", spy)
+    monkeypatch.setattr(measure, "time_backend", spy)
     return seen
 
 
@@ -72,7 +73,7 @@ def test_reference_only_run_prints_a_table(capsys, timed_backends):
     assert [(r[0], r[1], r[2]) for r in rows] == [("lstm", "8x2x3", "reference"), ("lstm", "4x1x2", "reference"),
                                                   ("gru", "8x2x3", "reference"), ("gru", "4x1x2", "reference")]
     for r in rows:
-        fwd, fwdbwd, ratio, check = float(r[3]), float(r[4]), float(r[5]), float(r[7])
+        fwd, fwdbwd, ratio, check = float(r[4]), float(r[5]), float(r[6]), float(r[8])
         assert fwd > 0 and fwdbwd > 0 and ratio == 1.0 and check <= 1e-5     # float32: SPEC 10
     assert "FAIL" not in out
     assert timed_backends == ["reference"] * 4
@@ -85,8 +86,9 @@ def test_default_backends_without_gpu_say_what_cuda_needs(monkeypatch, capsys):
     out = capsys.readouterr().out
     if SIMULATOR:
         assert "cuda backend skipped: needs a real GPU" in out and "--simulator" in out
-        assert "cudnn backend skipped" in out
-        assert {r[2] for r in table_rows(out)} == {"reference"}
+        assert "cudnn backend skipped" in out and "torch backend skipped" in out
+        assert {r[2] for r in table_rows(out)} <= {"reference", "cpu"}
+        assert "reference" in {r[2] for r in table_rows(out)}
 
 
 def test_csv_has_one_row_per_mode_shape_backend(tmp_path, capsys):
@@ -101,7 +103,7 @@ def test_csv_has_one_row_per_mode_shape_backend(tmp_path, capsys):
     for r in rows:
         assert r["dtype"] == "float64" and r["I"] == r["H"]
         assert r["check_ok"] == "True" and r["timed"] == "True" and r["baseline"] == "reference"
-        assert float(r["check_rel_error"]) <= 1e-10 and float(r["check_tolerance"]) == 1e-10
+        assert float(r["check_rel_error"]) <= 1e-12 and float(r["check_tolerance"]) == 1e-12
         assert float(r["fwd_ms"]) > 0 and float(r["fwdbwd_ms"]) > 0 and float(r["fwdbwd_ratio"]) == 1.0
 
 
@@ -131,7 +133,7 @@ def test_bad_arguments_exit_2(argv, capsys):
 
 def perturbed_reference(kind: str):
     """The reference backend with one wrong result, as the benchmark sees it."""
-    class Perturbed(bench.ReferenceBackend):
+    class Perturbed(measure.OpsAdapter):
         def calls(self, case):
             forward, backward, named = super().calls(case)
 
@@ -160,39 +162,39 @@ def perturbed_reference(kind: str):
 @pytest.mark.parametrize("kind, words", [("scale", "params_backprop rel. error"), ("nan", "output rel. error nan"),
                                          ("raise", "RuntimeError: kernel exploded")])
 def test_failed_validation_is_not_timed_and_exits_1(kind, words, monkeypatch, tmp_path, capsys, timed_backends):
-    monkeypatch.setitem(bench.BACKEND_CLASSES, "reference", perturbed_reference(kind))
+    monkeypatch.setitem(measure.ADAPTERS, "reference", perturbed_reference(kind))
     path = tmp_path / "bench.csv"
     assert bench.main(["--backends", "reference", "--modes", "gru", "--shapes", "4x2x3", "--csv", str(path),
                        *FAST]) == 1
     out = capsys.readouterr().out
     assert "validation FAILED" in out and words in out and "not timed" in out
     (row,) = table_rows(out)
-    assert row[:5] == ["gru", "4x2x3", "reference", "-", "-"] and "FAIL" in row
+    assert row[:3] == ["gru", "4x2x3", "reference"] and row[4:6] == ["-", "-"] and "FAIL" in row
     assert timed_backends == []
     (r,) = read_csv(path)
     assert r["check_ok"] == "False" and r["timed"] == "False" and r["fwd_ms"] == "" and r["fwdbwd_ms"] == ""
 
 
 def test_validate_compares_every_named_output():
-    case = bench.make_case("lstm", 3, 2, 2, 3, np.float64).astype(np.float32)
-    ref = bench.reference_outputs(case)
-    assert set(ref) == set(bench.FORWARD_NAMES + bench.BACKWARD_NAMES)
-    check = bench.validate(bench.ReferenceBackend(), case, ref)
+    case = measure.make_case("lstm", 3, 2, 2, 3, np.float64).astype(np.float32)
+    ref = measure.reference_outputs(case)
+    assert set(ref) == set(RNN_OUTPUTS + RNN_GRADIENTS)
+    check = measure.validate(measure.OpsAdapter(), case, ref)
     assert check.ok and 0 < check.error <= 1e-5 and check.tolerance in (1e-5, 1e-4)
     for name in ref:            # every output is looked at: a wrong one fails
         broken = dict(ref, **{name: ref[name] * 1.1})
-        bad = bench.validate(bench.ReferenceBackend(), case, broken)
+        bad = measure.validate(measure.OpsAdapter(), case, broken)
         assert not bad.ok and bad.output == name and name in bad.message
         assert math.isclose(bad.error, 0.1 / 1.1, rel_tol=1e-4)        # ‖r − 1.1 r‖ / ‖1.1 r‖
 
 
 def test_ratios_use_the_first_baseline_timed():
     def row(backend, fwd, fwdbwd, mode="lstm"):
-        return bench.Row(mode, "float32", 8, 2, 3, 8, backend, fwd_ms=fwd, fwdbwd_ms=fwdbwd)
+        return measure.Row(mode, "float32", 8, 2, 3, 8, backend, fwd_ms=fwd, fwdbwd_ms=fwdbwd)
 
     rows = [row("reference", 4.0, 8.0), row("cuda", 1.0, 1.0), row("cudnn", 0.5, 2.0),
             row("reference", 2.0, 6.0, "gru"), row("cuda", 1.0, 2.0, "gru"), row("cudnn", None, None, "gru")]
-    bench.add_ratios(rows)
+    measure.add_ratios(rows)
     assert [(r.baseline, r.fwd_ratio, r.fwdbwd_ratio) for r in rows] == [
         ("cudnn", 8.0, 4.0), ("cudnn", 2.0, 0.5), ("cudnn", 1.0, 1.0),
         ("reference", 1.0, 1.0), ("reference", 0.5, 2 / 6), ("reference", None, None)]
@@ -212,7 +214,7 @@ def test_cuda_in_the_simulator_validates_and_times(tmp_path, capsys, timed_backe
     assert timed_backends == ["reference", "cuda"]
     rows = {r["backend"]: r for r in read_csv(path)}
     cuda = rows["cuda"]
-    assert cuda["check_ok"] == "True" and float(cuda["check_rel_error"]) <= 1e-10
+    assert cuda["check_ok"] == "True" and float(cuda["check_rel_error"]) <= TOLERANCES[np.dtype("float64")][0]
     assert float(cuda["fwd_ms"]) > 0 and float(cuda["fwdbwd_ms"]) > 0 and cuda["baseline"] == "reference"
     assert int(cuda["launches_fwd"]) > 0 and int(cuda["launches_bwd"]) > 0
 
@@ -247,7 +249,7 @@ def test_cudnn_path_with_torch_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The cudnn backend's whole path (torch module with numbarnn's weights, autograd backward, gradients back
     to the opaque layout, validation, timing, ratios) with torch on the CPU standing in for cuDNN."""
     pytest.importorskip("torch")
-    monkeypatch.setattr(bench, "TORCH_DEVICE", "cpu")
+    monkeypatch.setattr(measure, "TORCH_CUDA_DEVICE", "cpu")
     path = tmp_path / "bench.csv"
     assert bench.main(["--backends", "reference", "cudnn", "--modes", "lstm", "gru", "--shapes", "4x2x3",
                        "--dtype", "float64", "--csv", str(path), *FAST]) == 0
@@ -255,21 +257,39 @@ def test_cudnn_path_with_torch_on_the_cpu(tmp_path, monkeypatch, capsys):
     rows = read_csv(path)
     assert len(rows) == 4
     for r in rows:
-        assert r["check_ok"] == "True" and float(r["check_rel_error"]) <= 1e-10 and r["baseline"] == "cudnn"
+        assert r["check_ok"] == "True" and float(r["check_rel_error"]) <= 1e-12 and r["baseline"] == "cudnn"
         assert float(r["fwdbwd_ms"]) > 0
         if r["backend"] == "cudnn":
             assert float(r["fwdbwd_ratio"]) == 1.0
     # the gradients are compared too: a wrong params_backprop from torch fails
-    case = bench.make_case("gru", 3, 2, 2, 3, np.float64)
-    ref = bench.reference_outputs(case)
-    got = bench.named_outputs(bench.CudnnBackend(), case)
+    case = measure.make_case("gru", 3, 2, 2, 3, np.float64)
+    ref = measure.reference_outputs(case)
+    cudnn = measure.make_adapter("cudnn")
+    got = measure.named_outputs(cudnn, case)
     assert set(got) == set(ref) - {"reserve_space"}
-    assert not bench.validate(bench.CudnnBackend(), case, dict(ref, params_backprop=-ref["params_backprop"])).ok
+    assert not measure.validate(cudnn, case, dict(ref, params_backprop=-ref["params_backprop"])).ok
+
+
+def test_torch_nn_on_the_cpu_is_a_row_and_the_baseline(tmp_path, capsys):
+    """torch.nn on the CPU ("what a user without a GPU would pick instead"): validated like every backend, the
+    baseline of the ratios, with as many threads as numba."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    path = tmp_path / "bench.csv"
+    assert bench.main(["--backends", "reference", "torch", "--modes", "rnn_tanh", "--shapes", "5x3x4",
+                       "--dtype", "float32", "--csv", str(path), *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "torch.nn" in out and "cold ms" in out
+    rows = {r["backend"]: r for r in read_csv(path)}
+    assert set(rows) == {"reference", "torch"} and rows["torch"]["baseline"] == "torch"
+    assert rows["torch"]["check_ok"] == "True" and 0 < float(rows["torch"]["check_rel_error"]) <= 1e-4
+    assert float(rows["reference"]["cold_ms"]) > 0 and float(rows["torch"]["fwdbwd_ratio"]) == 1.0
+    assert torch.get_num_threads() == threads          # restored after the run
 
 
 def test_cudnn_runs_without_tf32_and_restores_the_flag(monkeypatch):
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(bench, "TORCH_DEVICE", "cuda")     # only flags are set: no GPU needed
+    monkeypatch.setattr(measure, "TORCH_CUDA_DEVICE", "cuda")     # only flags are set: no GPU needed
     rnn = getattr(torch.backends.cudnn, "rnn", None)
     if rnn is not None and hasattr(rnn, "fp32_precision"):
         read = lambda: rnn.fp32_precision          # noqa: E731
@@ -277,7 +297,7 @@ def test_cudnn_runs_without_tf32_and_restores_the_flag(monkeypatch):
     else:
         read = lambda: torch.backends.cudnn.allow_tf32          # noqa: E731
         before, during = read(), False
-    backend = bench.CudnnBackend()
+    backend = measure.make_adapter("cudnn")
     backend.start()
     try:
         assert read() == during
@@ -367,20 +387,24 @@ def test_cli_bench_quick_runs(capsys):
 
 def test_installed_package_without_gpu_from_any_directory(tmp_path):
     """`python -m numbarnn bench` from outside the checkout, no GPU and no simulator variable set: the CLI
-    decides (simulator), times the reference, and never imports torch."""
+    decides (simulator), times what runs on the CPU (the reference; numbarnn's cpu backend and torch.nn on the
+    CPU when they exist), and never asks torch for CUDA."""
     code = ("import sys\n"
             "from numbarnn.cli import main\n"
             "rc = main(['bench', '--quick', '--modes', 'lstm', '--shapes', '8x2x3', '--reps', '1'])\n"
-            "print('torch imported:', 'torch' in sys.modules)\n"
+            "t = sys.modules.get('torch')\n"
+            "print('torch cuda initialized:', bool(t is not None and t.cuda.is_initialized()))\n"
             "sys.exit(rc)\n")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBARNN_REAL_GPU"] = "0"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr
-    assert "torch imported: False" in proc.stdout
+    assert "torch cuda initialized: False" in proc.stdout
     assert "cuda backend skipped: needs a real GPU" in proc.stdout and "--simulator" in proc.stdout
-    assert [(r[0], r[1], r[2]) for r in table_rows(proc.stdout)] == [("lstm", "8x2x3", "reference")]
+    rows = [(r[0], r[1], r[2]) for r in table_rows(proc.stdout)]
+    assert rows[0] == ("lstm", "8x2x3", "reference") and {r[2] for r in rows} <= {"reference", "cpu", "torch"}
+    assert ("torch" in {r[2] for r in rows}) == (importlib.util.find_spec("torch") is not None)
 
 
 def test_bench_rnn_script_is_a_thin_wrapper(capsys):

@@ -26,12 +26,11 @@ from numbarnn.block_lstm_config import validate_block_lstm, validate_block_lstm_
 from numbarnn.kernels import backend as cuda_backend
 from numbarnn.kernels import block_lstm as kernels
 from numbarnn.reference import backend as ref_backend
+from numbarnn.verify import TOLERANCES as TOL      # (outputs, gradients): SPEC 10
 
 FORWARD_ARGS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 SAVED = ("i", "cs", "f", "o", "ci", "co", "h")
 GRADS = tuple(f"{name}_grad" for name in FORWARD_ARGS)
-TOL = {np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.float32): (1e-5, 1e-4),
-       np.dtype(np.float16): (1e-2, 1e-2)}      # (outputs, gradients): SPEC 10
 
 
 def make_inputs(rng, T, B, I, C, dtype):

@@ -193,3 +193,31 @@ def test_bad_call_arguments(mode):
         model.params_to_canonical(np.zeros(n - 1, np.float32))
     with pytest.raises(ValueError, match="weights"):
         model.canonical_to_params([], [])
+
+
+def test_generic_model_of_a_registered_cell():
+    """models.CudnnRNN(cell): the states follow the cell (cifg_lstm has c; a CellSpec registers itself), the
+    outputs are the op's, and a call with the wrong arguments says which it expected."""
+    import numbarnn.contrib.cifg_lstm as cifg
+    from numbarnn import ops
+    from numbarnn.models import CudnnRNN
+
+    rng = np.random.default_rng(3)
+    model = CudnnRNN(cifg.SPEC, num_layers=2, num_units=3, input_size=4, direction="bidirectional",
+                     dtype="float64", num_proj=2)
+    assert model.rnn_mode == "cifg_lstm" and model.params_size() == ops.cudnn_rnn_params_size(
+        2, 3, 4, rnn_mode="cifg_lstm", direction="bidirectional", num_proj=2)
+    x, h0, c0 = rng.standard_normal((5, 2, 4)), rng.standard_normal((4, 2, 2)), rng.standard_normal((4, 2, 3))
+    params = rng.standard_normal(model.params_size()) * 0.3
+    y, hT, cT = model(x, h0, c0, params, is_training=False, sequence_lengths=np.array([5, 2], np.int32))
+    want = ops.cudnn_rnn_v3(x, h0, c0, params, np.array([5, 2], np.int32), rnn_mode="cifg_lstm",
+                            direction="bidirectional", num_proj=2, is_training=False)
+    for got, ref in zip((y, hT, cT), want[:3]):
+        np.testing.assert_array_equal(got, ref)
+    with pytest.raises(TypeError, match="input_c, params"):
+        model(x, h0, params)
+    gru = CudnnRNN("gru", 1, 3, 4, dtype="float64")
+    y, hT = gru(x, c0[:1], rng.standard_normal(gru.params_size()), is_training=False)     # h0 [1, B, H]
+    assert y.shape == (5, 2, 3) and hT.shape == (1, 2, 3)
+    with pytest.raises(TypeError, match=r"\(input_data, input_h, params\)"):
+        gru(x, c0[:1], c0[:1], rng.standard_normal(gru.params_size()))

@@ -44,18 +44,15 @@ from numbarnn.reference.philox import dropout_keep_mask
 from numbarnn.reserve import reserve_contents, reserve_views
 
 from numbarnn.testing import make_rnn_case, relative_error, rnn_cases, run_backward, run_forward
+from numbarnn.verify import RNN_GRADIENTS as BACKWARD_NAMES
+from numbarnn.verify import RNN_OUTPUTS as FORWARD_NAMES
+from numbarnn.verify import TOLERANCES as TOL        # ‖cuda − reference‖/‖reference‖: (outputs, gradients)
 
 numba_cuda = pytest.importorskip("numba.cuda")
 is_cuda_ndarray = numba_cuda.devicearray.is_cuda_ndarray   # an attribute in the simulator, not a module
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
-FORWARD_NAMES = ("output", "output_h", "output_c", "reserve_space")
-BACKWARD_NAMES = ("input_backprop", "input_h_backprop", "input_c_backprop", "params_backprop")
-
-#: ‖cuda − reference‖/‖reference‖ allowed per dtype: (forward outputs, gradients)   (SPEC 10)
-TOL = {np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.float32): (1e-5, 1e-4),
-       np.dtype(np.float16): (1e-2, 1e-2)}
 
 
 def examples(n: int) -> int:

@@ -39,7 +39,7 @@ from numbarnn import ops  # noqa: E402
 from numbarnn.reference import gru as ref_gru  # noqa: E402
 from numbarnn.reference import lstm as ref_lstm  # noqa: E402
 from numbarnn.testing import relative_error  # noqa: E402
-from numbarnn.bench import timed_ms  # noqa: E402
+from numbarnn.measure import timed_ms  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------

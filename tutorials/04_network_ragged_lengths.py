@@ -39,7 +39,7 @@ from numbarnn import ops  # noqa: E402
 from numbarnn.reserve import reserve_contents  # noqa: E402
 from numbarnn.testing import TOLERANCES, relative_error  # noqa: E402
 
-from numbarnn.bench import timed_ms  # noqa: E402
+from numbarnn.measure import timed_ms  # noqa: E402
 
 SIM = bool(numba_config.ENABLE_CUDASIM)
 ATTRS = dict(rnn_mode="lstm", direction="bidirectional")

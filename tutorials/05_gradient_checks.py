@@ -52,7 +52,7 @@ from numbarnn.config import rnn_config  # noqa: E402
 from numbarnn.reference.activations import dsigmoid, dtanh, sigmoid, tanh  # noqa: E402
 from numbarnn.testing import (TOLERANCES, check_rnn_gradients, directional_check, make_rnn_case,  # noqa: E402
                               ragged_lengths, relative_error, rnn_cases, rnn_configs, run_backward, run_forward)
-from numbarnn.bench import timed_ms  # noqa: E402
+from numbarnn.measure import timed_ms  # noqa: E402
 
 SIM = bool(numba_config.ENABLE_CUDASIM)
 

@@ -112,13 +112,14 @@ def step2_check():
 def step3_ops():
     from numbarnn.config import rnn_config
     from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
+    from numbarnn.verify import TOLERANCES
     cfg = rnn_config(2, 3, 4, CIFG.name, "linear_input", "bidirectional", num_proj=2, dropout=0.3, seed=1)
     case = make_rnn_case(cfg, 4, 3, lengths=[4, 0, 2], seed=0)
     ref, gpu = run_forward(case, "reference"), run_forward(case, "cuda")
     worst = max(relative_error(b, a) for a, b in zip(ref[:3], gpu[:3]))
     worst = max([worst] + [relative_error(b, a) for a, b in zip(run_backward(case, ref, "reference"),
                                                                 run_backward(case, gpu, "cuda"))])
-    assert worst < 1e-12, worst
+    assert worst <= TOLERANCES[np.dtype(np.float64)][1], worst      # SPEC 10, float64
     print(f"  2 layers, bidirectional, projection P=2, dropout 0.3, lengths [4, 0, 2]: cuda kernels equal the "
           f"reference built from the spec (outputs and every gradient) to {worst:.1e}")
 
@@ -141,7 +142,7 @@ def step4_kernel():
 # ---------------------------------------------------------------------------------------------------
 
 def step5_time():
-    from numbarnn.bench import timed_ms
+    from numbarnn.measure import timed_ms
     T, B, H = (10, 4, 16) if QUICK else (50, 16, 64)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((T, B, H)).astype(np.float32)

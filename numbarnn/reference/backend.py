@@ -15,20 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..reserve import reserve_entries
+from ..verify import host as to_host
 from . import block_lstm as _block_lstm
 from . import network
-
-
-def to_host(a):
-    """NumPy view of a host array; device arrays are copied to the host."""
-    if a is None or isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    if hasattr(a, "__cuda_array_interface__"):
-        from numba import cuda
-        return cuda.as_cuda_array(a).copy_to_host()
-    return np.asarray(a)
 
 
 def _f64(a):
