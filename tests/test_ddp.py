@@ -52,8 +52,9 @@ WORLD = 2
 STEPS = 3
 B, T, I, H = 4, 5, 3, 4            # the whole batch; each rank trains on B // WORLD samples
 LENGTHS = (5, 2, 4, 3)             # ragged models: sequence lengths of the B samples (each half unsorted or not)
-PG_TIMEOUT_S = 60                  # a collective that waits longer than this fails (the worker then exits)
-DEADLINE_S = 120                   # the parent kills both workers after this
+PG_TIMEOUT_S = 120                 # a collective that waits longer than this fails (the worker then exits);
+                                   # generous: a JIT-compiling backend may keep one rank busy for a while
+DEADLINE_S = 240                   # the parent kills the workers (or the launcher) after this
 TOLERANCE = {torch.float64: {"rtol": 1e-10, "atol": 1e-12}, torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
 
 # name -> (what it is, DDP keyword arguments)
