@@ -1,17 +1,17 @@
 """Data-parallel training of a numbarnn LSTM with torch.nn.parallel.DistributedDataParallel (DDP).
 
     torchrun --nproc_per_node=2 examples/ddp_train.py             # 2 processes on this machine (gloo on the CPU)
-    torchrun --nproc_per_node=2 examples/ddp_train.py --quick     # a few small steps (CI; also NUMBARNN_QUICK=1)
+    torchrun --standalone --nproc_per_node=2 examples/ddp_train.py --quick   # a free port; a few small steps (CI)
     python examples/ddp_train.py                                  # 1 process, no launcher needed
-    # several machines: the same command on each, --node_rank 0..nnodes-1, rank 0's address as --master_addr
+    # several machines: the same command on each, --node_rank 0..nnodes-1, node 0's address as --master_addr
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \\
         examples/ddp_train.py
 
 torchrun starts one process per `--nproc_per_node` and gives each RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT in its environment; `init_process_group` reads them (env://).  Backend: NCCL with one GPU per process
 (LOCAL_RANK picks it) when CUDA is available, gloo on the CPU otherwise (`--dist-backend` overrides).  The
-numbarnn LSTM runs on numbarnn's default backend for the tensors' device: the CUDA kernels on a GPU, the CPU
-backend otherwise.  Nothing in the model is DDP-specific: numbarnn.torch.LSTM registers its weights as ordinary
+numbarnn LSTM runs on numbarnn's default backend for the tensors' device: the CUDA kernels on a GPU, the default
+CPU backend otherwise (NUMBARNN_BACKEND picks another).  Nothing in the model is DDP-specific: numbarnn.torch.LSTM registers its weights as ordinary
 parameters, so DDP broadcasts rank 0's at the start and averages the gradients in backward.
 
 The task (synthetic, the same data on every process, so no download): a sequence of T_b steps of I=2 random
