@@ -27,6 +27,14 @@ same outputs.  Differences from torch.nn, by design:
 * **Errors** are raised before any work: shape errors as ``ValueError`` (also catchable as ``RuntimeError``,
   which torch.nn raises), dtype errors as ``TypeError`` (also catchable as ``ValueError``).
 
+Distributed training.  The modules work under ``torch.nn.parallel.DistributedDataParallel`` unchanged (gloo on
+the CPU, NCCL on GPUs; tests/test_ddp.py, examples/ddp_train.py): every weight is an ordinary registered
+parameter, in a fixed order, reached by autograd through the one Function; there are no buffers and no state
+outside the parameters, and ``flatten_parameters`` is a no-op.  With dropout, each process draws its Philox keys
+from its own torch generator, so processes seeded alike draw the same masks for their (different) samples, as
+torch.nn's dropout does; seed each process differently (``torch.manual_seed(seed + rank)`` after wrapping in DDP)
+for independent masks.
+
 Devices.  CPU tensors reach the ops as NumPy arrays (zero-copy views of the contiguous, detached tensors) and
 results come back through ``torch.from_numpy``.  CUDA tensors reach the kernels zero-copy through
 ``__cuda_array_interface__`` (as numba device arrays; default backend "cuda") and results are wrapped with
