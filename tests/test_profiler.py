@@ -179,17 +179,15 @@ def test_recording_restores_the_simulator():
     before = (sim_kernel.FakeCUDAKernel.__call__, kernelapi.FakeCUDAShared.array,
               kernelapi.FakeCUDAAtomic.add, common.SIMULATOR)
     a, b = f32(8), cuda.device_array(8, np.float32)
-    with pytest.raises(ZeroDivisionError):
-        with profiler.recording(geometry="gpu"):
-            assert common.SIMULATOR is False
-            copy[1, 8](a, b)
-            1 / 0
+    with pytest.raises(ZeroDivisionError), profiler.recording(geometry="gpu"):
+        assert common.SIMULATOR is False
+        copy[1, 8](a, b)
+        raise ZeroDivisionError
     after = (sim_kernel.FakeCUDAKernel.__call__, kernelapi.FakeCUDAShared.array,
              kernelapi.FakeCUDAAtomic.add, common.SIMULATOR)
     assert before == after
-    with pytest.raises(ValueError, match="geometry"):
-        with profiler.recording(geometry="big"):
-            pass
+    with pytest.raises(ValueError, match="geometry"), profiler.recording(geometry="big"):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -300,3 +298,23 @@ def test_deepbench_model_is_labelled_and_scales_with_B():
         assert r["R_bytes_per_step_forward"] == r["B"] * r["R_bytes"]
     big = next(r for r in rows if (r["H"], r["B"], r["T"]) == (768, 16, 1024))
     assert big["forward_ms"] > big["published_cudnn_ms"]
+
+
+def test_measured_v1_figures_are_the_models():
+    figures = profiler.measure_v1_figures(H=32, B=2)
+    assert {k: figures[k] for k in roofline.V1_MEASURED} == roofline.V1_MEASURED
+    assert figures["forward_R_per_step_in_B_R"] == 1 and figures["backward_R_per_step_in_B_R"] == 1
+    text = profiler.model_report(shapes=((256, 4, 1000),), measure=False)
+    assert "MODEL" in text and "256" in text
+
+
+def test_numbarnn_profile_from_a_process_without_the_simulator():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != profiler.SIM_VAR}
+    proc = subprocess.run([sys.executable, "-m", "numbarnn", "profile", "--units", "4", "--batch", "2", "--time", "2",
+                           "--forward-only", "--gpu", "RTX 4090"], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "lstm_forward_step *" in proc.stdout and "roofline MODEL on RTX 4090" in proc.stdout

@@ -701,9 +701,8 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
     kwargs = dict(gpu=gpu, geometry=geometry, phases=list(phases), cells=list(cells), lines=lines, **config)
     if "numba" in sys.modules and not simulator_active():
         return _run_in_subprocess(kwargs)
-    os.environ.setdefault(SIM_VAR, "1")
-    if os.environ[SIM_VAR] != "1" and "numba" not in sys.modules:
-        os.environ[SIM_VAR] = "1"
+    if "numba" not in sys.modules:
+        os.environ[SIM_VAR] = "1"           # numba reads it when first imported (by _profile_here)
     return _profile_here(**kwargs)
 
 
@@ -787,6 +786,76 @@ def _profile_here(gpu, geometry, phases, cells, lines, **config) -> dict:
         summary["model"] = roofline.predict_phase(summary, [r for r in plan if r["phase"] == phase], gpu)
         result["phases"][phase] = summary
     return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# the per-request figures of the v1 step kernels (what roofline's extrapolation to big shapes uses)
+# ---------------------------------------------------------------------------------------------------
+
+def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
+    """Measure, now, the per-request figures of roofline.V1_MEASURED on the v1 LSTM step kernels (float32,
+    GPU block sizes): sectors per R request of the forward step and of recurrent_backward, and sectors per
+    request of the broadcast reads (h in the forward step, dgh in recurrent_backward).  Also returns the
+    R bytes per step of both, in units of B x |R|.  Runs in a subprocess when the simulator is off here."""
+    if not simulator_active():
+        env = dict(os.environ, **{SIM_VAR: "1"})
+        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", "--measure-v1"], env=env,
+                              capture_output=True, text=True, check=False)
+        try:
+            return json.loads(proc.stdout)
+        except ValueError as exc:
+            raise RuntimeError(f"profiler subprocess failed (exit {proc.returncode}):\n{proc.stderr}") from exc
+    import numpy as np
+    from numba import cuda
+
+    from ..cells import get_cell
+    from .cell_steps import FORWARD_ARGS, make_forward_step, used_args
+    from .recurrent import make_recurrent_backward
+
+    cell = get_cell("lstm")
+    G, S, P = cell.G, cell.S, H
+    rng = np.random.default_rng(0)
+
+    def dev(*shape):
+        return cuda.to_device(rng.standard_normal(shape).astype(np.float32))
+
+    R, lens = dev(G * H, P), cuda.to_device(np.ones(B, np.int32))
+    h, dgh = dev(1, B, P), dev(1, 1, B, G * H)
+    args = dict(s=0, lens=lens, gx=dev(1, 1, B, G * H), unit_params=dev(1, 2 * G + cell.V, H), R_fwd=R, R_rev=R,
+                h_in=h, h_out=cuda.device_array((1, B, P), np.float32), c=dev(1, B, H), y=dev(1, B, P),
+                acts=dev(1, 1, B, S * H), cs=dev(1, 1, B, H))
+    forward = cuda.jit(make_forward_step(cell, "float32", False))
+    backward = cuda.jit(make_recurrent_backward("float32"))
+    block = min(128, -(-H // 32) * 32)
+    with recording() as rec:
+        rec.tag("R", R)
+        rec.tag("broadcast", h)
+        forward[(-(-H // block), B, 1), block](*[args[n] for n in used_args(FORWARD_ARGS, cell, False)])
+        rec.tag("broadcast", dgh)
+        backward[(-(-P // block), B, 1), block](0, lens, dgh, R, R, dev(1, B, P), dev(1, B, P))
+    fwd, bwd = (st["tags"] for st in rec.launches)
+
+    def inner_loop(st, tag):   # the tagged instruction with the most requests: the k loop's broadcast read
+        return max((r for r in st["lines"] if r["tag"] == tag), key=lambda r: r["requests"])
+
+    return dict(forward_R_sectors_per_request=fwd["R"]["sectors_per_request"],
+                backward_R_sectors_per_request=bwd["R"]["sectors_per_request"],
+                broadcast_sectors_per_request=max(inner_loop(st, "broadcast")["sectors_per_request"]
+                                                  for st in rec.launches),
+                forward_R_per_step_in_B_R=fwd["R"]["l2_bytes"] / (B * R.nbytes),
+                backward_R_per_step_in_B_R=bwd["R"]["l2_bytes"] / (B * R.nbytes))
+
+
+def model_report(gpu: str = "H100 SXM", shapes=None, measure: bool = True) -> str:
+    """The text `numbarnn bench` prints without a GPU: the roofline MODEL of the v1 kernels at the
+    DeepBench shapes (or `shapes`: (H, B, T) tuples), from per-request figures measured now in the simulator
+    (measure=True; a few seconds) or the stored ones (roofline.V1_MEASURED)."""
+    from . import roofline
+    figures = measure_v1_figures() if measure else dict(roofline.V1_MEASURED)
+    used = {k: figures[k] for k in roofline.V1_MEASURED}
+    text = roofline.format_deepbench_model(gpu, shapes or roofline.DEEPBENCH, measured=used)
+    where = "measured now in the CUDA simulator" if measure else "stored in roofline.V1_MEASURED"
+    return text + "\nper-request figures " + where + ": " + ", ".join(f"{k} = {v:g}" for k, v in figures.items())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -921,11 +990,16 @@ def _main(argv=None) -> int:
                                 description="run_profile(**KWARGS) in this process (the simulator must be on)")
     p.add_argument("--kwargs", default="{}", help="run_profile's keyword arguments as JSON")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--measure-v1", dest="measure_v1", action="store_true",
+                   help="print measure_v1_figures() as JSON instead")
     args = p.parse_args(argv)
     kwargs = json.loads(args.kwargs)
     if not simulator_active():
         print(f"python -m numbarnn.kernels.profiler: needs {SIM_VAR}=1", file=sys.stderr)
         return 2
+    if args.measure_v1:
+        print(json.dumps(measure_v1_figures()))
+        return 0
     result = _profile_here(**dict(dict(gpu="H100 SXM", geometry="gpu", phases=["forward", "backward"], cells=[],
                                        lines=3), **kwargs))
     print(json.dumps(result) if args.json else format_profile(result))

@@ -193,9 +193,10 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None)
     return out
 
 
-def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH) -> str:
-    """The table `numbarnn bench` prints without a GPU: the profiler's MODEL of v1, labelled as such."""
-    rows = deepbench_model(gpu_name, shapes)
+def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None) -> str:
+    """The table of the profiler's MODEL of v1 at `shapes`, labelled as such (profiler.model_report adds
+    freshly measured per-request figures)."""
+    rows = deepbench_model(gpu_name, shapes, measured)
     title = (f"the profiler's MODEL of the v1 kernels on {gpu_name} (not a measurement: roofline of traffic "
              f"formulas fitted to the simulator's per-request figures, + {GPUS[gpu_name].launch_us} us per launch; "
              f"fp32 LSTM, one layer, H = I)")
