@@ -48,7 +48,11 @@ tiles), because warp-level figures need full warps; ``geometry="simulator"`` kee
 
     run_profile(mode="lstm", units=32, input_size=32, batch=8, time=3)   -> a plain dict (JSON-able)
     format_profile(result)                                                -> the text report
-    python -m numbarnn.kernels.profiler --kwargs '{"units": 32}' [--json]   (what `numbarnn profile` runs)
+    profile_launch(kernel, grid, block, *args) / with recording() as rec: -> one launch's / many launches' stats
+    measure_v1_figures()      the per-request figures of the v1 step kernels the model extrapolates from
+    model_report(gpu)         the model's table at the DeepBench shapes (what `numbarnn bench` prints without
+                              a GPU), from figures measured now
+    python -m numbarnn.kernels.profiler --kwargs '{"units": 32}' [--json]   (run_profile in this process)
 
 This module imports numba only inside functions: `run_profile` re-runs itself in a subprocess with
 NUMBA_ENABLE_CUDASIM=1 when the calling process has numba loaded without the simulator.
@@ -154,7 +158,7 @@ def _make_global_proxy_class():
             import numpy as np
             ret = self._ary[idx]
             if type(ret) is np.ndarray:
-                if not np.shares_memory(ret, self._ary):   # fancy indexing: a copy, still one load each
+                if not np.may_share_memory(ret, self._ary):   # fancy indexing: a copy, one load each
                     self._record_many(idx, "load")
                     return FakeCUDAArray(ret, stream=self.stream)
                 return self._wrap(ret)
