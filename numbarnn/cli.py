@@ -5,6 +5,7 @@
                                        with no config flags, a sweep of ~12 small configurations
     numbarnn explain  [config flags]   the opaque params layout, the reserve_space layout, the launch plan
     numbarnn kernels  [--json] [--cc 80 90]   registers / spills / occupancy of every kernel (no GPU needed)
+    numbarnn profile  [config flags] [--json] [--gpu NAME]   memory profile in the CUDA simulator + roofline model
     numbarnn bench    [args]           validated timings of the available backends (numbarnn.bench)
 
 No GPU: the cuda backend runs in numba's CUDA simulator. NUMBA_ENABLE_CUDASIM must be set before numba
@@ -152,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Show the opaque params layout, what reserve_space holds and the kernel "
                                          "launch plan of one configuration.")
     _add_config_flags(explain)
+
+    profile = sub.add_parser("profile", help="memory profile (requests, sectors, coalescing, bytes of R per step) "
+                                             "of one forward + backward call in the CUDA simulator, and a "
+                                             "roofline model of its time",
+                             description="Runs cudnn_rnn_v3 + cudnn_rnn_backprop_v3 on the cuda backend in numba's "
+                                         "CUDA simulator (always, GPU or not) and records every global and shared "
+                                         "memory access (numbarnn.kernels.profiler). Defaults: H=I=32 B=8 T=3.")
+    _add_config_flags(profile)
+    from .kernels.profiler import add_arguments as add_profile_arguments
+    add_profile_arguments(profile)
 
     sub.add_parser("kernels", help="registers, spills and occupancy of every kernel ([--json] [--cc 80 90])",
                    add_help=False)
@@ -401,6 +412,13 @@ def cmd_kernels(argv) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
 
 
+def cmd_profile(args) -> int:
+    """`numbarnn profile`: all of it lives in numbarnn.kernels.profiler (runs in the simulator, a subprocess
+    if need be)."""
+    from .kernels import profiler
+    return profiler.cli_main(args, spec_from_args)
+
+
 def cmd_bench(argv) -> int:
     """`numbarnn bench [ARGS]` = numbarnn.bench.main(ARGS): validated timings per backend (reference, cuda, cudnn).
 
@@ -431,6 +449,8 @@ def main(argv=None) -> int:
             return cmd_check(args)
         if args.command == "explain":
             return cmd_explain(args)
+        if args.command == "profile":
+            return cmd_profile(args)
     except BrokenPipeError:    # `numbarnn check | head`: stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,1014 @@
+"""A memory profiler for numba.cuda kernels that runs in numba's CUDA simulator: no GPU needed.
+
+What a GPU's memory system sees of a kernel is decided by its addresses, and the simulator computes every
+address: each CUDA thread is a Python thread that indexes NumPy arrays.  While `recording()` is active the
+profiler wraps every array argument of a launch in a proxy that turns each element access into a byte address
+and writes it down with who made it:
+
+    (space, kind, block, warp, instruction, occurrence, address, size, tag)
+
+    space        "global" (the kernel's array arguments and views of them) or "shared" (cuda.shared.array)
+    kind         "load", "store" or "atomic"
+    warp         threadIdx linearised (x fastest, as on a GPU) // 32
+    instruction  (code object, bytecode offset) of the Python instruction that indexed the array: the
+                 simulator's "program counter"; its source line is kept for the report
+    occurrence   how many times this thread has executed that instruction before (loop iterations)
+
+On a GPU the 32 threads of a warp issue each memory instruction together, so the accesses that share
+(block, warp, instruction, occurrence) form one warp-level *request*.  Per request the profiler counts the
+32-byte *sectors* it touches (what the L1/L2 actually move) and the distinct bytes it uses; per launch:
+
+    requests        warp-level memory instructions
+    sectors         summed over requests (sectors / request: 4 = a coalesced float32 warp, 32 = one per thread)
+    coalescing      bytes used / bytes in the touched sectors (1.0 = every byte moved is used; 1/8 = stride-32
+                    float32; a broadcast, all lanes one address: 4 / 32)
+    l1_bytes        sectors x 32: what moves between L1 and the SM's load/store unit when nothing is reused
+    l2_bytes        L2 <-> SM traffic if each block's L1 keeps what that block loaded: loads count each
+                    block's distinct sectors once, stores and atomics every request's sectors (L1 is
+                    write-through)
+    dram_bytes      distinct sectors of the whole launch x 32: DRAM traffic if L2 keeps everything for the
+                    duration of the launch (a lower bound)
+    shared          bytes allocated per block (static + dynamic), bytes loaded / stored, requests, and bank
+                    wavefronts (the most distinct 4-byte words any one of the 32 banks serves in a request)
+
+Device addresses: every host buffer behind a simulated device array gets a fake device address aligned to
+256 bytes (as cudaMalloc aligns), so sector boundaries fall where they would on a GPU.  `tag(name, array)`
+labels an address range (e.g. the recurrent matrices R inside the opaque params buffer): the report splits
+traffic by tag, which is how an op call's "bytes of R read per step" is measured.
+
+Results do not change: the proxies read and write the same NumPy memory, atomics run the simulator's own
+code, and the simulator is restored when `recording()` exits (even on an exception).  One launch at a time,
+as the simulator itself.  Not modelled: caches between launches, L1 capacity, instruction costs.
+
+Whole op calls: `profile_rnn(...)` runs ``ops.cudnn_rnn_v3`` (training) and ``ops.cudnn_rnn_backprop_v3`` on the
+cuda backend with device arrays and reports per phase: launches (total and per step), per kernel the figures
+above, R bytes per step, and `numbarnn.kernels.roofline`'s predicted times (a model, not a measurement).
+By default launches use the GPU's block sizes (``geometry="gpu"``: 128-thread step kernels, GEMM v3's 64x64
+tiles), because warp-level figures need full warps; ``geometry="simulator"`` keeps the tests' tiny blocks.
+
+    run_profile(mode="lstm", units=32, input_size=32, batch=8, time=3)   -> a plain dict (JSON-able)
+    format_profile(result)                                                -> the text report
+    profile_launch(kernel, grid, block, *args) / with recording() as rec: -> one launch's / many launches' stats
+    measure_v1_figures()      the per-request figures of the v1 step kernels the model extrapolates from
+    model_report(gpu)         the model's table at the DeepBench shapes (what `numbarnn bench` prints without
+                              a GPU), from figures measured now
+    python -m numbarnn.kernels.profiler --kwargs '{"units": 32}' [--json]   (run_profile in this process)
+
+This module imports numba only inside functions: `run_profile` re-runs itself in a subprocess with
+NUMBA_ENABLE_CUDASIM=1 when the calling process has numba loaded without the simulator.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+
+SIM_VAR = "NUMBA_ENABLE_CUDASIM"
+SECTOR = 32          # bytes per sector (L1/L2 granularity of NVIDIA GPUs since Maxwell)
+WARP = 32
+ALIGN = 256          # cudaMalloc alignment
+BANKS, BANK_WIDTH = 32, 4
+
+_RECORDER = None     # the active Recorder (one at a time, like the simulator's kernel context)
+
+
+def simulator_active() -> bool:
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        return bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
+    return os.environ.get(SIM_VAR, "0") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------------
+# fake device addresses
+# ---------------------------------------------------------------------------------------------------
+
+class AddressSpace:
+    """Host buffer -> fake device address (256-byte aligned allocations, in order of first sight)."""
+
+    def __init__(self, start: int = 1 << 32):
+        self._next = start
+        self._roots = {}       # root data pointer -> (device base, root) (root kept alive: no address reuse)
+
+    def device_address(self, ary) -> int:
+        import numpy as np
+        root = ary
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        key = root.__array_interface__["data"][0]
+        entry = self._roots.get(key)
+        if entry is None:
+            entry = (self._next, root)
+            self._roots[key] = entry
+            self._next += -(-max(root.nbytes, 1) // ALIGN) * ALIGN
+        return entry[0] + ary.__array_interface__["data"][0] - key
+
+
+# ---------------------------------------------------------------------------------------------------
+# the recording proxies
+# ---------------------------------------------------------------------------------------------------
+
+def _offset(ary, idx) -> int | None:
+    """Byte offset of element `idx` of `ary` (negative indices wrap, as NumPy and the simulator do);
+    None if `idx` is not one integer per dimension."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if len(idx) != ary.ndim:
+        return None
+    off = 0
+    for i, n, st in zip(idx, ary.shape, ary.strides):
+        try:
+            i = int(i)
+        except TypeError:
+            return None
+        off += (i + n if i < 0 else i) * st
+    return off
+
+
+def _element_offsets(ary, idx):
+    """Byte offsets of every element `ary[idx]` selects (slice assignments / loads)."""
+    import numpy as np
+    sel = np.arange(ary.size, dtype=np.int64).reshape(ary.shape) if ary.ndim else np.zeros((), np.int64)
+    picked = np.asarray(sel[idx]).ravel()
+    coords = np.unravel_index(picked, ary.shape)
+    return [int(sum(int(c[k]) * s for c, s in zip(coords, ary.strides))) for k in range(picked.size)]
+
+
+def _make_global_proxy_class():
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    class GlobalProxy(FakeCUDAArray):
+        """A FakeCUDAArray whose element loads and stores are recorded; views stay proxies."""
+
+        def __init__(self, ary, recorder, stream=0):
+            super().__init__(ary, stream)
+            self._rec = recorder
+            self._dev = recorder.addresses.device_address(ary)
+            self._tags = recorder.tags_for(self._dev, ary)
+            self._size = ary.dtype.itemsize
+
+        def _wrap(self, ary):
+            return GlobalProxy(ary, self._rec, self.stream)
+
+        def __getitem__(self, idx):
+            import numpy as np
+            ret = self._ary[idx]
+            if type(ret) is np.ndarray:
+                if not np.may_share_memory(ret, self._ary):   # fancy indexing: a copy, one load each
+                    self._record_many(idx, "load")
+                    return FakeCUDAArray(ret, stream=self.stream)
+                return self._wrap(ret)
+            off = _offset(self._ary, idx)
+            if off is None:
+                self._record_many(idx, "load")
+            else:
+                self._rec.access("global", "load", self._dev + off, self._size, self._tag(off))
+            return ret
+
+        def __setitem__(self, idx, val):
+            off = _offset(self._ary, idx)
+            if off is None:
+                self._record_many(idx, "store")
+            else:
+                self._rec.access("global", "store", self._dev + off, self._size, self._tag(off))
+            self._ary[idx] = val
+
+        def _record_many(self, idx, kind):
+            for off in _element_offsets(self._ary, idx):
+                self._rec.access("global", kind, self._dev + off, self._size, self._tag(off))
+
+        def _tag(self, off):
+            tags = self._tags
+            if not tags:
+                return None
+            if len(tags) == 1 and tags[0][0] is None:
+                return tags[0][1]
+            addr = self._dev + off
+            for (lo, hi), name in tags:
+                if lo <= addr < hi:
+                    return name
+            return None
+
+        def atomic_address(self, index):
+            off = _offset(self._ary, index)
+            return None if off is None else (self._dev + off, self._size, self._tag(off))
+
+        def reshape(self, *args, **kwargs):
+            return self._wrap(self._ary.reshape(*args, **kwargs))
+
+        def ravel(self, *args, **kwargs):
+            return self._wrap(self._ary.ravel(*args, **kwargs))
+
+        def view(self, *args, **kwargs):
+            return self._wrap(self._ary.view(*args, **kwargs))
+
+        def transpose(self, axes=None):
+            import numpy as np
+            return self._wrap(np.transpose(self._ary, axes=axes))
+
+        def bind(self, stream=0):
+            return GlobalProxy(self._ary, self._rec, stream)
+
+    return GlobalProxy
+
+
+class SharedProxy:
+    """A cuda.shared.array whose loads and stores are recorded (offsets within the block's shared memory)."""
+
+    def __init__(self, ary, recorder, base: int):
+        self.__dict__.update(_ary=ary, _rec=recorder, _base=base, _size=ary.dtype.itemsize)
+
+    def __getitem__(self, idx):
+        ret = self._ary[idx]
+        off = _offset(self._ary, idx)
+        if off is not None:
+            self._rec.access("shared", "load", self._base + off, self._size, None)
+        else:
+            for o in _element_offsets(self._ary, idx):
+                self._rec.access("shared", "load", self._base + o, self._size, None)
+        return ret
+
+    def __setitem__(self, idx, val):
+        off = _offset(self._ary, idx)
+        if off is not None:
+            self._rec.access("shared", "store", self._base + off, self._size, None)
+        else:
+            for o in _element_offsets(self._ary, idx):
+                self._rec.access("shared", "store", self._base + o, self._size, None)
+        self._ary[idx] = val
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_ary"], name)
+
+    def __len__(self):
+        return len(self._ary)
+
+    def atomic_address(self, index):
+        off = _offset(self._ary, index)
+        return None if off is None else (self._base + off, self._size, None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the recorder
+# ---------------------------------------------------------------------------------------------------
+
+class Recorder:
+    """Collects the accesses of every launch made while `recording()` is active and reduces each launch to
+    its statistics (`launches`: a list of dicts, see `launch_stats`)."""
+
+    def __init__(self, keep_lines: bool = True):
+        self.addresses = AddressSpace()
+        self.launches: list[dict] = []
+        self.keep_lines = keep_lines
+        self.label = None          # copied into every launch's stats (e.g. the phase of an op call)
+        self._tags = []            # ((lo, hi), name) in device addresses
+        self._records = None
+        self._lines = {}
+        self._skip = set()
+        self._shared = None
+
+    # tags ------------------------------------------------------------------------------------------
+    def tag(self, name: str, array, start: int = 0, stop: int | None = None) -> None:
+        """Label bytes [start, stop) of `array` (a simulated device array or NumPy array) as `name`."""
+        ary = getattr(array, "_ary", array)
+        lo = self.addresses.device_address(ary)
+        stop = ary.nbytes if stop is None else stop
+        self._tags.append(((lo + start, lo + stop), name))
+
+    def tags_for(self, dev: int, ary):
+        """The tags overlapping an array at `dev`: [(None, name)] if one tag covers it entirely."""
+        lo, hi = dev, dev + max(ary.nbytes, 1)   # views with positive strides (all the driver makes)
+        hits = [(rng, name) for rng, name in self._tags if rng[0] < hi and lo < rng[1]]
+        if len(hits) == 1 and hits[0][0][0] <= lo and hi <= hits[0][0][1]:
+            return [(None, hits[0][1])]
+        return hits
+
+    # accesses --------------------------------------------------------------------------------------
+    def access(self, space, kind, addr, size, tag):
+        th = threading.current_thread()
+        f = sys._getframe(2)
+        skip = self._skip
+        while f.f_code.co_filename in skip:
+            f = f.f_back
+        key = (f.f_code, _instruction(f.f_code, f.f_lasti))
+        occ = th.__dict__.get("_nbrnn_occ")
+        if occ is None:
+            occ = th.__dict__["_nbrnn_occ"] = {}
+        n = occ.get(key, 0)
+        occ[key] = n + 1
+        if self.keep_lines and key not in self._lines:
+            self._lines[key] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+        b = th.blockIdx
+        self._records.append((space, kind, (b.x, b.y, b.z), th.thread_id // WARP, key, n, addr, size, tag))
+
+    def shared_array(self, ary):
+        """Proxy for a shared array of the current launch (offsets assigned in order of first sight)."""
+        table = self._shared
+        entry = table.get(id(ary))
+        if entry is None:
+            entry = table[id(ary)] = (table["_next"], ary)
+            table["_next"] += -(-ary.nbytes // 16) * 16
+        return SharedProxy(ary, self, entry[0])
+
+    # one launch --------------------------------------------------------------------------------------
+    def begin(self):
+        self._records = []
+        self._lines = {}
+        self._shared = {"_next": 0}
+
+    def end(self, name, grid, block, dynshared, args) -> dict:
+        stats = launch_stats(self._records, self._lines, name, grid, block)
+        static = self._shared["_next"]
+        stats["shared"]["bytes_per_block"] = int(static + dynshared)
+        stats["label"] = self.label
+        stats["args"] = args
+        self._records = None
+        self.launches.append(stats)
+        return stats
+
+
+_STARTS: dict = {}   # code object -> sorted offsets of its instructions
+
+
+def _instruction(code, lasti: int) -> int:
+    """The offset of the instruction that owns bytecode offset `lasti`.  Python 3.11 specialises a
+    BINARY_SUBSCR on a Python class into an inlined call whose frame reports an offset inside the
+    instruction's inline cache, so the raw f_lasti of one instruction changes once it is specialised."""
+    starts = _STARTS.get(code)
+    if starts is None:
+        import dis
+        starts = _STARTS[code] = [ins.offset for ins in dis.get_instructions(code)]
+    return starts[bisect.bisect_right(starts, lasti) - 1]
+
+
+def _sectors(addr: int, size: int):
+    first, last = addr // SECTOR, (addr + size - 1) // SECTOR
+    return range(first, last + 1)
+
+
+def launch_stats(records, lines, name, grid, block) -> dict:
+    """Reduce one launch's access records to its statistics (plain dict)."""
+    requests = {}
+    for rec in records:
+        space, kind, blk, warp, key, occ, addr, size, tag = rec
+        requests.setdefault((space, kind, blk, warp, key, occ), []).append((addr, size, tag))
+
+    def zero():
+        return dict(requests=0, accesses=0, bytes_requested=0, bytes_used=0, sectors=0)
+
+    glob = {k: zero() for k in ("load", "store", "atomic")}
+    tags: dict = {}
+    by_line: dict = {}
+    block_sectors: dict = {}      # (block) -> set of load sectors
+    block_tag_sectors: dict = {}  # (tag, block) -> set of load sectors
+    launch_sectors, tag_launch_sectors = set(), {}
+    store_sector_bytes, tag_store_bytes = 0, {}
+    shared = dict(requests=0, load_bytes=0, store_bytes=0, wavefronts=0)
+    for (space, kind, blk, warp, key, occ), acc in requests.items():
+        if space == "shared":
+            shared["requests"] += 1
+            shared["load_bytes" if kind == "load" else "store_bytes"] += sum(s for _, s in
+                                                                             ((a, s) for a, s, _ in acc))
+            words_per_bank: dict = {}
+            for a, s, _ in acc:
+                for w in range(a // BANK_WIDTH, (a + s - 1) // BANK_WIDTH + 1):
+                    words_per_bank.setdefault(w % BANKS, set()).add(w)
+            shared["wavefronts"] += max(len(v) for v in words_per_bank.values())
+            continue
+        sectors = set()
+        used = set()
+        for a, s, _ in acc:
+            sectors.update(_sectors(a, s))
+            used.update(range(a, a + s))
+        row = glob[kind]
+        row["requests"] += 1
+        row["accesses"] += len(acc)
+        row["bytes_requested"] += sum(s for _, s, _ in acc)
+        row["bytes_used"] += len(used)
+        row["sectors"] += len(sectors)
+        launch_sectors.update(sectors)
+        if kind == "load":
+            block_sectors.setdefault(blk, set()).update(sectors)
+        else:
+            store_sector_bytes += len(sectors) * SECTOR
+        line = by_line.setdefault((key, kind), dict(requests=0, sectors=0, bytes_used=0, tag=acc[0][2]))
+        line["requests"] += 1
+        line["sectors"] += len(sectors)
+        line["bytes_used"] += len(used)
+        # per tag (a request may mix tags only if it straddles a tag boundary: split by access)
+        for tag in {t for _, _, t in acc if t is not None}:
+            mine = [(a, s) for a, s, t in acc if t == tag]
+            ts = set()
+            tu = set()
+            for a, s in mine:
+                ts.update(_sectors(a, s))
+                tu.update(range(a, a + s))
+            t = tags.setdefault(tag, dict(load_requests=0, store_requests=0, sectors=0, bytes_used=0))
+            t["load_requests" if kind == "load" else "store_requests"] += 1
+            t["sectors"] += len(ts)
+            t["bytes_used"] += len(tu)
+            tag_launch_sectors.setdefault(tag, set()).update(ts)
+            if kind == "load":
+                block_tag_sectors.setdefault((tag, blk), set()).update(ts)
+            else:
+                tag_store_bytes[tag] = tag_store_bytes.get(tag, 0) + len(ts) * SECTOR
+    for row in glob.values():
+        row["coalescing"] = row["bytes_used"] / (row["sectors"] * SECTOR) if row["sectors"] else None
+        row["sectors_per_request"] = row["sectors"] / row["requests"] if row["requests"] else None
+    l1 = sum(r["sectors"] for r in glob.values()) * SECTOR
+    l2 = sum(len(v) for v in block_sectors.values()) * SECTOR + store_sector_bytes
+    for tag, t in tags.items():
+        t["requests"] = t["load_requests"] + t["store_requests"]
+        t["sectors_per_request"] = t["sectors"] / t["requests"] if t["requests"] else None
+        t["coalescing"] = t["bytes_used"] / (t["sectors"] * SECTOR) if t["sectors"] else None
+        t["l1_bytes"] = t["sectors"] * SECTOR
+        t["l2_bytes"] = (sum(len(v) for (tg, _), v in block_tag_sectors.items() if tg == tag) * SECTOR
+                         + tag_store_bytes.get(tag, 0))
+        t["dram_bytes"] = len(tag_launch_sectors[tag]) * SECTOR
+    line_rows = []
+    for (key, kind), row in by_line.items():
+        row.update(where=lines.get(key, "?"), instr=key[1], kind=kind,
+                   sectors_per_request=row["sectors"] / row["requests"],
+                   coalescing=row["bytes_used"] / (row["sectors"] * SECTOR))
+        line_rows.append(row)
+    line_rows.sort(key=lambda r: -r["sectors"])
+    threads = int(block[0] * block[1] * block[2])
+    return dict(kernel=name, grid=[int(g) for g in grid], block=[int(b) for b in block],
+                blocks=int(grid[0] * grid[1] * grid[2]), threads_per_block=threads,
+                warps_per_block=-(-threads // WARP), global_=glob, l1_bytes=l1, l2_bytes=l2,
+                dram_bytes=len(launch_sectors) * SECTOR, tags=tags, lines=line_rows, shared=shared)
+
+
+# ---------------------------------------------------------------------------------------------------
+# hooking the simulator
+# ---------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
+    """Record every kernel launch (numba CUDA simulator only) into `recorder` (a new one if None; yielded).
+
+    geometry: "simulator" leaves launch sizes alone; "gpu" makes numbarnn's launchers use the GPU's block
+    sizes and GEMM tiles (numbarnn.kernels.common.threads, GemmVersion.default_config) while recording.
+    Everything patched is restored on exit.
+    """
+    global _RECORDER
+    if geometry not in ("simulator", "gpu"):
+        raise ValueError(f"geometry: expected 'simulator' or 'gpu', got {geometry!r}")
+    if not simulator_active():
+        raise RuntimeError(f"the profiler runs in numba's CUDA simulator: set {SIM_VAR}=1 before numba is "
+                           f"imported (run_profile does this in a subprocess for you)")
+    if _RECORDER is not None:
+        raise RuntimeError("recording() is already active (one profile at a time)")
+    import numpy as np
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray
+
+    rec = Recorder() if recorder is None else recorder
+    GlobalProxy = _make_global_proxy_class()
+    rec._skip = {devicearray.__file__, kernelapi.__file__, __file__, sim_kernel.__file__}
+    kernel_cls, shared_cls, atomic_cls = sim_kernel.FakeCUDAKernel, kernelapi.FakeCUDAShared, \
+        kernelapi.FakeCUDAAtomic
+    orig_call, orig_shared = kernel_cls.__call__, shared_cls.array
+    atomic_names = [n for n in vars(atomic_cls) if not n.startswith("_") and callable(vars(atomic_cls)[n])]
+    orig_atomics = {n: vars(atomic_cls)[n] for n in atomic_names}
+
+    def wrap(arg):
+        if isinstance(arg, GlobalProxy):
+            return arg
+        if isinstance(arg, devicearray.FakeCUDAArray):
+            return GlobalProxy(arg._ary, rec, arg.stream)
+        if isinstance(arg, np.ndarray) and arg.ndim > 0:
+            return GlobalProxy(arg, rec)      # a host array: the simulator would copy it in and back out
+        return arg
+
+    def call(self, *args):
+        if self._device or sim_kernel._kernel_context is not None:
+            return orig_call(self, *args)
+        rec.begin()
+        try:
+            orig_call(self, *[wrap(a) for a in args])
+        except BaseException:
+            rec._records = None
+            raise
+        rec.end(getattr(self.fn, "__name__", "kernel"), self.grid_dim, self.block_dim, self.dynshared_size,
+                [_describe(a) for a in args])
+
+    def shared_array(self, shape, dtype, alignment=None):
+        ary = orig_shared(self, shape, dtype, alignment)
+        if rec._shared is None:
+            return ary
+        return rec.shared_array(ary)
+
+    def atomic(name):
+        fn = orig_atomics[name]
+
+        def op(self, array, *rest):
+            target = getattr(array, "_item", array)         # FakeWithinKernelCUDAArray -> the proxy
+            if isinstance(target, (GlobalProxy, SharedProxy)) and rec._records is not None:
+                index = (0,) * target._ary.ndim if name == "compare_and_swap" else rest[0]
+                where = target.atomic_address(index)
+                if where is not None:
+                    space = "shared" if isinstance(target, SharedProxy) else "global"
+                    rec.access(space, "atomic", *where)
+                return fn(self, target._ary, *rest)
+            return fn(self, array, *rest)
+        return op
+
+    patches = []
+    try:
+        kernel_cls.__call__ = call
+        patches.append(lambda: setattr(kernel_cls, "__call__", orig_call))
+        shared_cls.array = shared_array
+        patches.append(lambda: setattr(shared_cls, "array", orig_shared))
+        for n in atomic_names:
+            setattr(atomic_cls, n, atomic(n))
+        patches.append(lambda: [setattr(atomic_cls, n, f) for n, f in orig_atomics.items()])
+        if geometry == "gpu":
+            from . import common, gemm
+            old_sim = common.SIMULATOR
+            common.SIMULATOR = False
+            patches.append(lambda: setattr(common, "SIMULATOR", old_sim))
+            orig_default = gemm.GemmVersion.default_config
+            gemm.GemmVersion.default_config = lambda self: self.gpu_config
+            patches.append(lambda: setattr(gemm.GemmVersion, "default_config", orig_default))
+        _RECORDER = rec
+        yield rec
+    finally:
+        _RECORDER = None
+        for undo in reversed(patches):
+            undo()
+
+
+def _describe(a) -> str:
+    shape = getattr(a, "shape", None)
+    if shape is not None and hasattr(a, "dtype"):
+        return f"{a.dtype}[{','.join(str(s) for s in shape)}]"
+    return type(a).__name__ if not isinstance(a, (int, float)) else repr(a)
+
+
+def profile_launch(kernel, grid, block, *args, geometry: str = "simulator") -> dict:
+    """Run one launch ``kernel[grid, block](*args)`` in the simulator and return its statistics."""
+    with recording(geometry=geometry) as rec:
+        kernel[grid, block](*args)
+    return rec.launches[-1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# whole op calls
+# ---------------------------------------------------------------------------------------------------
+
+#: kernels launched once per time step (per layer); anything else runs once per layer or per call.  A new
+#: kernel family marks itself by a name ending in "_step" / "_step_proj", or is listed here.
+STEP_KERNELS = ("project", "recurrent_backward")
+
+
+def is_step_kernel(name: str) -> bool:
+    return name in STEP_KERNELS or name.endswith(("_step", "_step_proj"))
+
+
+def kernel_family(name: str) -> str:
+    """Launches of one family share a row in the per-kernel table (the GEMM's variants are one family)."""
+    return "gemm" if name.startswith("gemm") else name
+
+
+def _sum_stats(launches) -> dict:
+    """Totals over launches of one family."""
+    out = dict(launches=len(launches), requests=0, sectors=0, bytes_used=0, l1_bytes=0, l2_bytes=0,
+               dram_bytes=0, load_requests=0, store_requests=0, shared_bytes_per_block=0, shared_load_bytes=0,
+               shared_store_bytes=0, shared_wavefronts=0, shared_requests=0, tags={}, lines={})
+    for st in launches:
+        for kind, row in st["global_"].items():
+            out["requests"] += row["requests"]
+            out["sectors"] += row["sectors"]
+            out["bytes_used"] += row["bytes_used"]
+        out["load_requests"] += st["global_"]["load"]["requests"]
+        out["store_requests"] += st["global_"]["store"]["requests"]
+        for k in ("l1_bytes", "l2_bytes", "dram_bytes"):
+            out[k] += st[k]
+        sh = st["shared"]
+        out["shared_bytes_per_block"] = max(out["shared_bytes_per_block"], sh["bytes_per_block"])
+        out["shared_load_bytes"] += sh["load_bytes"]
+        out["shared_store_bytes"] += sh["store_bytes"]
+        out["shared_wavefronts"] += sh["wavefronts"]
+        out["shared_requests"] += sh["requests"]
+        for tag, t in st["tags"].items():
+            acc = out["tags"].setdefault(tag, dict(requests=0, sectors=0, bytes_used=0, l1_bytes=0, l2_bytes=0,
+                                                   dram_bytes=0))
+            for k in acc:
+                acc[k] += t[k]
+        for row in st["lines"]:
+            acc = out["lines"].setdefault((row["where"], row["instr"], row["kind"], row["tag"]),
+                                          dict(requests=0, sectors=0, bytes_used=0))
+            for k in acc:
+                acc[k] += row[k]
+    out["sectors_per_request"] = out["sectors"] / out["requests"] if out["requests"] else None
+    out["coalescing"] = out["bytes_used"] / (out["sectors"] * SECTOR) if out["sectors"] else None
+    for t in out["tags"].values():
+        t["sectors_per_request"] = t["sectors"] / t["requests"] if t["requests"] else None
+        t["coalescing"] = t["bytes_used"] / (t["sectors"] * SECTOR) if t["sectors"] else None
+    rows = []
+    for (where, instr, kind, tag), r in out["lines"].items():
+        rows.append(dict(where=where, instr=instr, kind=kind, tag=tag, requests=r["requests"], sectors=r["sectors"],
+                         sectors_per_request=r["sectors"] / r["requests"],
+                         coalescing=r["bytes_used"] / (r["sectors"] * SECTOR)))
+    rows.sort(key=lambda r: -r["sectors"])
+    out["lines"] = rows
+    return out
+
+
+def summarize_phase(launches, steps: int, layers: int, matrix_bytes: dict) -> dict:
+    """Per-phase summary of an op call's launches: counts, per-kernel totals, per-step figures."""
+    families: dict = {}
+    for st in launches:
+        families.setdefault(kernel_family(st["kernel"]), []).append(st)
+    kernels = {}
+    for fam, group in families.items():
+        row = _sum_stats(group)
+        row["step_kernel"] = is_step_kernel(group[0]["kernel"])
+        row["names"] = sorted({st["kernel"] for st in group})
+        kernels[fam] = row
+    loop = [st for st in launches if is_step_kernel(st["kernel"])]
+    per = max(1, steps * layers)
+    out = dict(launches=len(launches), step_launches=len(loop), steps=steps, layers=layers,
+               launches_per_step=len(loop) / per if steps else 0.0, kernels=kernels)
+    step = _sum_stats(loop) if loop else None
+    tags_all = _sum_stats(launches)["tags"] if launches else {}
+    per_step = {}
+    for tag, size in matrix_bytes.items():
+        t = tags_all.get(tag)
+        if t is None:
+            continue
+        per_step[tag] = dict(
+            bytes=size, l2_bytes_per_step=t["l2_bytes"] / per if steps else None,
+            times_matrix=(t["l2_bytes"] / per / size) if steps and size else None,
+            l1_bytes_per_step=t["l1_bytes"] / per if steps else None,
+            sectors_per_request=t["sectors_per_request"], coalescing=t["coalescing"], requests=t["requests"])
+    out["matrices"] = per_step
+    if step is not None:
+        out["per_step"] = dict(l1_bytes=step["l1_bytes"] / per, l2_bytes=step["l2_bytes"] / per,
+                               dram_bytes=step["dram_bytes"] / per, requests=step["requests"] / per)
+    return out
+
+
+def _load_cells(names) -> None:
+    """Import --cells modules or .py files (they register their cells on import)."""
+    import importlib
+    import importlib.util
+    for name in names or ():
+        if name.endswith(".py") or os.sep in name:
+            if not os.path.isfile(name):
+                raise ValueError(f"cells: no such file {name!r}")
+            module_name = "numbarnn_user_cells_" + os.path.splitext(os.path.basename(name))[0]
+            if module_name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(module_name, name)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise ValueError(f"cells: cannot import {name!r} ({exc})") from None
+
+
+#: run_profile's keyword arguments and defaults (the configuration flags of `numbarnn check`)
+CONFIG_DEFAULTS = dict(mode="lstm", layers=1, units=32, input_size=None, direction="unidirectional",
+                       input_mode="linear_input", proj=0, batch=8, time=3, lengths=None, dtype="float32",
+                       dropout=0.0, seed=0, seed2=0, data_seed=0, batch_major=False)
+
+
+def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward", "backward"), cells=(),
+                lines: int = 3, **config) -> dict:
+    """Profile one cudnn_rnn_v3 (training) + cudnn_rnn_backprop_v3 call on the cuda backend, in the simulator.
+
+    config: CONFIG_DEFAULTS' keys (the flags of `numbarnn check`; input_size None = H for skip_input, else H).
+    gpu: the roofline model's GPU (numbarnn.kernels.roofline.GPUS).  lines: source lines kept per kernel.
+    Returns a JSON-able dict: the configuration, per phase the launches, per-kernel memory figures, per step
+    figures and bytes of R per step, and the model's predicted times.  Runs in a subprocess with the
+    simulator when this process has numba loaded without it.
+    """
+    unknown = set(config) - set(CONFIG_DEFAULTS)
+    if unknown:
+        raise TypeError(f"run_profile: unknown configuration {sorted(unknown)}; expected {sorted(CONFIG_DEFAULTS)}")
+    from . import roofline
+    if gpu not in roofline.GPUS:
+        raise ValueError(f"gpu: expected one of {sorted(roofline.GPUS)}, got {gpu!r}")
+    bad = [p for p in phases if p not in ("forward", "backward")]
+    if bad or not phases:
+        raise ValueError(f"phases: expected 'forward' and/or 'backward', got {list(phases)}")
+    kwargs = dict(gpu=gpu, geometry=geometry, phases=list(phases), cells=list(cells), lines=lines, **config)
+    if "numba" in sys.modules and not simulator_active():
+        return _run_in_subprocess(kwargs)
+    if "numba" not in sys.modules:
+        os.environ[SIM_VAR] = "1"           # numba reads it when first imported (by _profile_here)
+    return _profile_here(**kwargs)
+
+
+def _run_in_subprocess(kwargs: dict) -> dict:
+    env = dict(os.environ)
+    env[SIM_VAR] = "1"
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", "--kwargs", json.dumps(kwargs),
+                           "--json"], env=env, capture_output=True, text=True, check=False)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError as exc:
+        raise RuntimeError(f"profiler subprocess failed (exit {proc.returncode}):\n{proc.stdout}\n"
+                           f"{proc.stderr}") from exc
+
+
+def _profile_here(gpu, geometry, phases, cells, lines, **config) -> dict:
+    import numpy as np
+    from numba import cuda
+
+    from .. import ops
+    from ..config import RNNCall, rnn_config
+    from ..params import param_regions
+    from ..testing import make_rnn_case
+    from . import driver, roofline
+
+    _load_cells(cells)
+    c = dict(CONFIG_DEFAULTS, **config)
+    H = c["units"]
+    I = c["input_size"] if c["input_size"] is not None else H
+    cfg = rnn_config(c["layers"], H, I, c["mode"], c["input_mode"], c["direction"], c["proj"], c["dropout"],
+                     c["seed"], c["seed2"])
+    T, B = c["time"], c["batch"]
+    lengths = c["lengths"]
+    if lengths is not None:
+        lengths = [int(v) for v in lengths]
+        if len(lengths) != B:
+            raise ValueError(f"lengths: expected batch = {B} lengths, got {len(lengths)}")
+    time_major = not c["batch_major"]
+    dtype = np.dtype(c["dtype"])
+    case = make_rnn_case(cfg, T, B, lengths, seed=c["data_seed"], dtype=dtype, time_major=time_major)
+    lens = tuple(lengths) if lengths is not None else (T,) * B
+    call = RNNCall(cfg, T, B, dtype, time_major, True, lens)
+    steps = max(lens, default=0)
+
+    dev = {k: (None if v is None else cuda.to_device(v)) for k, v in
+           dict(x=case.x, h0=case.h0, c0=case.c0, params=case.params, dy=case.dy, dhT=case.dhT,
+                dcT=case.dcT).items()}
+    rec = Recorder()
+    rec.keep_lines = lines > 0
+    # tag the matrices inside the opaque params buffer (contiguous gates of one pseudo-layer merge)
+    item = dtype.itemsize
+    matrix_bytes: dict = {}
+    for r in param_regions(cfg):
+        if r.kind in ("R", "W", "W_proj"):
+            rec.tag(r.kind, dev["params"], r.offset * item, (r.offset + r.size) * item)
+            matrix_bytes[r.kind] = matrix_bytes.get(r.kind, 0) + r.size * item
+    per_layer = {k: v / cfg.L for k, v in matrix_bytes.items()}   # both directions of one layer
+
+    attrs = case.attrs
+    result = dict(config=dict(c, input_size=I, cells=list(cells), dtype=str(dtype)), geometry=geometry,
+                  gpu=gpu, phases={})
+    with recording(rec, geometry=geometry):
+        rec.label = "forward"
+        fwd = ops.cudnn_rnn_v3(dev["x"], dev["h0"], dev["c0"], dev["params"], case.lengths, is_training=True,
+                               backend="cuda", **attrs)
+        if "backward" in phases:
+            rec.label = "backward"
+            y, hT, cT, reserve, host_reserved = fwd
+            ops.cudnn_rnn_backprop_v3(dev["x"], dev["h0"], dev["c0"], dev["params"], case.lengths, y, hT, cT,
+                                      dev["dy"], dev["dhT"], dev["dcT"], reserve, host_reserved, backend="cuda",
+                                      **attrs)
+    logs = driver.last_launch_count()
+    plan = driver.launch_plan(call, gpu=True)
+    for phase in phases:
+        launches = [st for st in rec.launches if st["label"] == phase]
+        summary = summarize_phase(launches, steps, cfg.L, per_layer)
+        log = logs.get(phase)
+        summary["driver_launches"] = None if log is None else log.total
+        for row in summary["kernels"].values():
+            row["lines"] = row["lines"][:lines]
+        summary["model"] = roofline.predict_phase(summary, [r for r in plan if r["phase"] == phase], gpu)
+        result["phases"][phase] = summary
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# the per-request figures of the v1 step kernels (what roofline's extrapolation to big shapes uses)
+# ---------------------------------------------------------------------------------------------------
+
+def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
+    """Measure, now, the per-request figures of roofline.V1_MEASURED on the v1 LSTM step kernels (float32,
+    GPU block sizes): sectors per R request of the forward step and of recurrent_backward, and sectors per
+    request of the broadcast reads (h in the forward step, dgh in recurrent_backward).  Also returns the
+    R bytes per step of both, in units of B x |R|.  Runs in a subprocess when the simulator is off here."""
+    if not simulator_active():
+        env = dict(os.environ, **{SIM_VAR: "1"})
+        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", "--measure-v1"], env=env,
+                              capture_output=True, text=True, check=False)
+        try:
+            return json.loads(proc.stdout)
+        except ValueError as exc:
+            raise RuntimeError(f"profiler subprocess failed (exit {proc.returncode}):\n{proc.stderr}") from exc
+    import numpy as np
+    from numba import cuda
+
+    from ..cells import get_cell
+    from .cell_steps import FORWARD_ARGS, make_forward_step, used_args
+    from .recurrent import make_recurrent_backward
+
+    cell = get_cell("lstm")
+    G, S, P = cell.G, cell.S, H
+    rng = np.random.default_rng(0)
+
+    def dev(*shape):
+        return cuda.to_device(rng.standard_normal(shape).astype(np.float32))
+
+    R, lens = dev(G * H, P), cuda.to_device(np.ones(B, np.int32))
+    h, dgh = dev(1, B, P), dev(1, 1, B, G * H)
+    args = dict(s=0, lens=lens, gx=dev(1, 1, B, G * H), unit_params=dev(1, 2 * G + cell.V, H), R_fwd=R, R_rev=R,
+                h_in=h, h_out=cuda.device_array((1, B, P), np.float32), c=dev(1, B, H), y=dev(1, B, P),
+                acts=dev(1, 1, B, S * H), cs=dev(1, 1, B, H))
+    forward = cuda.jit(make_forward_step(cell, "float32", False))
+    backward = cuda.jit(make_recurrent_backward("float32"))
+    block = min(128, -(-H // 32) * 32)
+    with recording() as rec:
+        rec.tag("R", R)
+        rec.tag("broadcast", h)
+        forward[(-(-H // block), B, 1), block](*[args[n] for n in used_args(FORWARD_ARGS, cell, False)])
+        rec.tag("broadcast", dgh)
+        backward[(-(-P // block), B, 1), block](0, lens, dgh, R, R, dev(1, B, P), dev(1, B, P))
+    fwd, bwd = (st["tags"] for st in rec.launches)
+
+    def inner_loop(st, tag):   # the tagged instruction with the most requests: the k loop's broadcast read
+        return max((r for r in st["lines"] if r["tag"] == tag), key=lambda r: r["requests"])
+
+    return dict(forward_R_sectors_per_request=fwd["R"]["sectors_per_request"],
+                backward_R_sectors_per_request=bwd["R"]["sectors_per_request"],
+                broadcast_sectors_per_request=max(inner_loop(st, "broadcast")["sectors_per_request"]
+                                                  for st in rec.launches),
+                forward_R_per_step_in_B_R=fwd["R"]["l2_bytes"] / (B * R.nbytes),
+                backward_R_per_step_in_B_R=bwd["R"]["l2_bytes"] / (B * R.nbytes))
+
+
+def model_report(gpu: str = "H100 SXM", shapes=None, measure: bool = True) -> str:
+    """The text `numbarnn bench` prints without a GPU: the roofline MODEL of the v1 kernels at the
+    DeepBench shapes (or `shapes`: (H, B, T) tuples), from per-request figures measured now in the simulator
+    (measure=True; a few seconds) or the stored ones (roofline.V1_MEASURED)."""
+    from . import roofline
+    figures = measure_v1_figures() if measure else dict(roofline.V1_MEASURED)
+    used = {k: figures[k] for k in roofline.V1_MEASURED}
+    text = roofline.format_deepbench_model(gpu, shapes or roofline.DEEPBENCH, measured=used)
+    where = "measured now in the CUDA simulator" if measure else "stored in roofline.V1_MEASURED"
+    return text + "\nper-request figures " + where + ": " + ", ".join(f"{k} = {v:g}" for k, v in figures.items())
+
+
+# ---------------------------------------------------------------------------------------------------
+# the text report
+# ---------------------------------------------------------------------------------------------------
+
+def _b(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _f(x, digits=1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _table(headers, rows) -> str:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
+              for i, h in enumerate(headers)]
+    out = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def format_profile(result: dict) -> str:
+    """The text report of `run_profile`'s dict."""
+    from . import roofline
+    c = result["config"]
+    head = (f"{c['mode']} L={c['layers']} H={c['units']} I={c['input_size']} T={c['time']} B={c['batch']} "
+            f"{c['direction']} {c['dtype']}" + (f" proj={c['proj']}" if c["proj"] else "")
+            + (f" lengths={','.join(map(str, c['lengths']))}" if c["lengths"] else ""))
+    how = (f"measured in numba's CUDA simulator with {result['geometry']} launch sizes: every global/shared "
+           f"access, grouped into warp requests by (block, warp, instruction, occurrence); 32-byte sectors")
+    out = [f"numbarnn profile: {head}", how]
+    for phase, s in result["phases"].items():
+        out.append("")
+        out.append(f"== {phase}: {s['launches']} launches ({s['step_launches']} in the time loop: "
+                   f"{_f(s['launches_per_step'], 2)} per step x {s['steps']} steps x {s['layers']} layer(s))")
+        rows = []
+        for fam, k in s["kernels"].items():
+            rows.append([fam + (" *" if k["step_kernel"] else ""), k["launches"], k["requests"],
+                         _f(k["sectors_per_request"]), _pct(k["coalescing"]), _b(k["l1_bytes"]),
+                         _b(k["l2_bytes"]), _b(k["dram_bytes"]), _b(k["shared_bytes_per_block"]),
+                         _b(k["shared_load_bytes"] + k["shared_store_bytes"])])
+        out.append(_table(["kernel (* = per step)", "launches", "requests", "sect/req", "coalesced", "L1 bytes",
+                           "L2 bytes", "DRAM bytes", "smem/block", "smem moved"], rows))
+        if s["matrices"]:
+            out.append("")
+            out.append("weight matrices (tagged address ranges inside params; per step = per layer and step, "
+                       "L2 bytes = each block's distinct sectors):")
+            rows = []
+            for tag, m in s["matrices"].items():
+                rows.append([tag, _b(m["bytes"]), m["requests"], _f(m["sectors_per_request"]),
+                             _pct(m["coalescing"]), _b(m["l2_bytes_per_step"]), _f(m["times_matrix"], 2),
+                             _b(m["l1_bytes_per_step"])])
+            out.append(_table(["matrix", "|M| per layer", "requests", "sect/req", "coalesced", "L2 bytes/step",
+                               "x |M|", "L1 bytes/step"], rows))
+        hot = []
+        for fam, k in s["kernels"].items():
+            for line in k["lines"]:
+                hot.append([fam, f"{line['where']} @{line['instr']}", line["kind"] + (f" {line['tag']}" if line["tag"]
+                                                                               else ""),
+                            line["requests"], _f(line["sectors_per_request"]),
+                            _pct(line["coalescing"])])
+        if hot:
+            out.append("")
+            out.append("busiest instructions (most sectors) per kernel: source line @ bytecode offset; kind and "
+                       "tagged array:")
+            out.append(_table(["kernel", "instruction", "kind", "requests", "sect/req", "coalesced"], hot))
+        out.append("")
+        out.append(roofline.format_phase_model(s["model"]))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI (`numbarnn profile` calls cli_main; `python -m numbarnn.kernels.profiler --kwargs JSON`)
+# ---------------------------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    """The profile-only flags (the configuration flags come from numbarnn.cli)."""
+    from . import roofline
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--gpu", default="H100 SXM", choices=sorted(roofline.GPUS),
+                        help="the GPU of the roofline model (default: H100 SXM)")
+    parser.add_argument("--geometry", default="gpu", choices=("gpu", "simulator"),
+                        help="launch sizes: the GPU's (default: full warps) or the simulator tests' tiny blocks")
+    parser.add_argument("--forward-only", dest="forward_only", action="store_true",
+                        help="profile the forward call only")
+
+
+def cli_main(args, spec_from_args) -> int:
+    """`numbarnn profile`: args from numbarnn.cli's parser, spec_from_args its Spec builder."""
+    if "numba" not in sys.modules:
+        os.environ[SIM_VAR] = "1"           # before a --cells module imports numba
+    try:
+        if simulator_active():
+            _load_cells(args.cells)
+        spec = spec_from_args(args)
+        if spec.blocklstm:
+            raise ValueError("--blocklstm: the profiler covers the cuDNN RNN ops (cudnn_rnn_v3 / backprop)")
+        config = {k: getattr(spec, k) for k in CONFIG_DEFAULTS}
+        if getattr(args, "units", None) is None:
+            config["units"] = CONFIG_DEFAULTS["units"]
+        if getattr(args, "batch", None) is None and spec.lengths is None:
+            config["batch"] = CONFIG_DEFAULTS["batch"]
+        if getattr(args, "input_size", None) is None:
+            config["input_size"] = None
+        if config["lengths"] is not None:
+            config["lengths"] = list(config["lengths"])
+        result = run_profile(gpu=args.gpu, geometry=args.geometry, cells=args.cells or (),
+                             phases=("forward",) if args.forward_only else ("forward", "backward"), **config)
+    except (ValueError, TypeError) as exc:
+        print(f"numbarnn profile: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else format_profile(result))
+    return 0
+
+
+def _main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m numbarnn.kernels.profiler",
+                                description="run_profile(**KWARGS) in this process (the simulator must be on)")
+    p.add_argument("--kwargs", default="{}", help="run_profile's keyword arguments as JSON")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--measure-v1", dest="measure_v1", action="store_true",
+                   help="print measure_v1_figures() as JSON instead")
+    args = p.parse_args(argv)
+    kwargs = json.loads(args.kwargs)
+    if not simulator_active():
+        print(f"python -m numbarnn.kernels.profiler: needs {SIM_VAR}=1", file=sys.stderr)
+        return 2
+    if args.measure_v1:
+        print(json.dumps(measure_v1_figures()))
+        return 0
+    result = _profile_here(**dict(dict(gpu="H100 SXM", geometry="gpu", phases=["forward", "backward"], cells=[],
+                                       lines=3), **kwargs))
+    print(json.dumps(result) if args.json else format_profile(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,320 @@
+"""The simulator memory profiler (numbarnn.kernels.profiler) on known answers, and its roofline model.
+
+Known answers use blocks of >= 32 threads so full warps exist (plus one partial warp).  float32 throughout:
+a warp's 32 x 4 bytes = 128 bytes = 4 sectors of 32 bytes.
+"""
+import json
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from numbarnn.cells import get_cell
+from numbarnn.kernels import common, profiler, roofline
+from numbarnn.kernels.cell_steps import make_forward_step
+from numbarnn.kernels.recurrent import make_recurrent_backward
+
+
+@cuda.jit
+def copy(a, b):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        b[i] = a[i]
+
+
+@cuda.jit
+def strided_read(a, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i * 32]
+
+
+@cuda.jit
+def broadcast_read(a, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[3]
+
+
+@cuda.jit
+def read_twice(a, out):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        x = a[i]
+        y = a[i]
+        out[i] = x + y
+
+
+@cuda.jit
+def shared_reverse(a, out):
+    sh = cuda.shared.array(64, np.float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    sh[t] = a[i]
+    cuda.syncthreads()
+    out[i] = sh[63 - t]
+
+
+@cuda.jit
+def shared_conflict(out):
+    sh = cuda.shared.array(1024, np.float32)
+    t = cuda.threadIdx.x
+    sh[t * 32] = np.float32(t)          # every lane in bank 0: 32 wavefronts
+    cuda.syncthreads()
+    out[t] = sh[t * 32]
+
+
+@cuda.jit
+def count(out):
+    cuda.atomic.add(out, 0, np.float32(1.0))
+
+
+@cuda.jit
+def row_view(a, out):
+    i = cuda.grid(1)
+    row = a[1]                          # a view taken inside the kernel
+    if i < row.shape[0]:
+        out[i] = row[i]
+
+
+def f32(n):
+    return cuda.to_device(np.arange(n, dtype=np.float32))
+
+
+def test_coalesced_copy_is_fully_coalesced():
+    a, b = f32(128), cuda.device_array(128, np.float32)
+    st = profiler.profile_launch(copy, 2, 64, a, b)
+    for kind in ("load", "store"):
+        row = st["global_"][kind]
+        assert row["requests"] == 4                    # 2 blocks x 2 warps
+        assert row["sectors_per_request"] == 4.0
+        assert row["coalescing"] == 1.0
+    assert st["dram_bytes"] == 2 * 128 * 4
+    np.testing.assert_array_equal(b.copy_to_host(), np.arange(128, dtype=np.float32))
+
+
+def test_stride_32_read_is_one_eighth_coalesced():
+    a, out = f32(64 * 32), cuda.device_array(64, np.float32)
+    st = profiler.profile_launch(strided_read, 2, 32, a, out)
+    load = st["global_"]["load"]
+    assert load["requests"] == 2
+    assert load["sectors_per_request"] == 32.0
+    assert load["coalescing"] == 1 / 8
+    assert st["global_"]["store"]["sectors_per_request"] == 4.0
+    np.testing.assert_array_equal(out.copy_to_host(), np.arange(64, dtype=np.float32) * 32)
+
+
+def test_broadcast_read_is_one_sector_per_warp():
+    a, out = f32(64), cuda.device_array(96, np.float32)
+    st = profiler.profile_launch(broadcast_read, 3, 32, a, out)
+    load = st["global_"]["load"]
+    assert load["requests"] == 3 and load["sectors"] == 3
+    assert load["coalescing"] == 4 / 32                # 4 distinct bytes used of the 32 moved
+    assert st["l2_bytes"] - st["global_"]["store"]["sectors"] * 32 == 3 * 32   # one sector per block
+
+
+def test_partial_warp():
+    a, b = f32(48), cuda.device_array(48, np.float32)
+    st = profiler.profile_launch(copy, 1, 48, a, b)   # warp 0: 32 lanes, warp 1: 16 lanes
+    load = st["global_"]["load"]
+    assert load["requests"] == 2
+    assert load["sectors"] == 4 + 2
+    assert load["coalescing"] == 1.0
+    assert st["warps_per_block"] == 2
+
+
+def test_distinct_bytes_count_an_array_read_twice_once():
+    a, out = f32(256), cuda.device_array(256, np.float32)
+    st = profiler.profile_launch(read_twice, 4, 64, a, out)
+    assert st["global_"]["load"]["requests"] == 2 * 8              # two load instructions per warp
+    assert st["dram_bytes"] == a.nbytes + out.nbytes               # a counted once
+    assert st["l1_bytes"] == 2 * a.nbytes + out.nbytes             # every request's sectors
+    assert st["l2_bytes"] == a.nbytes + out.nbytes                 # each block re-reads only its own sectors
+    np.testing.assert_array_equal(out.copy_to_host(), 2 * np.arange(256, dtype=np.float32))
+
+
+def test_shared_memory_bytes_and_bank_conflicts():
+    a, out = f32(128), cuda.device_array(128, np.float32)
+    st = profiler.profile_launch(shared_reverse, 2, 64, a, out)
+    sh = st["shared"]
+    assert sh["bytes_per_block"] == 64 * 4
+    assert sh["load_bytes"] == sh["store_bytes"] == 128 * 4
+    assert sh["requests"] == 8 and sh["wavefronts"] == 8            # conflict-free
+    expect = np.arange(128, dtype=np.float32).reshape(2, 64)[:, ::-1].ravel()
+    np.testing.assert_array_equal(out.copy_to_host(), expect)
+
+    out = cuda.device_array(32, np.float32)
+    st = profiler.profile_launch(shared_conflict, 1, 32, out)
+    assert st["shared"]["bytes_per_block"] == 1024 * 4
+    assert st["shared"]["requests"] == 2 and st["shared"]["wavefronts"] == 2 * 32
+    np.testing.assert_array_equal(out.copy_to_host(), np.arange(32, dtype=np.float32))
+
+
+def test_atomics_are_one_request_per_warp_and_give_the_same_result():
+    out = cuda.to_device(np.zeros(1, np.float32))
+    st = profiler.profile_launch(count, 2, 64, out)
+    atom = st["global_"]["atomic"]
+    assert atom["requests"] == 4 and atom["accesses"] == 128 and atom["sectors"] == 4
+    assert out.copy_to_host()[0] == 128
+
+
+def test_views_and_tags_use_device_addresses():
+    host = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)
+    a, out = cuda.to_device(host), cuda.device_array(64, np.float32)
+    with profiler.recording() as rec:
+        rec.tag("second row", a, 64 * 4, 2 * 64 * 4)
+        row_view[2, 32](a, out)                            # view inside the kernel
+        copy[2, 32](a.reshape(128)[64:], out)              # a view passed from the host
+    inside, passed = rec.launches
+    for st in (inside, passed):
+        assert st["global_"]["load"]["sectors_per_request"] == 4.0
+        assert st["tags"]["second row"]["dram_bytes"] == 256
+        assert st["tags"]["second row"]["requests"] == 2
+    np.testing.assert_array_equal(out.copy_to_host(), host[1])
+
+
+def test_recording_restores_the_simulator():
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+    before = (sim_kernel.FakeCUDAKernel.__call__, kernelapi.FakeCUDAShared.array,
+              kernelapi.FakeCUDAAtomic.add, common.SIMULATOR)
+    a, b = f32(8), cuda.device_array(8, np.float32)
+    with pytest.raises(ZeroDivisionError), profiler.recording(geometry="gpu"):
+        assert common.SIMULATOR is False
+        copy[1, 8](a, b)
+        raise ZeroDivisionError
+    after = (sim_kernel.FakeCUDAKernel.__call__, kernelapi.FakeCUDAShared.array,
+             kernelapi.FakeCUDAAtomic.add, common.SIMULATOR)
+    assert before == after
+    with pytest.raises(ValueError, match="geometry"), profiler.recording(geometry="big"):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# v1 step kernels: the issue's analysis (32 sectors per R request; B x |R| per step)
+# ---------------------------------------------------------------------------------------------------
+
+def _forward_step_launch(H, B):
+    """One v1 LSTM forward step (D=1, T=1, P=H=I) with GPU geometry: 128-thread blocks, grid (.., B, 1)."""
+    cell = get_cell("lstm")
+    rng = np.random.default_rng(0)
+    G, S = cell.G, cell.S
+
+    def dev(*shape):
+        return cuda.to_device(rng.standard_normal(shape).astype(np.float32))
+
+    R = dev(G * H, H)
+    args = dict(s=0, lens=cuda.to_device(np.ones(B, np.int32)), gx=dev(1, 1, B, G * H),
+                unit_params=dev(1, 2 * G + cell.V, H), R_fwd=R, R_rev=R, h_in=dev(1, B, H),
+                h_out=cuda.device_array((1, B, H), np.float32), c=dev(1, B, H), y=dev(1, B, H),
+                acts=dev(1, 1, B, S * H), cs=dev(1, 1, B, H))
+    kernel = cuda.jit(make_forward_step(cell, "float32", False))
+    names = kernel.py_func.__code__.co_varnames[:kernel.py_func.__code__.co_argcount]
+    threads = common.threads(H, simulator=False)
+    return kernel, (common.blocks(H, threads), B, 1), threads, [args[n] for n in names], R
+
+
+def test_v1_lstm_forward_step_reads_R_uncoalesced_once_per_batch_row():
+    H, B = 32, 4
+    kernel, grid, block, args, R = _forward_step_launch(H, B)
+    with profiler.recording() as rec:
+        rec.tag("R", R)
+        kernel[grid, block](*args)
+    r = rec.launches[0]["tags"]["R"]
+    assert r["sectors_per_request"] == 32.0                   # one sector per lane: rows are 128 B apart
+    assert r["coalescing"] == 1 / 8
+    assert r["l2_bytes"] == B * R.nbytes                      # B x |R| per step
+    assert r["dram_bytes"] == R.nbytes
+    model = roofline.v1_step_traffic(H, H, B)["forward_step"]  # the model's formula = the measurement
+    assert model["R_l2"] == r["l2_bytes"] and model["R_l1"] == r["l1_bytes"]
+
+
+def test_v1_recurrent_backward_reads_R_coalesced_once_per_batch_row():
+    H, B, G = 32, 3, 4
+    rng = np.random.default_rng(1)
+    R = cuda.to_device(rng.standard_normal((G * H, H)).astype(np.float32))
+    dgh = cuda.to_device(rng.standard_normal((1, 1, B, G * H)).astype(np.float32))
+    dh_in = cuda.to_device(np.zeros((1, B, H), np.float32))
+    dh_out = cuda.to_device(np.zeros((1, B, H), np.float32))
+    kernel = cuda.jit(make_recurrent_backward("float32"))
+    with profiler.recording() as rec:
+        rec.tag("R", R)
+        kernel[(1, B, 1), 32](0, cuda.to_device(np.ones(B, np.int32)), dgh, R, R, dh_in, dh_out)
+    r = rec.launches[0]["tags"]["R"]
+    assert r["sectors_per_request"] == 4.0 and r["coalescing"] == 1.0
+    assert r["l2_bytes"] == B * R.nbytes
+    model = roofline.v1_step_traffic(H, H, B)["recurrent_backward"]
+    assert model["R_l2"] == r["l2_bytes"] and model["R_l1"] == r["l1_bytes"]
+    expect = dgh.copy_to_host()[0, 0] @ R.copy_to_host()
+    np.testing.assert_allclose(dh_out.copy_to_host()[0], expect, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# whole op calls, the CLI, the model
+# ---------------------------------------------------------------------------------------------------
+
+def test_run_profile_of_an_op_call():
+    result = profiler.run_profile(units=16, input_size=8, batch=3, time=2)
+    fwd, bwd = result["phases"]["forward"], result["phases"]["backward"]
+    assert fwd["launches"] == fwd["driver_launches"] and bwd["launches"] == bwd["driver_launches"]
+    assert fwd["launches_per_step"] == 1 and bwd["launches_per_step"] == 2
+    assert fwd["matrices"]["R"]["times_matrix"] == 3          # B x |R| per step
+    assert fwd["matrices"]["R"]["sectors_per_request"] == 16  # 16 lanes, rows 64 B apart: one sector each
+    assert bwd["matrices"]["R"]["times_matrix"] == 3
+    assert fwd["model"]["per_step_us"] > 0 and "MODEL" in fwd["model"]["note"]
+    text = profiler.format_profile(result)
+    assert "R " in text and "roofline MODEL" in text and "lstm_forward_step *" in text
+    json.dumps(result)
+
+
+def test_run_profile_in_a_subprocess_and_bad_arguments():
+    result = profiler._run_in_subprocess(dict(gpu="A100 SXM", geometry="gpu", phases=["forward"], cells=[],
+                                              lines=1, mode="gru", units=4, input_size=3, batch=2, time=2,
+                                              direction="bidirectional", lengths=[2, 1]))
+    fwd = result["phases"]["forward"]
+    assert list(result["phases"]) == ["forward"] and fwd["steps"] == 2
+    assert fwd["matrices"]["R"]["bytes"] == 2 * 3 * 4 * 4 * 4         # both directions of the layer
+    with pytest.raises(TypeError, match="unknown"):
+        profiler.run_profile(hidden=3)
+    with pytest.raises(ValueError, match="gpu"):
+        profiler.run_profile(gpu="toaster")
+
+
+def test_cli_profile_json(capsys):
+    from numbarnn import cli
+    code = cli.main(["profile", "--units", "4", "--batch", "2", "--time", "2", "--forward-only", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["units"] == 4 and out["phases"]["forward"]["launches_per_step"] == 1
+    assert cli.main(["profile", "--blocklstm"]) == 2
+
+
+def test_deepbench_model_is_labelled_and_scales_with_B():
+    text = roofline.format_deepbench_model()
+    assert "MODEL" in text and "not a measurement" in text
+    rows = roofline.deepbench_model("H100 SXM")
+    assert [(r["H"], r["B"], r["T"]) for r in rows] == list(roofline.DEEPBENCH)
+    for r in rows:
+        assert r["R_bytes_per_step_forward"] == r["B"] * r["R_bytes"]
+    big = next(r for r in rows if (r["H"], r["B"], r["T"]) == (768, 16, 1024))
+    assert big["forward_ms"] > big["published_cudnn_ms"]
+
+
+def test_measured_v1_figures_are_the_models():
+    figures = profiler.measure_v1_figures(H=32, B=2)
+    assert {k: figures[k] for k in roofline.V1_MEASURED} == roofline.V1_MEASURED
+    assert figures["forward_R_per_step_in_B_R"] == 1 and figures["backward_R_per_step_in_B_R"] == 1
+    text = profiler.model_report(shapes=((256, 4, 1000),), measure=False)
+    assert "MODEL" in text and "256" in text
+
+
+def test_numbarnn_profile_from_a_process_without_the_simulator():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != profiler.SIM_VAR}
+    proc = subprocess.run([sys.executable, "-m", "numbarnn", "profile", "--units", "4", "--batch", "2", "--time", "2",
+                           "--forward-only", "--gpu", "RTX 4090"], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "lstm_forward_step *" in proc.stdout and "roofline MODEL on RTX 4090" in proc.stdout
