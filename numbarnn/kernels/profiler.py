@@ -54,7 +54,9 @@ tiles), because warp-level figures need full warps; ``geometry="simulator"`` kee
                               a GPU), from figures measured now
     python -m numbarnn.kernels.profiler --kwargs '{"units": 32}' [--json]   (run_profile in this process)
 
-This module imports numba only inside functions: `run_profile` re-runs itself in a subprocess with
+Why one file of ~1000 lines: the recorder, the array proxies and the simulator patches share one state (the
+active recording) and are only correct together; the op-level report on top is what the tests check them
+through.  This module imports numba only inside functions: `run_profile` re-runs itself in a subprocess with
 NUMBA_ENABLE_CUDASIM=1 when the calling process has numba loaded without the simulator.
 """
 from __future__ import annotations
