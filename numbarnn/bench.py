@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulator", action="store_true",
                    help="without a GPU, run the cuda backend in numba's CUDA simulator (slow; the timings mean "
                         "nothing)")
+    p.add_argument("--no-model", action="store_true",
+                   help="without a GPU, do not print the profiler's model of the GPU kernels")
     p.add_argument("--no-cudnn", action="store_true", help=argparse.SUPPRESS)   # bench_rnn.py's old flag
     return p
 
@@ -278,6 +280,16 @@ def default_shapes(args, backends: list[str], cuda_simulated: bool) -> list[tupl
     return [parse_shape(s) for s in names]
 
 
+def print_gpu_model() -> None:
+    """No GPU to time the kernels on: print the memory profiler's roofline MODEL of them instead."""
+    try:
+        from .kernels.profiler import model_report
+        text = model_report()
+    except Exception as exc:   # informative only: the timings above stand on their own
+        text = f"(no GPU model: {type(exc).__name__}: {exc})"
+    print("\nNo GPU here, so no cuda timings. " + text)
+
+
 def run(args) -> int:
     env = _device.use_simulator_unless_gpu()     # before numba is imported (cuda_status imports it)
     plt = None
@@ -332,6 +344,8 @@ def run(args) -> int:
 
     if cuda_simulated:
         print("(cuda: numba's CUDA simulator, timings meaningless)")
+    if ("cuda" not in backends or cuda_simulated) and not args.no_model:
+        print_gpu_model()
     if args.csv:
         write_csv(args.csv, rows, args.reps, args.warmup, device)
     if plt is not None:

@@ -23,7 +23,7 @@ from numbarnn import bench, cli, device, measure
 from numbarnn.verify import RNN_GRADIENTS, RNN_OUTPUTS, TOLERANCES
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-FAST = ["--reps", "1", "--warmup", "1"]
+FAST = ["--reps", "1", "--warmup", "1", "--no-model"]
 EXPECTED_COLUMNS = {"mode", "dtype", "H", "B", "T", "I", "backend", "fwd_ms", "fwdbwd_ms", "baseline", "fwd_ratio",
                     "fwdbwd_ratio", "check_rel_error", "check_output", "check_tolerance", "check_ok", "timed"}
 
@@ -82,9 +82,10 @@ def test_reference_only_run_prints_a_table(capsys, timed_backends):
 def test_default_backends_without_gpu_say_what_cuda_needs(monkeypatch, capsys):
     monkeypatch.setattr(device, "real_gpu_present", lambda: False)
     monkeypatch.setitem(sys.modules, "torch", None)        # importing torch would fail the run loudly
-    assert bench.main(["--modes", "rnn_relu", "--shapes", "5x2x2", *FAST]) == 0
+    assert bench.main(["--modes", "rnn_relu", "--shapes", "5x2x2", "--reps", "1", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     if SIMULATOR:
+        assert "No GPU here" in out and "MODEL" in out and "not a measurement" in out     # the profiler's model
         assert "cuda backend skipped: needs a real GPU" in out and "--simulator" in out
         assert "cudnn backend skipped" in out and "torch backend skipped" in out
         assert {r[2] for r in table_rows(out)} <= {"reference", "cpu"}
