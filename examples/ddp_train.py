@@ -31,6 +31,7 @@ the trained LSTM's state_dict (loadable by torch.nn.LSTM too).  The script exits
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import socket
@@ -197,6 +198,12 @@ def main(argv=None) -> int:
     if args.save and rank == 0:
         torch.save(model.module.rnn.state_dict(), args.save)
         say(f"saved the LSTM's state_dict to {args.save}")
+    # Shut down while Python is fully alive.  DDP's reducer sits in reference cycles that keep the process group
+    # (and its gloo worker threads) alive until the interpreter's last garbage collection; a worker thread that
+    # touches a Python object then is killed mid-C++ and the process aborts ("terminate called without an active
+    # exception") after printing everything.  Drop the references, collect, then destroy the group.
+    del model, opt, loader
+    gc.collect()
     dist.destroy_process_group()
     return 0 if same and math.isfinite(final) else 1
 

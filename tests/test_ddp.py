@@ -34,6 +34,7 @@ shows, and a worker that fails or outlives the deadline gets both killed.
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -169,9 +170,11 @@ def worker(rank: int, world: int, port: int, out: Path) -> None:
             start = {k: p.detach().clone() for k, p in module.named_parameters()}
             grads, weights = train(model, module, part(whole_batch(name, module), rank, world))
             results[name] = {"start": start, "grads": grads, "weights": weights}
+            del model                                      # see the shutdown note in examples/ddp_train.py
         torch.save(results, out / f"rank{rank}.pt")
         dist.barrier()
     finally:
+        gc.collect()      # DDP's reference cycles hold the process group: free it while Python is fully alive
         dist.destroy_process_group()
 
 
