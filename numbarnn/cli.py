@@ -29,7 +29,7 @@ CUDA_BACKEND_MODULE = "numbarnn.kernels.backend"
 DIRECTIONS = ("unidirectional", "bidirectional")
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 DTYPES = ("float16", "float32", "float64")
-BACKEND_NAMES = ("reference", "cuda", "torch")   # torch: torch.nn itself as an independent oracle
+BACKEND_NAMES = ("reference", "cpu", "cuda", "torch")   # torch: torch.nn itself as an independent oracle
 
 #: relative-error tolerance of the float64 finite-difference check of the reference (directional, eps=1e-6)
 FD_TOLERANCE = 1e-5
@@ -594,8 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "configurations. Exit status 1 on any failure.")
     _add_config_flags(check)
     check.add_argument("--backends", type=_name_list,
-                       help="comma-separated backends (default: reference, plus cuda when numbarnn.kernels.backend "
-                            "imports)")
+                       help="comma-separated backends (default: reference, cpu, plus cuda when "
+                            "numbarnn.kernels.backend imports)")
     check.add_argument("--quick", action="store_true", help="reference finite-difference checks only (fast)")
     check.add_argument("--tolerance", type=float, help="override every tolerance (for experiments)")
     check.add_argument("-v", "--verbose", action="store_true", help="print the full table of every sweep config")
@@ -685,7 +685,7 @@ def cmd_check(args) -> int:
     elif args.backends is not None:
         backends = args.backends
     else:
-        backends = ("reference", "cuda") + (("torch",) if torch_available() else ())
+        backends = ("reference", "cpu", "cuda") + (("torch",) if torch_available() else ())
     cuda_module = None
     if "cuda" in backends:
         cuda_module, why = load_cuda_backend()
