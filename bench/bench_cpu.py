@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # this checkout's numbarnn
 
-from numbarnn.config import rnn_config  # noqa: E402
-from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward  # noqa: E402
+from numbarnn.config import rnn_config
+from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Shape:
     T: int
     B: int
     H: int
-    I: int  # noqa: E741
+    I: int
     L: int = 1
     direction: str = "unidirectional"
 
@@ -64,7 +64,7 @@ def numbarnn_runner(case, backend):
     infer = replace(case, is_training=False)
 
     def fwd():
-        y, hT, cT, _, _ = run_forward(infer, backend)
+        y, hT, _, _, _ = run_forward(infer, backend)
         return {"output": y, "output_h": hT}
 
     def fwdbwd():
@@ -81,7 +81,7 @@ def torch_runner(case):
     from numbarnn.params import from_torch_state_dict, to_torch_state_dict
     cfg = case.cfg
     cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.rnn_mode)
-    kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bidirectional=cfg.D == 2)
+    kw = {"input_size": cfg.I, "hidden_size": cfg.H, "num_layers": cfg.L, "bidirectional": cfg.D == 2}
     if cls is None:
         cls = torch.nn.RNN
         kw["nonlinearity"] = "tanh" if cfg.rnn_mode == "rnn_tanh" else "relu"
@@ -175,13 +175,13 @@ def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3) -> l
 
 
 def markdown(rows) -> str:
-    lines = ["| shape | backend | cold first fwd+bwd (s) | fwd (ms) | fwd / torch | fwd+bwd (ms) | fwd+bwd / torch "
-             "| max rel. err vs float64 ref |",
+    lines = [("| shape | backend | cold first fwd+bwd (s) | fwd (ms) | fwd / torch | fwd+bwd (ms) | fwd+bwd / torch "
+              "| max rel. err vs float64 ref |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        ratio = (lambda k: f"{r[k]:.2f}×" if k in r else "-")
-        lines.append(f"| {r['shape']} | {r['backend']} | {r['cold_s']:.2f} | {r['fwd_ms']:.1f} | {ratio('fwd_ratio')} "
-                     f"| {r['fwdbwd_ms']:.1f} | {ratio('fwdbwd_ratio')} | {r['err']:.1e} |")
+        fr, br = (f"{r[k]:.2f}×" if k in r else "-" for k in ("fwd_ratio", "fwdbwd_ratio"))
+        lines.append(f"| {r['shape']} | {r['backend']} | {r['cold_s']:.2f} | {r['fwd_ms']:.1f} | {fr} "
+                     f"| {r['fwdbwd_ms']:.1f} | {br} | {r['err']:.1e} |")
     return "\n".join(lines)
 
 
