@@ -51,8 +51,12 @@ QUICK = (Shape("LSTM T=8 B=4 I=H=16", "lstm", 8, 4, 16, 16), Shape("GRU T=6 B=3 
 
 
 def make_case(shape: Shape, dtype=np.float32):
+    """Inputs ~ 0.1 N(0, 1); params ~ N(0, 1) * 0.5/sqrt(H) (torch.nn's init scale): a contracting recurrence,
+    so float32 agrees with float64 after 100 steps (0.1 N(0, 1) weights at H=512 make RNN-tanh chaotic)."""
+    from dataclasses import replace
     cfg = rnn_config(shape.L, shape.H, shape.I, shape.mode, direction=shape.direction)
-    return make_rnn_case(cfg, shape.T, shape.B, None, seed=0, dtype=dtype, scale=0.1)
+    case = make_rnn_case(cfg, shape.T, shape.B, None, seed=0, dtype=dtype, scale=0.1)
+    return replace(case, params=(case.params * np.float32(5.0 / np.sqrt(shape.H))).astype(dtype))
 
 
 # ---------------------------------------------------------------------------------------------------
