@@ -179,8 +179,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 300, --quick 40)")
     parser.add_argument("--quick", action="store_true", help="small model, few steps (CI)")
     parser.add_argument("--seed", type=int, default=0, help="seeds weights, batches and the sample")
-    parser.add_argument("--backend", default="reference", choices=["reference", "cuda"],
-                        help="numbarnn backend of the LSTM (default: the NumPy reference)")
+    parser.add_argument("--backend", default=None, choices=["reference", "cpu", "cuda"],
+                        help="numbarnn backend of the LSTM (default: numbarnn's default: NUMBARNN_BACKEND, else "
+                             "cuda with a GPU, else cpu)")
     parser.add_argument("--units", type=int, default=None, help="LSTM units H (default 128, --quick 48)")
     parser.add_argument("--seq-len", type=int, default=None, help="characters per window T (default 48, --quick 24)")
     parser.add_argument("--batch", type=int, default=None, help="windows per step B (default 32, --quick 16)")
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
     optimiser = Adam(model.parameters, lr=args.lr)
     eval_x, eval_y = corpus.windows(np.random.default_rng(args.seed + 1), T, B)     # fixed evaluation batch
     eval_x = corpus.one_hot(eval_x, model.dtype)
-    where = args.backend
+    where = args.backend or __import__("numbarnn").get_default_backend()
     if args.backend == "cuda":
         where += " (numba CUDA simulator: slow, for checking only)" if simulator else " (GPU)"
     print(f"corpus: {args.data.name}, {len(corpus.ids)} characters, vocabulary V={corpus.V}")

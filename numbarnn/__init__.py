@@ -6,7 +6,8 @@
     numbarnn.models           the config-only models of tf.contrib.cudnn_rnn's ops module
     numbarnn.torch            drop-ins for torch.nn.LSTM/GRU/RNN (optional extra)
     numbarnn.testing          hypothesis strategies and gradient checks
-    set_default_backend       "reference" (NumPy) or "cuda" (numba.cuda kernels)
+    set_default_backend       "cpu" (numba.njit + BLAS; the default without a GPU), "cuda" (numba.cuda kernels)
+                              or "reference" (the float64 NumPy oracle)
 """
 from . import cells, layers, models, ops
 from .backends import get_default_backend, set_default_backend

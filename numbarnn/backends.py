@@ -4,7 +4,8 @@ A backend is a module with the functions `rnn_forward`, `rnn_backward`, `block_l
 `swap01` (swap the first two axes into a contiguous array) and `zeros(shape, dtype, like)`; see
 `numbarnn/reference/backend.py` for the contract.  Selection: the `backend=` argument of an op, else
 `set_default_backend(...)`, else the environment variable NUMBARNN_BACKEND, else "cuda" when a real GPU
-is present and "reference" otherwise (the CUDA simulator is for tests and teaching, far too slow for work).
+is present and "cpu" otherwise (numba.njit + BLAS, `numbarnn/cpu/`; the CUDA simulator is for tests and
+teaching, far too slow for work; "reference", the float64 NumPy oracle, stays selectable).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import os
 
 from .validation import check_choice
 
-BACKENDS = {"reference": "numbarnn.reference.backend", "cuda": "numbarnn.kernels.backend"}
+BACKENDS = {"reference": "numbarnn.reference.backend", "cpu": "numbarnn.cpu.backend",
+            "cuda": "numbarnn.kernels.backend"}
 ENV_VAR = "NUMBARNN_BACKEND"
 _default: str | None = None
 
@@ -43,7 +45,7 @@ def get_default_backend() -> str:
     env = os.environ.get(ENV_VAR)
     if env:
         return check_choice(f"{ENV_VAR} (environment variable)", env, tuple(BACKENDS))
-    return "cuda" if real_gpu_available() else "reference"
+    return "cuda" if real_gpu_available() else "cpu"
 
 
 def get_backend(name: str | None = None):

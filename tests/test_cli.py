@@ -100,7 +100,7 @@ def test_cuda_backend_is_picked_up_when_it_imports(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, cli.CUDA_BACKEND_MODULE, fake_backend())
     assert cli.main(["check", *TINY, "--mode", "lstm", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
-    assert "backends: reference, cuda" in out
+    assert "backends: reference, cpu, cuda" in out
     for name in ("output", "output_h", "output_c", "reserve_space", "input_backprop", "input_h_backprop",
                  "input_c_backprop", "params_backprop"):
         assert any(line.startswith(name + " ") and "| cuda" in line for line in out.splitlines()), name
@@ -120,7 +120,7 @@ def test_missing_cuda_backend_asked_for_explicitly(monkeypatch, capsys):
     monkeypatch.setattr(cli, "load_cuda_backend", lambda: (None, "ModuleNotFoundError: none here"))
     assert cli.main(["check", *TINY, "--backends", "cuda"]) == 2
     assert "does not import" in capsys.readouterr().err
-    assert cli.main(["check", *TINY]) == 0          # default: the reference alone, with a note
+    assert cli.main(["check", *TINY]) == 0          # default: the reference and cpu, with a note
     assert "cuda backend not available" in capsys.readouterr().out
 
 
@@ -295,3 +295,11 @@ def test_check_skips_torch_where_torch_nn_cannot_follow(capsys):
                      "--backends", "reference,torch"])
     out = capsys.readouterr().out
     assert code == 0 and "skipped torch: torch.nn has no skip_input" in out
+
+
+def test_check_compares_cpu_against_the_reference(capsys):
+    assert cli.main(["check", *TINY, "--mode", "gru", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "backends: reference, cpu" in out
+    for name in ("output", "output_h", "reserve_space", "input_backprop", "params_backprop"):
+        assert any(line.startswith(name + " ") and "| cpu" in line for line in out.splitlines()), name

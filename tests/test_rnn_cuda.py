@@ -21,7 +21,7 @@ What is covered:
 - the launch budget of `numbarnn.kernels.driver` (per step: forward 1, 2 with num_proj; backward 2), and
   launches scale with max(len), not T;
 - bad input gives the same ValueError/TypeError message on both backends;
-- the default backend is "reference" in the simulator, and backend="cuda" runs the kernels.
+- the default backend is "cpu" in the simulator (no real GPU), and backend="cuda" runs the kernels.
 
 The simulator is slow (one Python thread per CUDA thread): shapes stay tiny (H, B <= 5, T <= 4, except one
 T=7, B=6 LSTM case), and results shared by several tests are computed once (`_fixed_run`).
@@ -507,18 +507,18 @@ def test_bad_backprop_input_same_error():
 def test_default_backend_and_explicit_cuda(monkeypatch):
     monkeypatch.delenv("NUMBARNN_BACKEND", raising=False)
     set_default_backend(None)
-    expected = "cuda" if real_gpu_available() else "reference"
+    expected = "cuda" if real_gpu_available() else "cpu"
     if SIMULATOR:
-        assert not real_gpu_available() and expected == "reference"
+        assert not real_gpu_available() and expected == "cpu"
     assert get_default_backend() == expected
     case = small_case("rnn_tanh", num_layers=1, dropout=0.0)
     run_forward(case, "cuda")
     marker = driver.last_launch_count()["forward"]
     default_out = run_forward(case)                         # backend=None
-    if expected == "reference":
+    if expected == "cpu":
         assert driver.last_launch_count()["forward"] is marker, "backend=None launched kernels in the simulator"
-        assert_bit_identical(forward_named(default_out), forward_named(run_forward(case, "reference")),
-                             "backend=None vs reference")
+        assert_bit_identical(forward_named(default_out), forward_named(run_forward(case, "cpu")),
+                             "backend=None vs cpu")
     run_forward(case, "cuda")
     assert driver.last_launch_count()["forward"] is not marker, "backend='cuda' launched no kernel"
 

@@ -9,6 +9,7 @@ compute in float64 on a GPU (slower): the helpers below keep float32 kernels in 
 SPEC 2: σ and tanh in a form that cannot overflow; backward derivatives from the saved activations.
 """
 import math
+import types as _types
 
 
 def sigmoid(x):
@@ -47,3 +48,23 @@ def one_minus(x):
 
 #: every helper, by name: the kernel templates rebind exactly these
 HELPERS = {f.__name__: f for f in (sigmoid, tanh, relu, dsigmoid, dtanh, drelu, one_minus)}
+
+
+def compile_with_twins(fn, twins: dict, compile):
+    """`fn` (plain Python) compiled by `compile` (a decorator: cuda.jit(device=True), numba.njit, ...) with every
+    function it calls by global name replaced: a key of `twins` (a helper above) by its value (the target's
+    typed twin), any other plain Python function, or a numba dispatcher's Python source (``.py_func``, e.g. a
+    CUDA device function reused on the CPU), compiled the same way, recursively.  `fn` itself is untouched:
+    the rebinding happens in a copy of its globals.  (The kernels' `device_function` and the CPU backend's
+    `njit_function` are this with their own twins.)"""
+    globals_ = dict(fn.__globals__)
+    for name in fn.__code__.co_names:
+        value = globals_.get(name)
+        if isinstance(value, _types.FunctionType):
+            globals_[name] = twins.get(value) or compile_with_twins(value, twins, compile)
+        elif isinstance(getattr(value, "py_func", None), _types.FunctionType):
+            globals_[name] = compile_with_twins(value.py_func, twins, compile)
+    rebound = _types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
+    rebound.__qualname__ = fn.__qualname__
+    rebound.__module__ = fn.__module__
+    return compile(rebound)

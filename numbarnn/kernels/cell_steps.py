@@ -24,12 +24,12 @@ Python: `device_function` rebinds the helpers they call (sigmoid, tanh, ...) to 
 from __future__ import annotations
 
 import functools
-import types as pytypes
 
 import numpy as np
 from numba import cuda, int64
 
 from ..cells import HELPERS, get_cell
+from ..cells.functions import compile_with_twins
 from .common import DTYPES, acc_dtype, activations, arr, nb
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,17 +66,11 @@ def helpers(dtype) -> dict:
     return {HELPERS[name]: twin for name, twin in twins.items()}
 
 
-def device_function(fn, dtype, _seen=None):
+def device_function(fn, dtype):
     """`fn` (plain Python) as an inlined CUDA device function for `dtype`: every numbarnn.cells helper it
-    calls becomes its typed twin, and every other plain Python function it calls is compiled the same way."""
-    table = helpers(str(np.dtype(dtype)))
-    globals_ = dict(fn.__globals__)
-    for name in fn.__code__.co_names:
-        value = globals_.get(name)
-        if isinstance(value, pytypes.FunctionType):
-            globals_[name] = table.get(value) or device_function(value, dtype)
-    rebound = pytypes.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
-    return cuda.jit(device=True, inline="always")(rebound)
+    calls becomes its typed twin, and every other plain Python function it calls is compiled the same way
+    (`numbarnn.cells.functions.compile_with_twins`, shared with the CPU backend)."""
+    return compile_with_twins(fn, helpers(str(np.dtype(dtype))), cuda.jit(device=True, inline="always"))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,216 @@
+"""The CPU backend against the reference and torch.nn on the CPU (issue 9), in one process, same threads.
+
+    python bench/bench_cpu.py                 # the issue's shapes, markdown table on stdout
+    python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
+    python bench/bench_cpu.py --quick         # small shapes (a smoke run)
+
+For every shape: each implementation is validated first (its float32 outputs and gradients against the float64
+reference within SPEC 10: 1e-5 outputs, 1e-4 gradients), then timed: the first call (cold: includes numba's
+JIT compile for "cpu") separately, then the median of 3 warm calls of forward (inference: is_training=False
+for numbarnn, torch.no_grad for torch) and of forward+backward (training forward, backprop; torch: autograd).
+Loss for backward: <y, dy> + <hT, dhT> (+ <cT, dcT>), the op's contract.
+
+`cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3)` returns the rows as dicts for
+`numbarnn bench` (keys: shape, backend, cold_s, fwd_ms, fwdbwd_ms, fwd_ratio, fwdbwd_ratio (vs torch), err).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # this checkout's numbarnn
+
+from numbarnn.config import rnn_config
+from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
+
+
+@dataclass(frozen=True)
+class Shape:
+    label: str
+    mode: str
+    T: int
+    B: int
+    H: int
+    I: int
+    L: int = 1
+    direction: str = "unidirectional"
+
+
+SHAPES = (
+    Shape("LSTM T=100 B=32 I=H=512", "lstm", 100, 32, 512, 512),
+    Shape("GRU T=50 B=16 I=H=256", "gru", 50, 16, 256, 256),
+    Shape("RNN-tanh T=100 B=32 I=H=512", "rnn_tanh", 100, 32, 512, 512),
+    Shape("LSTM 2-layer bidirectional T=50 B=16 I=H=256", "lstm", 50, 16, 256, 256, 2, "bidirectional"),
+)
+QUICK = (Shape("LSTM T=8 B=4 I=H=16", "lstm", 8, 4, 16, 16), Shape("GRU T=6 B=3 I=H=8", "gru", 6, 3, 8, 8))
+
+
+def make_case(shape: Shape, dtype=np.float32):
+    """Inputs ~ 0.1 N(0, 1); params ~ N(0, 1) * 0.5/sqrt(H) (torch.nn's init scale): a contracting recurrence,
+    so float32 agrees with float64 after 100 steps (0.1 N(0, 1) weights at H=512 make RNN-tanh chaotic)."""
+    from dataclasses import replace
+    cfg = rnn_config(shape.L, shape.H, shape.I, shape.mode, direction=shape.direction)
+    case = make_rnn_case(cfg, shape.T, shape.B, None, seed=0, dtype=dtype, scale=0.1)
+    return replace(case, params=(case.params * np.float32(5.0 / np.sqrt(shape.H))).astype(dtype))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the implementations: (forward, forward+backward) callables returning named NumPy results
+# ---------------------------------------------------------------------------------------------------
+
+def numbarnn_runner(case, backend):
+    from dataclasses import replace
+    infer = replace(case, is_training=False)
+
+    def fwd():
+        y, hT, _, _, _ = run_forward(infer, backend)
+        return {"output": y, "output_h": hT}
+
+    def fwdbwd():
+        out = run_forward(case, backend)
+        dx, dh0, _, dparams = run_backward(case, out, backend)
+        return {"output": out[0], "output_h": out[1], "input_backprop": dx, "input_h_backprop": dh0,
+                "params_backprop": dparams}
+    return fwd, fwdbwd
+
+
+def torch_runner(case):
+    import torch
+
+    from numbarnn.params import from_torch_state_dict, to_torch_state_dict
+    cfg = case.cfg
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.rnn_mode)
+    kw = {"input_size": cfg.I, "hidden_size": cfg.H, "num_layers": cfg.L, "bidirectional": cfg.D == 2}
+    if cls is None:
+        cls = torch.nn.RNN
+        kw["nonlinearity"] = "tanh" if cfg.rnn_mode == "rnn_tanh" else "relu"
+    module = cls(**kw)
+    module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v, np.float32))
+                            for k, v in to_torch_state_dict(cfg, case.params).items()})
+    lstm = cfg.has_cell_state
+    x, h0 = torch.from_numpy(case.x), torch.from_numpy(case.h0)
+    c0 = torch.from_numpy(case.c0) if lstm else None
+    dy, dhT = torch.from_numpy(case.dy), torch.from_numpy(case.dhT)
+    dcT = torch.from_numpy(case.dcT) if lstm else None
+
+    def fwd():
+        with torch.no_grad():
+            y, state = module(x, (h0, c0) if lstm else h0)
+        hT = state[0] if lstm else state
+        return {"output": y.numpy(), "output_h": hT.numpy()}
+
+    def fwdbwd():
+        xg, hg = x.clone().requires_grad_(True), h0.clone().requires_grad_(True)
+        module.zero_grad(set_to_none=True)
+        y, state = module(xg, (hg, c0) if lstm else hg)
+        hT = state[0] if lstm else state
+        loss = (y * dy).sum() + (hT * dhT).sum()
+        if lstm:
+            loss = loss + (state[1] * dcT).sum()
+        loss.backward()
+        grads = {k: p.grad.numpy().astype(np.float64) for k, p in module.named_parameters()}
+        return {"output": y.detach().numpy(), "output_h": hT.detach().numpy(), "input_backprop": xg.grad.numpy(),
+                "input_h_backprop": hg.grad.numpy(), "params_backprop": from_torch_state_dict(cfg, grads)}
+    return fwd, fwdbwd
+
+
+def runner(case, backend):
+    return torch_runner(case) if backend == "torch" else numbarnn_runner(case, backend)
+
+
+# ---------------------------------------------------------------------------------------------------
+# measuring
+# ---------------------------------------------------------------------------------------------------
+
+def _median_ms(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def validate(got: dict, ref: dict) -> float:
+    """Worst relative error against the float64 reference; raises when outside SPEC 10 (float32)."""
+    worst = 0.0
+    for name, want in ref.items():
+        err = relative_error(got[name], want)
+        limit = 1e-5 if name in ("output", "output_h") else 1e-4
+        if not err <= limit:
+            raise AssertionError(f"{name}: relative error {err:.2e} > {limit:g} vs the float64 reference")
+        worst = max(worst, err)
+    return worst
+
+
+def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3) -> list[dict]:
+    """Rows (dicts) of the table: validated first, then cold first call and warm medians."""
+    import numba
+    rows = []
+    for shape in shapes:
+        case = make_case(shape)
+        ref = numbarnn_runner(case.astype(np.float64), "reference")[1]()
+        for backend in backends:
+            if backend == "torch":
+                try:
+                    import torch  # noqa: F401
+                except ImportError:
+                    continue
+            fwd, fwdbwd = runner(case, backend)
+            t0 = time.perf_counter()
+            got = fwdbwd()                     # cold: the first call (JIT compile for cpu)
+            cold = time.perf_counter() - t0
+            err = validate(got, ref)
+            fwd()
+            rows.append({"shape": shape.label, "backend": backend, "cold_s": cold, "err": err,
+                         "fwd_ms": _median_ms(fwd, reps), "fwdbwd_ms": _median_ms(fwdbwd, reps),
+                         "threads": numba.get_num_threads()})
+        base = {r["backend"]: r for r in rows if r["shape"] == shape.label}.get("torch")
+        for r in rows:
+            if r["shape"] == shape.label and base is not None:
+                r["fwd_ratio"] = r["fwd_ms"] / base["fwd_ms"]
+                r["fwdbwd_ratio"] = r["fwdbwd_ms"] / base["fwdbwd_ms"]
+    return rows
+
+
+def markdown(rows) -> str:
+    lines = [("| shape | backend | cold first fwd+bwd (s) | fwd (ms) | fwd / torch | fwd+bwd (ms) | fwd+bwd / torch "
+              "| max rel. err vs float64 ref |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        fr, br = (f"{r[k]:.2f}×" if k in r else "-" for k in ("fwd_ratio", "fwdbwd_ratio"))
+        lines.append(f"| {r['shape']} | {r['backend']} | {r['cold_s']:.2f} | {r['fwd_ms']:.1f} | {fr} "
+                     f"| {r['fwdbwd_ms']:.1f} | {br} | {r['err']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--backends", default="reference,cpu,torch")
+    ap.add_argument("--md", help="also write the markdown table here")
+    args = ap.parse_args(argv)
+    import numba
+    try:
+        import torch
+        torch.set_num_threads(numba.get_num_threads())      # the same thread count for everyone
+    except ImportError:
+        pass
+    rows = cpu_rows(QUICK if args.quick else SHAPES, tuple(args.backends.split(",")), args.reps)
+    table = markdown(rows)
+    print(f"threads: {numba.get_num_threads()} (numba), float32, median of {args.reps}")
+    print(table)
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The "cpu" backend: BLAS for the big products, numba.njit for the fused pointwise cell math.
+
+Per layer l and direction d (the reference's structure, `numbarnn/reference/network.py`, without its float64
+copies and per-step fancy indexing):
+
+    gx = x_l @ W^T                        one BLAS matmul over all T steps        [T, B, G*H]
+    for step s = 0 .. T-1:
+        gh = h @ R^T                      one BLAS matmul for all B rows          [B, G*H]  (np.matmul out=)
+        forward_step(...)                 njit: for active rows (s < len[b]) and every unit j, the cell's own
+                                          pointwise `forward` (bias added here), writes c, h, y and the reserve
+        (projection: h' = m @ W_proj^T by BLAS, then `commit_projection` for the active rows)
+    backward mirrors it: per step the njit pointwise backward writes dgx [t, b] and dgh [s, b] (0 for
+    inactive rows), then dh += dgh_s @ R (BLAS); after the loop dW, dR, dW_proj, dx as single big matmuls.
+
+Rows past their length carry their state (the njit loop skips them) and their outputs stay 0; no row is ever
+copied or gathered.  Every buffer is allocated once per call (per layer for the big ones); nothing per step.
+
+Compute dtype: float64 for float64, float32 for float32 and float16 (float16 inputs are converted once on the
+way in, results once on the way out; the reserve is stored in the call's dtype, as ops.py expects).
+
+Threads: BLAS uses its own pool (OpenBLAS: OPENBLAS_NUM_THREADS / threadpoolctl); the njit loops run in
+parallel over batch rows (``prange``) with numba's thread count: ``numba.set_num_threads(n)`` at run time or
+NUMBA_NUM_THREADS before import (default: all cores).  Small problems (B*H < PARALLEL_MIN_WORK) use a serial
+twin of the same loop: a parallel region costs microseconds to start and much longer to compile.
+
+Modules: `cells.py` (njit twins of the cell helpers, per-cell step loops), `network.py` (the layer/direction/
+step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'
+Philox device functions compiled for the CPU), `backend.py` (the backend contract).
+"""

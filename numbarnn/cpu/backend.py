@@ -1,0 +1,51 @@
+"""The "cpu" backend: the contract of `numbarnn/reference/backend.py`, computed by `numbarnn.cpu.network` and
+`numbarnn.cpu.block_lstm` (BLAS + numba.njit; see the package docstring for threads and dtypes).
+
+Host arrays only: device arrays (numba, CuPy, torch CUDA tensors) are copied to the host first, and results
+are NumPy arrays.  Inputs are converted to the compute dtype once (no copy when they already are, and never
+written to); results are converted to the call's dtype once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..reference.backend import to_host
+from . import block_lstm as _block_lstm
+from . import network
+from .cells import compute_dtype
+
+
+def _ct(a, ct):
+    return None if a is None else np.ascontiguousarray(to_host(a), dtype=ct)
+
+
+def swap01(a):
+    return np.ascontiguousarray(np.swapaxes(to_host(a), 0, 1))
+
+
+def zeros(shape, dtype, like=None):
+    return np.zeros(shape, dtype=dtype)
+
+
+def rnn_forward(call, x, h0, c0, params):
+    dt, ct = np.dtype(call.dtype), compute_dtype(call.dtype)
+    y, hT, cT, reserve = network.forward(call, _ct(x, ct), _ct(h0, ct), _ct(c0, ct), _ct(params, ct), ct)
+    cT = cT.astype(dt, copy=False) if cT is not None else np.zeros((0,), dtype=dt)
+    reserve = reserve.astype(dt, copy=False) if call.is_training else np.zeros((0,), dtype=dt)
+    return y.astype(dt), hT.astype(dt, copy=False), cT, reserve
+
+
+def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
+    dt, ct = np.dtype(call.dtype), compute_dtype(call.dtype)
+    dx, dh0, dc0, dparams = network.backward(call, *(_ct(a, ct) for a in (x, h0, c0, params, dy, dhT, dcT,
+                                                                            reserve)), ct)
+    return (dx.astype(dt, copy=False), dh0.astype(dt, copy=False),
+            dc0.astype(dt, copy=False) if dc0 is not None else None, dparams.astype(dt, copy=False))
+
+
+def block_lstm(call, *arrays):
+    return _block_lstm.forward(call, *[to_host(a) for a in arrays])
+
+
+def block_lstm_grad(call, *arrays):
+    return _block_lstm.backward(call, *[to_host(a) for a in arrays])

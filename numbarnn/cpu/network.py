@@ -1,0 +1,212 @@
+"""The CPU network driver: layers, directions, ragged lengths, dropout, projection (SPEC 3, 5, 6, 7).
+
+The same structure as `numbarnn/reference/network.py` (see the package docstring), in the compute dtype, with
+BLAS for every product and the njit step loops of `cells.py` for the pointwise math.  All arrays here are
+NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..config import RNNCall
+from ..dropout import dropout_scale
+from ..params import unpack
+from ..reserve import reserve_entries
+from . import cells
+from .philox import dropout_keep_mask
+
+
+@njit(cache=True)
+def commit_projection(
+    s,        # int     step index
+    d,        # int     direction
+    lens,     # [B]     int32
+    h_new,    # [B, P]  W_proj m of this step (BLAS), every row
+    h,        # [B, P]  state h: active rows take h_new
+    y,        # [T, B, D*P] layer output
+):
+    B, P = h.shape
+    for b in range(B):
+        if s < lens[b]:
+            t = s if d == 0 else lens[b] - 1 - s
+            for k in range(P):
+                h[b, k] = h_new[b, k]
+                y[t, b, d * P + k] = h_new[b, k]
+
+
+@njit(cache=True)
+def total_dh(
+    s,        # int     step index
+    d,        # int     direction
+    lens,     # [B]     int32
+    dy,       # [T, B, D*P]
+    dh,       # [B, P]  dh' from the next step
+    dht_s,    # [B, P]  out: dy + dh of this step (0 for inactive rows), the input of W_proj^T
+    dh_all,   # [T, B, P] out: the same at [t, b] (for dW_proj)
+):
+    B, P = dh.shape
+    for b in range(B):
+        if s < lens[b]:
+            t = s if d == 0 else lens[b] - 1 - s
+            for k in range(P):
+                v = dy[t, b, d * P + k] + dh[b, k]
+                dht_s[b, k] = v
+                dh_all[t, b, k] = v
+        else:
+            for k in range(P):
+                dht_s[b, k] = 0.0
+
+
+def _input_projection(lp, x_l, G, out):
+    """out [T, B, G*H] = x_l @ W^T (no bias: the step loop adds it); skip_input: x_l repeated per gate."""
+    T, B, I_l = x_l.shape
+    if lp.W is None:
+        out.reshape(T, B, G, I_l)[...] = x_l[:, :, None, :]
+    else:
+        np.matmul(x_l.reshape(T * B, I_l), lp.W.T, out=out.reshape(T * B, out.shape[2]))
+    return out
+
+
+def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
+    """A zeroed buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views.
+    Inference uses it as scratch (the step loops write the same arrays)."""
+    entries = reserve_entries(call)
+    flat = np.zeros(sum(e.size for e in entries), dtype=ct)
+    return flat, {e.name: flat[e.offset:e.offset + e.size].reshape(e.shape) for e in entries}
+
+
+def forward(call: RNNCall, x, h0, c0, params, ct):
+    """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params [N] (all ct)
+    -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
+    cfg, T, B = call.config, call.T, call.B
+    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
+    lens = call.lengths_array().astype(np.int32)
+    layers = unpack(cfg, params)
+    flat, saved = buffers(call, ct)
+    hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
+    cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
+    steps = int(lens.max()) if B else 0                       # no step past the longest sequence
+    step = cells.pick(cells.forward_step, cfg.cell, ct, cfg.has_proj, B, H)
+    # R h is computed as R @ h^T -> [G*H, B] (M = G*H, N = B): on OpenBLAS 40% faster than h @ R^T for
+    # B=32, G*H=2048 (44 vs 73 ms per 100 steps, bench/results/cpu.md); the step loops read both through
+    # transposed views, so the state h lives as hT_buf [P, B] during a direction's time loop.
+    ghT = np.empty((G * H, B), dtype=ct)                     # [G*H, B] R h of one step, transposed
+    hT_buf = np.empty((P, B), dtype=ct)                      # [P, B]   the state h, transposed
+    gx = np.empty((T, B, G * H), dtype=ct)                   # [T, B, G*H] W x_t, reused per direction
+    m_step = np.empty((B, H), dtype=ct)                      # [B, H]   projection input of one step
+    h_new = np.empty((B, P), dtype=ct)                       # [B, P]   W_proj m of one step
+    no_vec = np.zeros((0, H), dtype=ct)
+    none3 = np.zeros((0, 0, 0), dtype=ct)
+
+    x_l = x
+    for layer in range(cfg.L):
+        if layer > 0 and call.dropout_active:
+            keep = dropout_keep_mask(cfg.seed, cfg.seed2, layer, T, B, D * P, cfg.dropout)   # [T, B, D*P]
+            saved[f"keep{layer}"][...] = keep
+            x_l = x_l * (keep.astype(ct) * ct.type(dropout_scale(cfg.dropout)))
+        y = saved[f"y{layer}"]                               # [T, B, D*P], zero at padded positions
+        for d in range(D):
+            p = layer * D + d
+            lp = layers[p]
+            _input_projection(lp, x_l, G, gx)
+            h = hT_buf.T                                     # [B, P] view of the transposed state
+            h[...] = hT[p]
+            c = cT[p] if cT is not None else m_step
+            acts = saved[f"acts{layer}"][d]
+            cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
+            ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
+            vec = lp.V if lp.V is not None else no_vec
+            for s in range(steps):
+                np.matmul(lp.R, hT_buf, out=ghT)
+                step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
+                if cfg.has_proj:
+                    np.matmul(m_step, lp.W_proj.T, out=h_new)
+                    commit_projection(s, d, lens, h_new, h, y)
+            hT[p] = h
+        x_l = y
+    return x_l, hT, cT, flat
+
+
+def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
+    """Backprop through the whole network from the reserve (all ct)
+    -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams [N])."""
+    cfg, T, B = call.config, call.T, call.B
+    H, P, D, G, V = cfg.H, cfg.P, cfg.D, cfg.G, cfg.V
+    lens = call.lengths_array().astype(np.int32)
+    layers = unpack(cfg, params)
+    dparams = np.zeros(params.shape[0], dtype=ct)
+    dlayers = unpack(cfg, dparams)
+    saved = {e.name: reserve[e.offset:e.offset + e.size].reshape(e.shape) for e in reserve_entries(call)}
+    dh0 = np.array(dhT, dtype=ct)                            # [L*D, B, P] state, becomes input_h_backprop
+    dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
+    steps = int(lens.max()) if B else 0
+    step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
+    scale = ct.type(dropout_scale(cfg.dropout))
+    dgx = np.empty((T, B, G * H), dtype=ct)                  # [T, B, G*H] W-side grads (t layout)
+    dgh = np.zeros((T, B, G * H), dtype=ct)                  # [T, B, G*H] R-side grads (s layout)
+    hp = np.zeros((T, B, P), dtype=ct)                       # [T, B, P]   h entering step s (s layout)
+    tmp = np.empty((B, P), dtype=ct)                         # [B, P]      dgh_s @ R
+    dht = np.empty((B, P), dtype=ct)                         # [B, P]      projection: dy + dh of a step
+    dm = np.empty((B, H), dtype=ct)                          # [B, H]      projection: W_proj^T (dy + dh)
+    dh_all = np.zeros((T, B, P), dtype=ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
+    dv_acc = np.zeros((B, max(V, 0), H), dtype=ct)           # [B, V, H]
+    no_vec = np.zeros((0, H), dtype=ct)
+    none3 = np.zeros((0, 0, 0), dtype=ct)
+    dy_l = dy
+
+    for layer in reversed(range(cfg.L)):
+        if layer == 0:
+            x_l = x
+        else:
+            x_l = saved[f"y{layer - 1}"]
+            if call.dropout_active:
+                keep_scaled = saved[f"keep{layer}"] * scale
+                x_l = x_l * keep_scaled
+        y = saved[f"y{layer}"]
+        dx_l = np.zeros(x_l.shape, dtype=ct)
+        I_l = x_l.shape[2]
+        dx_d = np.empty((T * B, I_l), dtype=ct)             # [T*B, I_l] one direction's dgx @ W
+        for d in range(D):
+            p = layer * D + d
+            lp, dlp = layers[p], dlayers[p]
+            acts = saved[f"acts{layer}"][d]
+            cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
+            vec = lp.V if lp.V is not None else no_vec
+            dh = dh0[p]
+            dc = dc0[p] if dc0 is not None else dm
+            c0p = c0[p] if c0 is not None else dm
+            dgx.fill(0)
+            if steps < T:                                    # steps never run stay 0 in the s layout
+                dgh[steps:] = 0
+                hp[steps:] = 0
+            if dh_all is not None:
+                dh_all.fill(0)
+            dv_acc.fill(0)
+            for s in reversed(range(steps)):
+                if cfg.has_proj:
+                    total_dh(s, d, lens, dy_l, dh, dht, dh_all)
+                    np.matmul(dht, lp.W_proj, out=dm)
+                step(s, d, lens, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
+                np.matmul(dgh[s], lp.R, out=tmp)
+                np.add(dh, tmp, out=dh)
+            # weight gradients: single big matmuls over all steps and rows
+            gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
+            if lp.W is not None:
+                np.matmul(gx2.T, x_l.reshape(T * B, I_l), out=dlp.W)
+                np.matmul(gx2, lp.W, out=dx_d)
+                dx_l += dx_d.reshape(T, B, I_l)
+            else:
+                dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
+            np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
+            np.sum(gx2, axis=0, out=dlp.bW)
+            np.sum(gh2, axis=0, out=dlp.bR)
+            if cfg.has_proj:
+                np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
+            if lp.V is not None:
+                np.sum(dv_acc, axis=0, out=dlp.V)
+        if layer == 0:
+            dx = dx_l
+        else:
+            dy_l = dx_l * keep_scaled if call.dropout_active else dx_l
+    return dx, dh0, dc0, dparams

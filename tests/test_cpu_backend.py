@@ -1,0 +1,345 @@
+"""The "cpu" backend (numbarnn/cpu: BLAS + numba.njit) against the float64 NumPy reference (SPEC 2-10).
+
+Every comparison runs the same op with backend="cpu" and backend="reference" on the same inputs and compares
+output, output_h, output_c, reserve_space (without the nonce) and the four backprop results as
+‖cpu − reference‖/‖reference‖ within SPEC 10 (float64 1e-12, float32 1e-5 / 1e-4, float16 1e-2).  Covered:
+every cell (the built-ins and the contrib user cells peephole_lstm, cifg_lstm, plus one registered here),
+1-2 layers, both directions, projection, skip/linear/auto input, ragged lengths with 0s, time/batch-major,
+dropout p 0/0.3/1 with masks bit-identical to the reference's Philox, inference, T == 0 / B == 0, the
+reserve layout shared both ways, inputs not mutated, BlockLSTM V1/V2 and grads, finite differences of the
+contrib cells through ops.cudnn_rnn_backprop_v3(backend="cpu"), and the default backend without a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import numbarnn.contrib.cifg_lstm
+import numbarnn.contrib.peephole_lstm  # noqa: F401
+from numbarnn import ops
+from numbarnn.backends import get_default_backend, set_default_backend
+from numbarnn.block_lstm_config import validate_block_lstm, validate_block_lstm_grad
+from numbarnn.cells import CellSpec, dsigmoid, dtanh, register, sigmoid, tanh
+from numbarnn.config import rnn_config, validate_forward
+from numbarnn.cpu import backend as cpu_backend
+from numbarnn.cpu import philox as cpu_philox
+from numbarnn.reference import backend as ref_backend
+from numbarnn.reference.philox import dropout_keep_mask
+from numbarnn.reserve import reserve_contents, reserve_views
+from numbarnn.testing import (
+    check_rnn_gradients,
+    make_rnn_case,
+    relative_error,
+    rnn_cases,
+    rnn_configs,
+    run_backward,
+    run_forward,
+)
+
+TOL = {np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.float32): (1e-5, 1e-4),
+       np.dtype(np.float16): (1e-2, 1e-2)}
+FORWARD_NAMES = ("output", "output_h", "output_c", "reserve_space")
+BACKWARD_NAMES = ("input_backprop", "input_h_backprop", "input_c_backprop", "params_backprop")
+QUICK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _mingru_forward(wx, rh, v, h, c, saved):
+    z = sigmoid(wx[0] + rh[0])
+    n = tanh(wx[1])                  # the candidate ignores h: only the gate is recurrent
+    saved[0] = z
+    saved[1] = n
+    return n + z * (h - n), c
+
+
+def _mingru_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    z, n = saved[0], saved[1]
+    dwx[0] = dm * (h - n) * dsigmoid(z)
+    dwx[1] = dm * (1.0 - z) * dtanh(n)
+    drh[1] = 0.0 * dm                # R_n never reaches the cell
+    return dm * z, dc
+
+
+#: a user cell registered by this file only: a split recurrent gate whose R side gets no gradient
+MINGRU = register(CellSpec(name="test_cpu_mingru", gates=("z", "n"), saved=("z", "n"), forward=_mingru_forward,
+                           backward=_mingru_backward, split_recurrent=("n",)))
+ALL_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", MINGRU.name)
+
+
+def describe(case) -> str:
+    c = case.cfg
+    lens = None if case.lengths is None else case.lengths.tolist()
+    return (f"{c.rnn_mode} L={c.L} H={c.H} I={c.I} {c.input_mode} {c.direction} P={c.num_proj} p={c.dropout} "
+            f"T={case.T} B={case.B} lengths={lens} time_major={case.time_major} train={case.is_training} "
+            f"{case.dtype}")
+
+
+def named(fwd, bwd=None) -> dict:
+    out = dict(zip(FORWARD_NAMES, fwd[:4]))
+    out["reserve_space"] = reserve_contents(out["reserve_space"])
+    if bwd is not None:
+        out.update(zip(BACKWARD_NAMES, bwd))
+    return out
+
+
+def assert_close(got: dict, want: dict, dtype, context: str):
+    t_out, t_grad = TOL[np.dtype(dtype)]
+    for name, w in want.items():
+        g = got[name]
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{name}: {g.shape} {g.dtype} != {w.shape} {w.dtype} " \
+                                                          f"({context})"
+        assert np.isfinite(np.asarray(g, np.float64)).all(), f"{name}: non-finite ({context})"
+        limit = t_out if name in FORWARD_NAMES else t_grad
+        err = relative_error(g, w)
+        assert err <= limit, f"{name}: relative error {err:.3g} > {limit:g} vs the reference ({context})"
+
+
+def check_dropout_masks(case, reserve):
+    call, _ = validate_forward(case.x, case.h0, case.c0, case.params, case.lengths, is_training=True,
+                               **case.attrs)
+    if not call.dropout_active:
+        return
+    views = reserve_views(call, reserve)
+    for layer in range(1, case.cfg.L):
+        want = dropout_keep_mask(case.cfg.seed, case.cfg.seed2, layer, case.T, case.B, case.cfg.D * case.cfg.P,
+                                 case.cfg.dropout)
+        assert views[f"keep{layer}"].tobytes() == want.astype(case.dtype).tobytes(), \
+            f"keep mask of layer {layer} differs from the reference's Philox ({describe(case)})"
+
+
+def compare(case):
+    """cpu vs reference, forward and backward; and each backprop on the other backend's reserve."""
+    ctx = describe(case)
+    f_cpu, f_ref = run_forward(case, "cpu"), run_forward(case, "reference")
+    assert isinstance(f_cpu[0], np.ndarray)
+    if not case.is_training:
+        assert_close(named(f_cpu), named(f_ref), case.dtype, ctx)
+        assert f_cpu[3].shape == (0,) and f_cpu[4].shape == (0,), f"reserve not empty in inference ({ctx})"
+        return f_cpu, None
+    b_cpu, b_ref = run_backward(case, f_cpu, "cpu"), run_backward(case, f_ref, "reference")
+    assert_close(named(f_cpu, b_cpu), named(f_ref, b_ref), case.dtype, ctx)
+    check_dropout_masks(case, f_cpu[3])
+    # the reserve layout is shared: each backend's backprop reads the other's reserve
+    assert_close(dict(zip(BACKWARD_NAMES, run_backward(case, f_cpu, "reference"))),
+                 dict(zip(BACKWARD_NAMES, b_ref)), case.dtype, ctx + " [reference backprop, cpu reserve]")
+    assert_close(dict(zip(BACKWARD_NAMES, run_backward(case, f_ref, "cpu"))),
+                 dict(zip(BACKWARD_NAMES, b_ref)), case.dtype, ctx + " [cpu backprop, reference reserve]")
+    return f_cpu, b_cpu
+
+
+# ----------------------------------------------------------------------------------------------
+# hypothesis: every configuration the cuda backend is tested on, every cell, every dtype
+# ----------------------------------------------------------------------------------------------
+
+@settings(QUICK, max_examples=40)
+@given(rnn_cases(rnn_configs(modes=ALL_CELLS, max_units=5, max_input=4), max_T=5, max_B=5))
+def test_hypothesis_float64(case):
+    compare(case)
+
+
+@settings(QUICK, max_examples=25)
+@given(rnn_cases(rnn_configs(modes=ALL_CELLS), dtype=np.float32))
+def test_hypothesis_float32(case):
+    compare(case)
+
+
+@settings(QUICK, max_examples=12)
+@given(rnn_cases(rnn_configs(modes=ALL_CELLS), dtype=np.float16))
+def test_hypothesis_float16(case):
+    compare(case)
+
+
+@settings(QUICK, max_examples=10)
+@given(rnn_cases(rnn_configs(modes=ALL_CELLS)).map(lambda c: c.__class__(**{**c.__dict__, "is_training": False})))
+def test_hypothesis_inference(case):
+    compare(case)
+
+
+FIXED = {   # rnn_config args, T, B, lengths, time_major
+    "lstm-bi-proj-T7B6": (dict(num_layers=2, num_units=4, input_size=3, rnn_mode="lstm", direction="bidirectional",
+                               num_proj=3, dropout=0.3, seed=2**32 - 1, seed2=2**32 - 2), 7, 6, [7, 5, 5, 2, 1, 1],
+                          True),
+    "peephole-bi-proj-bm": (dict(num_layers=2, num_units=4, input_size=3, rnn_mode="peephole_lstm",
+                                 direction="bidirectional", num_proj=2, dropout=0.3, seed=-1, seed2=5),
+                            5, 4, [5, 0, 3, 1], False),
+    "cifg-skip-zero-lengths": (dict(num_layers=2, num_units=3, input_size=3, rnn_mode="cifg_lstm",
+                                    input_mode="skip_input", direction="bidirectional"), 3, 3, [0, 0, 0], True),
+    "gru-bi-auto-bm": (dict(num_layers=2, num_units=3, input_size=3, rnn_mode="gru", input_mode="auto_select",
+                            direction="bidirectional", dropout=1.0, seed=3, seed2=4), 4, 5, [1, 4, 0, 2, 4], False),
+    "rnn_tanh-L3-dropout": (dict(num_layers=3, num_units=2, input_size=2, rnn_mode="rnn_tanh",
+                                 direction="bidirectional", dropout=0.3, seed=2**32 + 1, seed2=2**32 - 1),
+                            3, 2, [3, 1], True),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+@pytest.mark.parametrize("key", list(FIXED))
+def test_fixed_cases(key, dtype):
+    args, T, B, lengths, tm = FIXED[key]
+    case = make_rnn_case(rnn_config(**args), T, B, lengths, seed=len(key), dtype=dtype, time_major=tm)
+    f_cpu, _ = compare(case)
+    y = f_cpu[0] if tm else np.swapaxes(f_cpu[0], 0, 1)
+    for b, n in enumerate(case.lengths):              # SPEC 5: 0 past each length
+        assert not y[n:, b].any(), f"output: nonzero past length {n} in row {b} ({describe(case)})"
+
+
+def test_all_zero_lengths_pass_states_through():
+    cfg = rnn_config(1, 3, 2, "lstm")
+    case = make_rnn_case(cfg, 3, 3, [0, 0, 0], seed=1)
+    f, b = compare(case)
+    assert not f[0].any()
+    np.testing.assert_array_equal(f[1], case.h0)
+    np.testing.assert_array_equal(f[2], case.c0)
+    np.testing.assert_array_equal(b[1], case.dhT)
+    np.testing.assert_array_equal(b[2], case.dcT)
+    assert not b[0].any() and not b[3].any()
+
+
+@pytest.mark.parametrize("T,B", [(0, 3), (3, 0), (0, 0)])
+def test_empty_time_or_batch(T, B):
+    cfg = rnn_config(2, 3, 2, "lstm", direction="bidirectional", num_proj=2, dropout=0.3)
+    case = make_rnn_case(cfg, T, B, None, seed=3)
+    f, b = compare(case)
+    np.testing.assert_array_equal(f[1], case.h0)
+    assert not b[3].any()
+
+
+def test_inputs_not_mutated_and_calls_repeat_bit_for_bit():
+    cfg = rnn_config(2, 4, 3, "gru", direction="bidirectional", dropout=0.3, seed=1, seed2=2)
+    case = make_rnn_case(cfg, 4, 3, [4, 2, 0], seed=5, dtype=np.float32)
+    before = {k: getattr(case, k).copy() for k in ("x", "h0", "params", "dy", "dhT")}
+    f1, f2 = run_forward(case, "cpu"), run_forward(case, "cpu")
+    fwd_copy = [a.copy() for a in f1]
+    b1, b2 = run_backward(case, f1, "cpu"), run_backward(case, f1, "cpu")
+    for a, b in zip(named(f1, b1).values(), named(f2, b2).values()):
+        assert a.tobytes() == b.tobytes()
+    for k, v in before.items():
+        assert getattr(case, k).tobytes() == v.tobytes(), f"{k}: mutated"
+    for a, b in zip(f1, fwd_copy):
+        assert a.tobytes() == b.tobytes(), "forward outputs mutated by the backprop"
+
+
+def test_philox_masks_bit_identical():
+    for args in [(2**32 - 1, 2**32 - 2, 1, 7, 6, 6, 0.3), (-(2**40) - 3, 5, 3, 3, 2, 5, 0.5), (0, 0, 2, 4, 3, 2, 1.0),
+                 (1, 2, 1, 2, 3, 4, 0.0)]:
+        got = cpu_philox.dropout_keep_mask(*args)
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got.astype(bool), dropout_keep_mask(*args), err_msg=str(args))
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_nan_propagates_like_the_reference(mode):
+    cfg = rnn_config(1, 3, 2, mode)
+    for dtype in (np.float32, np.float64):
+        case = make_rnn_case(cfg, 3, 2, None, seed=1, dtype=dtype)
+        x = case.x.copy()
+        x[1, 0, 0] = np.nan
+        got, want = run_forward(case, "cpu", x=x), run_forward(case, "reference", x=x)
+        np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(want[0]))
+
+
+# ----------------------------------------------------------------------------------------------
+# finite differences through the public ops on backend="cpu" (the user cells have no hand-written oracle)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,args", [
+    ("peephole_lstm", dict(num_proj=2, direction="bidirectional", dropout=0.3, seed=7, seed2=8)),
+    ("cifg_lstm", dict(num_proj=0, direction="bidirectional", input_mode="skip_input")),
+    ("cifg_lstm", dict(num_proj=2)),
+    (MINGRU.name, dict(direction="bidirectional")),
+])
+def test_finite_differences_of_user_cells_on_cpu(mode, args):
+    cfg = rnn_config(2, 3, 3, mode, **args)
+    case = make_rnn_case(cfg, 4, 3, [4, 1, 3], seed=11)
+    errs = check_rnn_gradients(case, backend="cpu")
+    assert max(errs.values()) < 1e-6, errs
+
+
+# ----------------------------------------------------------------------------------------------
+# BlockLSTM V1/V2 and grads
+# ----------------------------------------------------------------------------------------------
+BLOCK_ARGS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+
+
+@settings(QUICK, max_examples=30)
+@given(dims=st.tuples(st.integers(0, 5), st.integers(1, 4), st.integers(1, 4), st.integers(1, 5)),
+       layout=st.sampled_from(["icfo", "ifco"]), peephole=st.booleans(),
+       forget_bias=st.sampled_from([0.0, 1.0, -0.6]), cell_clip=st.sampled_from([0.0, 0.4]),
+       s_frac=st.floats(0, 1), dtype=st.sampled_from(["float64", "float32", "float16"]),
+       seed=st.integers(0, 2**32 - 1))
+@example(dims=(4, 3, 3, 4), layout="icfo", peephole=True, forget_bias=1.0, cell_clip=0.4, s_frac=1.0,
+         dtype="float32", seed=1)
+def test_block_lstm_matches_reference(dims, layout, peephole, forget_bias, cell_clip, s_frac, dtype, seed):
+    T, B, I, C = dims
+    S = int(round(s_frac * T))
+    rng = np.random.default_rng(seed)
+    shapes = dict(x=(T, B, I), cs_prev=(B, C), h_prev=(B, C), w=(I + C, 4 * C), wci=(C,), wcf=(C,), wco=(C,),
+                  b=(4 * C,))
+    inp = {k: (0.7 * rng.standard_normal(s)).astype(dtype) for k, s in shapes.items()}
+    up = {k: rng.standard_normal((T, B, C)).astype(dtype) for k in ("cs_grad", "h_grad")}
+    call = validate_block_lstm(layout, S, **inp, forget_bias=forget_bias, cell_clip=cell_clip,
+                               use_peephole=peephole)
+    args = [inp[k] for k in BLOCK_ARGS]
+    ref_fwd = ref_backend.block_lstm(call, *args)
+    got_fwd = cpu_backend.block_lstm(call, *args)
+    saved = dict(zip(("i", "cs", "f", "o", "ci", "co", "h"), ref_fwd))
+    gcall = validate_block_lstm_grad(layout, S, **inp, **saved, **up, use_peephole=peephole)
+    ref_bwd = ref_backend.block_lstm_grad(gcall, *args, *ref_fwd, up["cs_grad"], up["h_grad"])
+    got_bwd = cpu_backend.block_lstm_grad(gcall, *args, *ref_fwd, up["cs_grad"], up["h_grad"])
+    t_out, t_grad = TOL[np.dtype(dtype)]
+    for k, (g, w) in enumerate(zip(tuple(got_fwd) + tuple(got_bwd), tuple(ref_fwd) + tuple(ref_bwd))):
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        err = relative_error(g, w)
+        assert err <= (t_out if k < 7 else t_grad), f"output {k}: relative error {err:.3g}"
+    for g in got_fwd:
+        assert not np.any(g[S:])
+
+
+@pytest.mark.parametrize("v1", [True, False])
+def test_block_lstm_public_ops_on_cpu(v1):
+    rng = np.random.default_rng(4)
+    T, B, I, C = 4, 2, 3, 3
+    x, cs, h = rng.standard_normal((T, B, I)), rng.standard_normal((B, C)), rng.standard_normal((B, C))
+    w, b = rng.standard_normal((I + C, 4 * C)) * 0.5, rng.standard_normal(4 * C)
+    wci, wcf, wco = rng.standard_normal(C), rng.standard_normal(C), rng.standard_normal(C)
+    fwd, grad = (ops.block_lstm, ops.block_lstm_grad) if v1 else (ops.block_lstm_v2, ops.block_lstm_grad_v2)
+    outs = {be: fwd(3, x, cs, h, w, wci, wcf, wco, b, use_peephole=True, backend=be) for be in ("reference", "cpu")}
+    for g, r in zip(outs["cpu"], outs["reference"]):
+        assert relative_error(g, r) <= 1e-12
+    up = rng.standard_normal((T, B, C)), rng.standard_normal((T, B, C))
+    grads = {be: grad(3, x, cs, h, w, wci, wcf, wco, b, *outs["reference"], *up, use_peephole=True, backend=be)
+             for be in ("reference", "cpu")}
+    for g, r in zip(grads["cpu"], grads["reference"]):
+        assert relative_error(g, r) <= 1e-12
+
+
+# ----------------------------------------------------------------------------------------------
+# backend selection
+# ----------------------------------------------------------------------------------------------
+
+def test_default_backend_without_gpu_is_cpu(monkeypatch):
+    monkeypatch.delenv("NUMBARNN_BACKEND", raising=False)
+    set_default_backend(None)
+    assert get_default_backend() == "cpu"          # tests run without a real GPU (the simulator at most)
+    case = make_rnn_case(rnn_config(1, 3, 2, "gru"), 3, 2, None, seed=2, dtype=np.float32)
+    a, b = named(run_forward(case)), named(run_forward(case, "cpu"))
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+    monkeypatch.setenv("NUMBARNN_BACKEND", "reference")
+    assert get_default_backend() == "reference"
+
+
+def test_parallel_step_loops_agree(monkeypatch):
+    """The prange twins of the step loops (used for wide steps, cells.PARALLEL_MIN_WORK) give the same bits."""
+    from numbarnn.cpu import cells
+    cfg = rnn_config(2, 4, 3, "lstm", direction="bidirectional", num_proj=3, dropout=0.3, seed=1, seed2=2)
+    case = make_rnn_case(cfg, 4, 3, [4, 0, 2], seed=9)
+    serial = run_forward(case, "cpu")
+    serial_b = run_backward(case, serial, "cpu")
+    monkeypatch.setattr(cells, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(cells.numba, "get_num_threads", lambda: 2)
+    par = run_forward(case, "cpu")
+    par_b = run_backward(case, par, "cpu")
+    for a, b in zip(named(serial, serial_b).values(), named(par, par_b).values()):
+        assert a.tobytes() == b.tobytes()
