@@ -76,7 +76,7 @@ def test_strided_device_views(version, dtype, trans_a, trans_b, M, N, K, batched
 
     d_a, _ = embed(a)
     d_b, _ = embed(b)
-    d_c, big_c = embed(c)
+    d_c, _ = embed(c)
     G.gemm(d_a, d_b, d_c, alpha=1.5, beta=-1.0, trans_a=trans_a, trans_b=trans_b, version=version)
     cuda.synchronize()
     host = d_c.copy_to_host()
