@@ -1,4 +1,4 @@
-"""Benchmark of the numbered GEMM kernels (numbarnn.kernels.gemm v1..v3), llm.c dev/cuda style.
+"""Benchmark of the numbered GEMM kernels (numbarnn.kernels.gemm v1..v4), llm.c dev/cuda style.
 
     python bench/bench_gemm.py                          # float32, default shapes
     python bench/bench_gemm.py --dtype float16 --shapes 4096x4096x4096 20x800x400 --reps 20
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"])
     p.add_argument("--shapes", nargs="+", type=parse_shape, default=[parse_shape(s) for s in DEFAULT_SHAPES])
-    p.add_argument("--versions", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3])
+    p.add_argument("--versions", nargs="+", type=int, default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--all", action="store_true", help="also time v1 on the big shapes")
     p.add_argument("--tiny-validation", action="store_true", help=argparse.SUPPRESS)

@@ -168,8 +168,9 @@ def test_explain_prints_the_drivers_launch_plan(capsys):
     assert cli.main(["explain", "--mode", "gru", "--layers", "2", "--units", "3", "--input-size", "2",
                      "--direction", "bidirectional", "--batch", "2", "--time", "3"]) == 0
     out = capsys.readouterr().out
-    assert "gru_forward_step" in out and "recurrent_backward" in out and "gemm v3 (dW = dgx^T x)" in out
+    assert "gru_forward_step" in out and "recurrent_backward" in out and "gemm v4 (dW = dgx^T x)" in out
     assert "forward: " in out and "1 per step per layer" in out and "2 per step per layer" in out
+    assert "column_partials (dbW, dbR)" in out and "column_totals (dbW, dbR)" in out
 
 
 def test_explain_names_the_cuda_backend_first_and_labels_every_plan_row_once(capsys):

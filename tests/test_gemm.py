@@ -1,4 +1,4 @@
-"""GEMM kernels v1..v3 (simulator) against numpy.matmul: dtypes, transposes, odd shapes, alpha/beta,
+"""GEMM kernels v1..v4 (simulator) against numpy.matmul: dtypes, transposes, odd shapes, alpha/beta,
 batches, strided views; bad input raises clear errors."""
 import inspect
 
@@ -76,7 +76,7 @@ def test_strided_device_views(version, dtype, trans_a, trans_b, M, N, K, batched
 
     d_a, _ = embed(a)
     d_b, _ = embed(b)
-    d_c, big_c = embed(c)
+    d_c, _ = embed(c)
     G.gemm(d_a, d_b, d_c, alpha=1.5, beta=-1.0, trans_a=trans_a, trans_b=trans_b, version=version)
     cuda.synchronize()
     host = d_c.copy_to_host()
@@ -110,7 +110,7 @@ def test_beta_zero_never_reads_c(version):
     assert_close(out, 0.5 * np.matmul(a, b), "float64")
 
 
-@pytest.mark.parametrize("version,shape", [(1, (17, 5, 6)), (2, (17, 5, 20)), (3, (65, 7, 9))])
+@pytest.mark.parametrize("version,shape", [(1, (17, 5, 6)), (2, (17, 5, 20)), (3, (65, 7, 9)), (4, (130, 5, 9))])
 def test_gpu_tiles(version, shape):
     """The tile sizes used on a real GPU (bigger blocks) are correct too, across block and k-tile edges."""
     M, N, K = shape
@@ -133,6 +133,47 @@ def test_float16_accumulates_in_float32():
         assert out[0, 0] == exact, (version, out[0, 0], exact)
 
 
+@pytest.mark.parametrize("dtype", G.DTYPES)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True), (False, True), (True, False)])
+def test_v4_double_buffer_edges(dtype, trans_a, trans_b):
+    """v4 against v3 and NumPy at K around its k-tile (simulator BK = 2): K = 0 (no k-tile: C = beta C),
+    1 (only the prologue's tile, partly outside), BK (one full tile), BK + 1 and 3 BK + 1 (the prefetch of a
+    partial last tile into the other buffer); M, N not multiples of BM, BN (partial blocks on both edges)."""
+    BM, BN, BK, TM, TN = G.VERSIONS[4].sim_config
+    assert TM != TN and BM != BN  # a non-square micro-tile and block catch swapped row/column indices
+    rng = np.random.default_rng(7)
+    M, N = BM + 3, 2 * BN + 1
+    for K in (0, 1, BK, BK + 1, 3 * BK + 1):
+        a, b, c = operands(rng, dtype, 2, M, N, K, trans_a, trans_b)
+        ref = reference(a, b, c, -1.5, 0.5, trans_a, trans_b)
+        out4 = G.matmul(a, b, c, alpha=-1.5, beta=0.5, trans_a=trans_a, trans_b=trans_b, version=4)
+        out3 = G.matmul(a, b, c, alpha=-1.5, beta=0.5, trans_a=trans_a, trans_b=trans_b, version=3)
+        if K == 0:
+            np.testing.assert_array_equal(out4, (np.asarray(0.5, dtype) * c).astype(dtype))
+        assert_close(out4, ref, dtype)
+        assert_close(out3, ref, dtype)
+
+
+def test_default_version_is_v4():
+    """The gemm entry point (so the RNN and BlockLSTM drivers) runs v4 unless a version is given."""
+    assert G.DEFAULT_VERSION == 4
+    assert inspect.signature(G.gemm).parameters["version"].default is None
+    calls = []
+    real = G.get_kernel
+
+    def spy(version, *args, **kw):
+        calls.append(version)
+        return real(version, *args, **kw)
+
+    G.get_kernel = spy
+    try:
+        G.matmul(np.ones((2, 3)), np.ones((3, 2)))
+        G.matmul(np.ones((2, 3)), np.ones((3, 2)), version=3)
+    finally:
+        G.get_kernel = real
+    assert calls == [4, 3]
+
+
 def test_kernels_are_cached():
     k1 = G.get_kernel(3, "float32", True, False, False)
     k2 = G.get_kernel(3, "float32", True, False, False)
@@ -150,7 +191,8 @@ def test_every_version_says_what_changed():
 def test_kernel_specs_cover_all_specialisations():
     specs = G.kernel_specs()
     keys = {(name, dtype) for name, dtype, *_ in specs}
-    assert len(specs) == len(keys) == 3 * 3 * 2 * 2 * 2
+    assert len(specs) == len(keys) == len(G.VERSIONS) * 3 * 2 * 2 * 2
+    assert len(G.VERSIONS) == 4
     for name, dtype, pyfunc, sig, block in specs:
         assert inspect.isfunction(pyfunc)  # the plain Python function, nothing compiled
         assert len(sig) == 8 and block == G.VERSIONS[int(name[6])].threads(G.VERSIONS[int(name[6])].gpu_config)
@@ -190,8 +232,8 @@ def test_bad_arguments():
         G.gemm(dev(3, 4, dtype=np.int32), dev(4, 2, dtype=np.int32), dev(3, 2, dtype=np.int32))
     with pytest.raises(TypeError, match="a: expected a device array"):
         G.gemm(np.zeros((3, 4), np.float32), b, c)
-    with pytest.raises(ValueError, match=r"version: expected one of \[1, 2, 3\], got 4"):
-        G.gemm(a, b, c, version=4)
+    with pytest.raises(ValueError, match=r"version: expected one of \[1, 2, 3, 4\], got 5"):
+        G.gemm(a, b, c, version=5)
     with pytest.raises(TypeError, match="trans_a: expected True or False"):
         G.gemm(a, b, c, trans_a=1)
     with pytest.raises(TypeError, match="alpha: expected a real number"):
@@ -202,6 +244,10 @@ def test_bad_arguments():
         G.make_gemm_v3_pyfunc("float32", False, False, False, 8, 8, 1, 1, 1)
     with pytest.raises(ValueError, match="config: BM=8 must be a multiple of TM=3"):
         G.make_gemm_v3_pyfunc("float32", False, False, False, 8, 8, 4, 3, 2)
+    with pytest.raises(ValueError, match="config: the tiles"):
+        G.make_gemm_v4_pyfunc("float32", False, False, False, 8, 8, 1, 1, 1)
+    with pytest.raises(ValueError, match="config: BM=8 must be a multiple of TM=3"):
+        G.make_gemm_v4_pyfunc("float32", False, False, False, 8, 8, 4, 3, 2)
 
 
 def test_empty_output_is_a_no_op():

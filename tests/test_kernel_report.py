@@ -161,7 +161,8 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     names = {name for name, _, _ in got}
     for kernel in ("lstm_forward_step_proj", "lstm_backward_step", "project", "gru_forward_step",
                    "gru_backward_step", "rnn_tanh_forward_step", "rnn_relu_backward_step", "recurrent_backward",
-                   "dropout_forward", "column_sums", "gemm_v3_tn", "dropout_keep_mask_kernel"):
+                   "dropout_forward", "column_sums", "column_partials", "column_totals", "gemm_v3_tn", "gemm_v4_tn",
+                   "dropout_keep_mask_kernel"):
         assert kernel in names, kernel
     assert any(n.startswith("block_lstm_") for n in names)
     assert result["problems"] == [] and proc.returncode == 0, result["problems"]
@@ -170,6 +171,8 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     assert by_key[("gemm_v1_nn", "float32", "80")]["shared"] == 0
     assert by_key[("gemm_v2_nn", "float32", "80")]["shared"] == 2 * 16 * 16 * 4
     assert by_key[("gemm_v3_nn", "float64", "80")]["shared"] == 2 * 8 * 64 * 8
+    # v4: 2 operands x 2 buffers x BK=4 rows of 128 + 8 (padding) float32
+    assert by_key[("gemm_v4_nn", "float32", "80")]["shared"] == 2 * 2 * 4 * (128 + 8) * 4
     print(f"\nkernel report: {len(rows)} rows in {result['seconds']} s")
 
 

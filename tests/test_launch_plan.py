@@ -6,6 +6,7 @@ projection); numbarnn does 1 forward (2 with projection) and 2 backward.
 import numpy as np
 import pytest
 
+import numbarnn.contrib.peephole_lstm  # noqa: F401  (registers peephole_lstm: a cell with vectors)
 from numbarnn.config import RNNCall, rnn_config
 from numbarnn.kernels import driver
 from numbarnn.testing import make_rnn_case, run_backward, run_forward
@@ -15,6 +16,7 @@ CASES = [  # mode, direction, num_proj, input_mode, L, dropout, lengths (T=3, B=
     ("gru", "unidirectional", 0, "skip_input", 2, 0.0, None),
     ("rnn_relu", "bidirectional", 0, "skip_input", 1, 0.0, [0, 0, 0, 0]),
     ("rnn_tanh", "unidirectional", 0, "linear_input", 3, 1.0, [1, 1, 1, 1]),
+    ("peephole_lstm", "bidirectional", 0, "linear_input", 1, 0.0, [3, 0, 2, 1]),   # cell-vector sums too
 ]
 
 
@@ -39,3 +41,6 @@ def test_plan_matches_the_launches_the_driver_makes(mode, direction, proj, input
     assert sum(r["launches"] for r in step_kernels if r["phase"] == "backward") == steps * L * 2
     if steps:
         assert log["forward"].per_step == (2 if proj else 1) and log["backward"].per_step == 2
+    # bias sums: two launches (column_partials, column_totals) per direction and layer, two more with vectors
+    sums = 2 if cfg.V and T * B else 1
+    assert log["backward"].by_kernel["column_partials"] == log["backward"].by_kernel["column_totals"] == sums * L * cfg.D

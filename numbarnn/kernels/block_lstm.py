@@ -8,7 +8,7 @@ scalars (a new value must not compile a new kernel).
 
 Forward (``forward``)                                                   launches
     fill          the seven outputs are 0 at t >= seq_len_max              7 (only if seq_len_max < T)
-    gemm v3       gx = x[:S] @ w[:I]               [S*B, 4C], all steps    1
+    gemm          gx = x[:S] @ w[:I]               [S*B, 4C], all steps    1
     per step t:   block_lstm_forward_step                                  1 per step
                   one thread per (b, j): the recurrent matvec h_p @ w[I:] for the unit's 4 gate columns,
                   + b + peephole + forget_bias, the gates, clip, writes i, cs, f, o, ci, co, h at t.
@@ -23,7 +23,7 @@ Backward (``backward``), t = S-1 .. 0
                   block_lstm_dh_prev         one thread per (b, k):        1 per step
                       dh_next[b, k] = sum_g dgates[t, b, g] * w[I+k, g]      (= (dgates @ w[I:]ᵀ)[b, k])
     after the loop, over all S steps at once:
-      gemm v3     x_grad[:S] = dgates @ w[:I]ᵀ ; w_grad[:I] = x[:S]ᵀ @ dgates
+      gemm        x_grad[:S] = dgates @ w[:I]ᵀ ; w_grad[:I] = x[:S]ᵀ @ dgates
                   w_grad[I:] = h_prevᵀ @ dgates[0] + h[:S-1]ᵀ @ dgates[1:]  (h_p of every step, no copy)
       block_lstm_bias_grad        b_grad = column sums of dgates           (deterministic: fixed order,
       block_lstm_peephole_grads   wci/wcf/wco_grad = sums over (t, b)       one thread per output, no atomics)
@@ -35,7 +35,8 @@ reads only ``dgates`` and ``w``.  ``dcs_next`` is per (b, j), updated in place b
 dtypes: float16 is stored as half and computed in float32 (``acc_dtype``): the buffers that live only
 inside a call (gx, dgates, dh_next, dcs_next) are float32, and the GEMMs run on float32 copies of their
 half operands (x, w, h_prev, h), their results cast back to half.  float32 / float64 compute in their own
-type and need no copies.  Outputs are device arrays of the input dtype.
+type and need no copies.  Outputs are device arrays of the input dtype.  "gemm" is the driver's GEMM,
+``gemm.DEFAULT_VERSION`` (v4), the same one the cuDNN-style ops use.
 """
 from __future__ import annotations
 

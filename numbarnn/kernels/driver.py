@@ -4,15 +4,15 @@ It mirrors `numbarnn/reference/network.py` step for step.  Per layer l (both dir
 
     forward                                               launches
       [dropout_forward]  x_l = y_{l-1} * keep * scale     1 per layer (l > 0, training, p > 0)
-      gemm v3            gx[d] = x_l @ W_d^T              D per layer (tile_gates for skip_input)
+      gemm v4            gx[d] = x_l @ W_d^T              D per layer (tile_gates for skip_input)
       per step s:        <cell>_forward_step              1 per step: recurrent matvec + cell, both directions
                          [project]                        +1 per step with num_proj
     backward
       per step s (T-1 .. 0):
                          <cell>_backward_step             1 per step (projection fused in for LSTM)
                          recurrent_backward               1 per step: dh_prev = dgh @ R (+ GRU's z*dh)
-      gemm v3            dW_d = dgx_d^T x_l, dR_d = dgh_d^T h_prev, dW_proj_d = dh_d^T m_d, dx_l = sum_d dgx_d W_d
-      column_sums        dbW, dbR (deterministic) ; [row_sum] cell vectors (cells with vectors)
+      gemm v4            dW_d = dgx_d^T x_l, dR_d = dgh_d^T h_prev, dW_proj_d = dh_d^T m_d, dx_l = sum_d dgx_d W_d
+      column_sums v2     dbW, dbR ; [cell vectors] (deterministic two-stage: column_partials + column_totals)
       [apply_mask]       dy_{l-1} = dx_l * keep * scale
 
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
@@ -32,7 +32,7 @@ from ..reserve import reserve_size, reserve_views
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
-from .layer_ops import (make_apply_mask, make_column_sums, make_dropout_forward, make_row_sum, make_sum_gates,
+from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_recurrent_backward
 
@@ -273,7 +273,6 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
 
         # weight gradients and dx as big GEMMs after the time loop
         dx_l = cuda.device_array((T, B, I_l), dtype=dt)
-        sums = jit(make_column_sums, str(dt))
         for d in range(D):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
@@ -289,11 +288,9 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                 gemm(dh_total[d].reshape(TB, P), saved[f"m{layer}"][d].reshape(TB, H), dlp.W_proj, trans_a=True)
                 log.count("gemm")
             dbias = dunit_params[layer][d].reshape(-1)              # [(2G+V)*H]: bW, bR, vectors
-            log(sums, "column_sums", (blocks(2 * GH, threads(2 * GH, 256)),), threads(2 * GH, 256),
-                gx2, gh2, dbias[:2 * GH].reshape(2, GH))
+            column_sums(log, gx2, gh2, dbias[:2 * GH].reshape(2, GH))
             if V and TB:
-                log(jit(make_row_sum, str(dt)), "row_sum", (blocks(V * H, threads(V * H, 256)),),
-                    threads(V * H, 256), dvec[d].reshape(TB, V * H), dbias[2 * GH:])
+                column_sums(log, dvec[d].reshape(TB, V * H), None, dbias[2 * GH:].reshape(1, V * H))
         if layers[layer * D].W is None and TB:
             n = TB * H
             log(jit(make_sum_gates, str(dt)), "sum_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
@@ -315,10 +312,10 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
     GEMM grids come from the GEMM launcher's tiles.
     """
-    from .gemm import VERSIONS
+    from .gemm import DEFAULT_VERSION, VERSIONS
     sim = None if not gpu else False
-    v3 = VERSIONS[3]
-    gemm_cfg = v3.gpu_config if gpu else v3.default_config()
+    v_gemm = VERSIONS[DEFAULT_VERSION]
+    gemm_cfg = v_gemm.gpu_config if gpu else v_gemm.default_config()
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
@@ -338,8 +335,8 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         return (blocks(n, t),), t
 
     def gemm_row(phase, what, launches, M, N, K):
-        grid, block = v3.launch(M, N, 1, gemm_cfg)
-        add(phase, f"gemm v3 ({what})", launches, tuple(grid), int(np.prod(block)), 2 * M * N * K,
+        grid, block = v_gemm.launch(M, N, 1, gemm_cfg)
+        add(phase, f"gemm v{DEFAULT_VERSION} ({what})", launches, tuple(grid), int(np.prod(block)), 2 * M * N * K,
             (M * K + K * N + M * N) * sz)
 
     def steps_grid(n):
@@ -398,9 +395,10 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         gemm_row("backward", "dR = dgh^T h_prev", D, GH, P, TB)
         if cfg.has_proj:
             gemm_row("backward", "dW_proj = dh^T m", D, P, H, TB)
-        add("backward", "column_sums (dbW, dbR)", D, *flat(2 * GH), 2 * TB * GH, 2 * TB * GH * sz)
-        add("backward", "row_sum (cell vectors)", D if cfg.V and TB else 0, *flat(cfg.V * H), TB * cfg.V * H,
-            TB * cfg.V * H * sz)
+        for S, C, what, n in ((2, GH, "dbW, dbR", D), (1, cfg.V * H, "cell vectors", D if cfg.V and TB else 0)):
+            (_, grid1, block1), (_, grid2, block2) = column_sums_launches(TB, C, S, simulator=sim)
+            add("backward", f"column_partials ({what})", n, grid1, block1, S * TB * C, S * (TB + grid1[1]) * C * sz)
+            add("backward", f"column_totals ({what})", n, grid2, block2, S * grid1[1] * C, S * (grid1[1] + 1) * C * sz)
         add("backward", "sum_gates (skip_input dx)", int(not cfg.has_w(layer) and TB > 0), *flat(TB * H),
             D * TB * GH, D * TB * GH * sz)
         add("backward", "apply_mask (dropout backward)", int(drop), *flat(n), n, 3 * n * sz)

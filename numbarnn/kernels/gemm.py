@@ -13,12 +13,20 @@ Versions (one line each at the top of its factory, the "what changed and why"):
     v1 naive                one thread per output element, a straight port of the sum.
     v2 shared-memory tiles  TILE x TILE threads stage TILE x TILE tiles of op(A) and op(B) in shared memory.
     v3 register blocking    each thread computes TM x TN outputs of a BM x BN block tile from shared
-                            tiles; the version the rest of numbarnn uses.
+                            tiles.
+    v4 double buffering     8 x 8 outputs per thread (v3: 4 x 4) in 128 x 128 block tiles, two shared
+                            buffers per operand: the next k-tile's global loads go into registers before
+                            this tile's FMAs and into the other buffer after them (numba has no async
+                            copy), one barrier per k-tile; the version the rest of numbarnn uses
+                            (``DEFAULT_VERSION``; ``version=3`` still selects v3).
 
 Tile sizes (compile-time constants of the factories; ``GemmVersion.gpu_config`` / ``sim_config``):
     on a GPU   v1 16 x 16 threads; v2 TILE=16 (256 threads); v3 BM=BN=64, BK=8, TM=TN=4
-               (16 x 16 = 256 threads, 16 outputs each, 4 KiB (float32) of shared memory).
-    simulator  v1 4 x 4 threads; v2 TILE=8 (64 threads); v3 BM=BN=8, BK=4, TM=TN=2 (16 threads): the
+               (16 x 16 = 256 threads, 16 outputs each, 4 KiB (float32) of shared memory);
+               v4 BM=BN=128, BK=4, TM=TN=8 (16 x 16 = 256 threads, 64 outputs each, 2 x 2 padded
+               buffers = 8.5 KiB (float32) of shared memory).
+    simulator  v1 4 x 4 threads; v2 TILE=8 (64 threads); v3 BM=BN=8, BK=4, TM=TN=2 (16 threads);
+               v4 BM=8, BN=4, BK=2, TM=4, TN=2 (4 threads; non-square so swapped indices fail): the
                simulator runs one Python thread per CUDA thread, and small tiles keep several blocks and
                several k-tiles in play even for the tiny shapes the tests use.
 The same kernel source runs both ways; ``gemm(..., config=...)`` picks other tiles.
@@ -34,13 +42,33 @@ driver for the current device when the kernel is compiled, and fails on a machin
 Resources (``python -m numbarnn.kernels.report --only gemm_``, sm_80, GPU tiles, no spills anywhere):
 v1 ~32 registers, v2 32 registers + 2 KiB smem (float32), v3 68 registers + 4 KiB smem (float32 and
 float16; 92 + 8 KiB for float64), i.e. 37.5 % (25 % for float64) theoretical occupancy at 256 threads.
+
+v3 against v4 (GPU tiles, 256 threads; FMAs per load counted from the tile sizes; registers, shared
+memory (sm_80) and occupancy from the report over nn/nt/tn/tt, batched or not, sm_80 and sm_90):
+
+                              v3 (64x64x8, 4x4)        v4 (128x128x4, 8x8)
+    FMAs per shared load      TM*TN/(TM+TN) = 2        4
+    FMAs per global load      1/(1/BM + 1/BN) = 32     64
+    barriers per k-tile       2                        1 (per thread: 1 per 256 FMAs, v3: 1 per 64)
+    registers float32/16      60-70                    124-128 (sm_80), 118 (sm_90)
+    registers float64         78-92                    188-214
+    shared memory             4 KiB (8 KiB float64)    8.5 KiB (17 KiB float64)
+    occupancy float32/16      38-50 %                  25 %
+    occupancy float64         25-38 %                  12.5 %
+    spills                    0                        0
+v4 trades occupancy for instruction-level parallelism (64 independent FMAs per k per thread) and halves
+both shared and global loads per FMA.  Global loads: numba has no float4 loads from Python, so wide
+transactions come from consecutive threads reading consecutive addresses (the staging order walks each
+operand's contiguous axis); with BK = 4 a k-contiguous operand gives a warp 16 bytes (float32) per row,
+half a 32-byte sector, whose other half the next k-tile reads (BK = 8 kept whole sectors but cost 148
+registers, one block per SM).
 """
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from numba import config as numba_config
@@ -311,7 +339,141 @@ def make_gemm_v3_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
 
 
 def launch_v3(M: int, N: int, Z: int, config: tuple) -> tuple:
-    BM, BN, BK, TM, TN = config
+    BM, BN, _BK, TM, TN = config
+    return (math.ceil(N / BN), math.ceil(M / BM), Z), (BN // TN, BM // TM, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# v4
+# --------------------------------------------------------------------------------------------------
+def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
+                        BM: int, BN: int, BK: int, TM: int, TN: int):
+    # v4 8x8 micro-tiles, double-buffered: 4 FMAs per shared load (v3: 2), and the next k-tile's global loads are in flight while this one is computed.
+    if BM % TM or BN % TN:
+        raise ValueError(f"config: BM={BM} must be a multiple of TM={TM} and BN={BN} of TN={TN}")
+    ACC = _numpy_scalar(ACCUMULATE[dtype])
+    # Shared-memory indices go through U (unsigned): numba wraps negative indices Python-style, a compare
+    # and a select per access for a signed index, and the wrapped addresses cost registers (with BK = 8:
+    # 165 -> 148 registers, float32 nn, sm_80); for an unsigned index it emits a plain address.
+    U = np.uint64
+    ACC_T = _numba_type(ACCUMULATE[dtype])
+    op_a = _op_loader(trans_a, batched)
+    op_b = _op_loader(trans_b, batched)
+    update_c = _c_updater(dtype, batched)
+    TX = BN // TN            # threads along x (columns of C)
+    TY = BM // TM            # threads along y (rows of C)
+    THREADS = TX * TY
+    if (BM * BK) % THREADS or (BK * BN) % THREADS:
+        raise ValueError(f"config: the tiles BM*BK={BM * BK} and BK*BN={BK * BN} must be multiples of the "
+                         f"{THREADS} threads (BM/TM * BN/TN)")
+    LOADS_A = BM * BK // THREADS   # elements of the A k-tile each thread fetches (constant: unrolled)
+    LOADS_B = BK * BN // THREADS
+    # A k-fastest operand is stored transposed ([kk, i], kk the fast thread index): with rows of BM words
+    # (a multiple of 32) the BK threads of one i (one per kk) would all hit bank i; PAD = 32 // BK extra
+    # words per row put the warp's 32 stores in 32 different banks (kk * PAD + i covers 0..31).
+    PAD = max(1, 32 // BK)
+    SA = BM + PAD                  # row length of the shared A tile
+    SB = BN + PAD
+    # Global loads: numba has no float4 (vector) loads from Python, so the lever for wide, coalesced
+    # transactions is that consecutive threads read consecutive addresses: the staging order walks the
+    # operand's contiguous axis fastest, as in v3 (a warp's request then covers whole 32-byte sectors).
+    A_K_FASTEST = not trans_a      # A [M, K]: contiguous along k; A^T stored [K, M]: along rows
+    B_N_FASTEST = not trans_b      # B [K, N]: contiguous along n; B^T stored [N, K]: along k
+
+    def gemm_v4(
+        M,      # int: rows of op(A) and C
+        N,      # int: columns of op(B) and C
+        K,      # int: columns of op(A) = rows of op(B)
+        alpha,  # scalar (accumulation dtype)
+        a,      # [M, K] ([K, M] if trans_a), [Z, ...] if batched
+        b,      # [K, N] ([N, K] if trans_b), [Z, ...] if batched
+        beta,   # scalar (accumulation dtype)
+        c,      # [M, N], [Z, M, N] if batched (read unless beta == 0, written)
+    ):
+        a_tile = cuda.shared.array((2, BK, SA), ACC_T)  # [2, BK, BM+pad]: buffer, op(A)[row0 + i, k0 + kk] at [kk, i]
+        b_tile = cuda.shared.array((2, BK, SB), ACC_T)  # [2, BK, BN+pad]: buffer, op(B)[k0 + kk, col0 + j] at [kk, j]
+        acc = cuda.local.array((TM, TN), ACC_T)         # [TM, TN]: this thread's sums (registers)
+        a_reg = cuda.local.array(TM, ACC_T)             # [TM]: op(A)[its rows, k]
+        b_reg = cuda.local.array(TN, ACC_T)             # [TN]: op(B)[k, its columns]
+        a_next = cuda.local.array(LOADS_A, ACC_T)       # [LOADS_A]: the next A k-tile, in flight (registers)
+        b_next = cuda.local.array(LOADS_B, ACC_T)       # [LOADS_B]: the next B k-tile, in flight (registers)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * TX + tx
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        z = cuda.blockIdx.z
+        for m in range(TM):
+            for n in range(TN):
+                acc[m, n] = ACC(0)
+
+        # prologue: k-tile 0 into buffer 0 (zeros outside the matrices, also when K == 0)
+        for load in range(LOADS_A):
+            e = tid + load * THREADS   # element of the [BM, BK] tile
+            i = e // BK if A_K_FASTEST else e % BM
+            kk = e % BK if A_K_FASTEST else e // BM
+            inside = row0 + i < M and kk < K
+            a_tile[U(0), U(kk), U(i)] = ACC(op_a(a, z, row0 + i, kk)) if inside else ACC(0)
+        for load in range(LOADS_B):
+            e = tid + load * THREADS   # element of the [BK, BN] tile
+            kk = e // BN if B_N_FASTEST else e % BK
+            j = e % BN if B_N_FASTEST else e // BK
+            inside = kk < K and col0 + j < N
+            b_tile[U(0), U(kk), U(j)] = ACC(op_b(b, z, kk, col0 + j)) if inside else ACC(0)
+        cuda.syncthreads()
+
+        buf = 0
+        for k0 in range(0, K, BK):
+            k1 = k0 + BK                # the next k-tile
+            more = k1 < K
+            if more:                    # 1. issue its global loads (registers; nothing waits on them yet)
+                for load in range(LOADS_A):
+                    e = tid + load * THREADS
+                    i = e // BK if A_K_FASTEST else e % BM
+                    kk = e % BK if A_K_FASTEST else e // BM
+                    inside = row0 + i < M and k1 + kk < K
+                    a_next[load] = ACC(op_a(a, z, row0 + i, k1 + kk)) if inside else ACC(0)
+                for load in range(LOADS_B):
+                    e = tid + load * THREADS
+                    kk = e // BN if B_N_FASTEST else e % BK
+                    j = e % BN if B_N_FASTEST else e // BK
+                    inside = k1 + kk < K and col0 + j < N
+                    b_next[load] = ACC(op_b(b, z, k1 + kk, col0 + j)) if inside else ACC(0)
+            for kk in range(BK):        # 2. compute this k-tile from shared buffer `buf`
+                for m in range(TM):
+                    a_reg[m] = a_tile[U(buf), U(kk), U(ty + m * TY)]
+                for n in range(TN):
+                    b_reg[n] = b_tile[U(buf), U(kk), U(tx + n * TX)]
+                for m in range(TM):     # outer product: acc[m, n] += op(A)[row_m, k] * op(B)[k, col_n]
+                    for n in range(TN):
+                        acc[m, n] += a_reg[m] * b_reg[n]
+            if more:                    # 3. park the next k-tile in the other buffer (nobody reads it now)
+                for load in range(LOADS_A):
+                    e = tid + load * THREADS
+                    i = e // BK if A_K_FASTEST else e % BM
+                    kk = e % BK if A_K_FASTEST else e // BM
+                    a_tile[U(1 - buf), U(kk), U(i)] = a_next[load]
+                for load in range(LOADS_B):
+                    e = tid + load * THREADS
+                    kk = e // BN if B_N_FASTEST else e % BK
+                    j = e % BN if B_N_FASTEST else e // BK
+                    b_tile[U(1 - buf), U(kk), U(j)] = b_next[load]
+            # one barrier per k-tile (v3: two): buffer 1 - buf is complete for everyone, and everyone is
+            # done reading `buf`, which the next iteration overwrites
+            cuda.syncthreads()
+            buf = 1 - buf
+        for m in range(TM):
+            for n in range(TN):
+                row = row0 + ty + m * TY
+                col = col0 + tx + n * TX
+                if row < M and col < N:
+                    update_c(c, z, row, col, alpha, acc[m, n], beta)
+
+    return gemm_v4
+
+
+def launch_v4(M: int, N: int, Z: int, config: tuple) -> tuple:
+    BM, BN, _BK, TM, TN = config
     return (math.ceil(N / BN), math.ceil(M / BM), Z), (BN // TN, BM // TM, 1)
 
 
@@ -340,7 +502,12 @@ VERSIONS = {
     2: GemmVersion(2, "shared-memory tiles", make_gemm_v2_pyfunc, launch_v2, gpu_config=(16,), sim_config=(8,)),
     3: GemmVersion(3, "register blocking", make_gemm_v3_pyfunc, launch_v3,
                    gpu_config=(64, 64, 8, 4, 4), sim_config=(8, 8, 4, 2, 2)),
+    4: GemmVersion(4, "double buffering", make_gemm_v4_pyfunc, launch_v4,
+                   gpu_config=(128, 128, 4, 8, 8), sim_config=(8, 4, 2, 4, 2)),
 }
+
+#: the version ``gemm`` / ``matmul`` (and so the RNN and BlockLSTM drivers) use unless told otherwise
+DEFAULT_VERSION = 4
 
 
 def kernel_name(version: int, trans_a: bool, trans_b: bool, batched: bool) -> str:
@@ -436,15 +603,15 @@ def gemm_shapes(a_shape: tuple, b_shape: tuple, c_shape: tuple, trans_a: bool, t
     return Z, expected[-2], expected[-1], K
 
 
-def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=3, stream=0, config=None):
+def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=None, stream=0, config=None):
     """C = alpha * op(A) @ op(B) + beta * C on the device, in place; returns c.
 
     a, b, c: numba device arrays (or any CUDA array), 2-D, or 3-D with a leading batch dimension Z;
              views with any strides work (a transposed view plus the matching flag is free).
              op(A) [M, K] (a is [K, M] if trans_a), op(B) [K, N] (b is [N, K] if trans_b), c [M, N].
     alpha, beta: real numbers; beta == 0 means c is write-only.
-    version: 1, 2 or 3 (see VERSIONS); config: tile sizes of that version (default: the GPU or the
-             simulator tiles of VERSIONS[version]).
+    version: 1, 2, 3 or 4 (see VERSIONS; default DEFAULT_VERSION = 4); config: tile sizes of that
+             version (default: the GPU or the simulator tiles of VERSIONS[version]).
     stream: a CUDA stream or 0 (the default stream).
     """
     for name, x in (("a", a), ("b", b), ("c", c)):
@@ -456,6 +623,8 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
     trans_b = _check_flag("trans_b", trans_b)
     alpha = _check_scalar("alpha", alpha)
     beta = _check_scalar("beta", beta)
+    if version is None:
+        version = DEFAULT_VERSION
     if version not in VERSIONS:
         raise ValueError(f"version: expected one of {sorted(VERSIONS)}, got {version!r}")
     Z, M, N, K = gemm_shapes(shape_of(a), shape_of(b), shape_of(c), trans_a, trans_b)
@@ -473,7 +642,7 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
     return c
 
 
-def matmul(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=3, config=None):
+def matmul(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=None, config=None):
     """NumPy convenience: copies a, b (and c) to the device, runs ``gemm`` and returns C as a NumPy array.
 
     Without c, C starts as zeros of the inputs' dtype (beta is then irrelevant).  For tests and teaching:
