@@ -15,6 +15,11 @@ It mirrors `numbarnn/reference/network.py` step for step.  Per layer l (both dir
       column_sums        dbW, dbR (deterministic) ; [row_sum] cell vectors (cells with vectors)
       [apply_mask]       dy_{l-1} = dx_l * keep * scale
 
+Step kernels: v1 (`cell_steps.py`: one thread per (row, unit), R re-read by every row) or v2 (`step_v2.py`: a
+tiled product that reads R once per step for all rows, the cell in its epilogue; backward one fused launch
+per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2).  `step_version()`
+picks: NUMBARNN_STEP_VERSION=1|2, else 2 on a GPU and 1 in the simulator; the LaunchLog records it.
+
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
 Arrays here are device arrays, time-major, in the call's dtype; `backend.py` handles NumPy and layouts.
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import os
+
 import numpy as np
 from numba import cuda
 
@@ -30,11 +37,26 @@ from ..params import param_regions, unpack
 from ..dropout import dropout_key, dropout_scale, dropout_threshold
 from ..reserve import reserve_size, reserve_views
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
-from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
+from .common import SIMULATOR, acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
 from .layer_ops import (make_apply_mask, make_column_sums, make_dropout_forward, make_row_sum, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_recurrent_backward
+from . import step_v2
+
+#: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py)
+STEP_VERSIONS = (1, 2)
+
+
+def step_version() -> int:
+    """The step kernels to use: NUMBARNN_STEP_VERSION (1 or 2) if set, else 2 on a GPU and 1 in the simulator
+    (whose tests run both versions explicitly)."""
+    raw = os.environ.get("NUMBARNN_STEP_VERSION", "").strip()
+    if not raw:
+        return 1 if SIMULATOR else 2
+    if raw not in ("1", "2"):
+        raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1 or 2, got {raw!r}")
+    return int(raw)
 
 
 @dataclass
@@ -45,6 +67,7 @@ class LaunchLog:
     per_step: int = 0          # launches inside one step of the time loop (both directions together)
     steps: int = 0
     by_kernel: dict = field(default_factory=dict)
+    step_version: int = 1      # which step kernels ran (1: cell_steps.py, 2: step_v2.py)
 
     def __call__(self, kernel, name, grid, block, *args):
         if min(grid) <= 0 or block <= 0:
@@ -137,7 +160,15 @@ def forward(call, x, h0, c0, params):
     lens = cuda.to_device(call.lengths_array())                    # [B] int32
     steps = max(call.lengths, default=0)
     layers, unit_params = unpack(cfg, params), _unit_param_views(cfg, params)
+    version = step_version()
+    log.step_version = version
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
+    tiles = step_v2.tiles()
+    if version == 2:
+        cell_forward = jit(step_v2.make_forward_step_v2, cfg.cell, str(dt), cfg.has_proj, tiles)
+        step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
+    else:
+        step_grid, step_block, step_name = (blocks(H, threads(H)), B, D), threads(H), "forward_step"
     project = jit(make_project, str(dt)) if cfg.has_proj else None
     scale = a.type(dropout_scale(cfg.dropout))
     hT = cuda.device_array((cfg.L * D, B, P), dtype=dt)            # [L*D, B, P]
@@ -179,8 +210,7 @@ def forward(call, x, h0, c0, params):
         log.steps, before = steps, log.total
         for s in range(steps):
             args.update(s=s, h_in=h_in, h_out=h_out)
-            log(cell_forward, "forward_step", (blocks(H, threads(H)), B, D), threads(H),
-                *[args[name] for name in forward_args])
+            log(cell_forward, step_name, step_grid, step_block, *[args[name] for name in forward_args])
             if project is not None:
                 log(project, "project", (blocks(P, threads(P)), B, D), threads(P),
                     s, lens, args["ms"], layers[layer * D].W_proj, layers[layer * D + D - 1].W_proj, h_in, h_out, y_l)
@@ -219,6 +249,15 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     unit_params = _unit_param_views(cfg, params)
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
     recurrent = jit(make_recurrent_backward, str(dt))
+    version = step_version()
+    log.step_version = version
+    tiles = step_v2.tiles()
+    fused = version == 2 and not cfg.has_proj          # v2: one launch per step (+1 to finish dh0)
+    if version == 2:
+        recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
+    if fused:
+        cell_backward = jit(step_v2.make_backward_step_v2, cfg.cell, str(dt), tiles)
+        backward_args = step_v2.backward_v2_args(cfg.cell)
     scale = a.type(dropout_scale(cfg.dropout))
     dh0 = cuda.device_array((cfg.L * D, B, P), dtype=dt)
     dc0 = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
@@ -258,14 +297,29 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                     Wp_fwd=lp_f.W_proj, Wp_rev=lp_r.W_proj, dc=dc, dgx=dgx, dgh=dgh, dvec=dvec, h_prev=h_prev,
                     dh_total=dh_total)
         log.steps, before = steps, log.total
-        for s in reversed(range(steps)):
+        if fused:                                      # dh in place: dh_in is the one buffer
+            args.update(R_fwd=lp_f.R, R_rev=lp_r.R, dh=dh_in)
+            for s in reversed(range(steps)):
+                args.update(s=s)
+                log(cell_backward, "backward_step_v2", step_v2.grid(H, B, D, tiles), tiles.threads,
+                    *[args[name] for name in backward_args])
+            if steps:
+                log.per_step = (log.total - before) // steps
+                args.update(s=-1)                      # finish dh0 = direct + dgh_0 R (rows with len > 0)
+                log(cell_backward, "backward_step_v2", step_v2.grid(H, B, D, tiles), tiles.threads,
+                    *[args[name] for name in backward_args])
+        for s in reversed(range(steps if not fused else 0)):
             args.update(s=s, dh_in=dh_in, dh_out=dh_out)
             log(cell_backward, "backward_step", (blocks(H, threads(H)), B, D), threads(H),
                 *[args[name] for name in backward_args])
-            log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
-                s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
+            if version == 2:
+                log(recurrent, "recurrent_backward_v2", step_v2.grid(P, B, D, tiles), tiles.threads,
+                    s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
+            else:
+                log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
+                    s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
             dh_in, dh_out = dh_out, dh_in
-        if steps:
+        if steps and not fused:
             log.per_step = (log.total - before) // steps
         cast_into(dh_in, dh0[ps], log)
         if cfg.has_cell_state:
