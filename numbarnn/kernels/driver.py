@@ -48,12 +48,12 @@ from . import step_v2
 STEP_VERSIONS = (1, 2)
 
 
-def step_version() -> int:
+def step_version(simulator: bool | None = None) -> int:
     """The step kernels to use: NUMBARNN_STEP_VERSION (1 or 2) if set, else 2 on a GPU and 1 in the simulator
-    (whose tests run both versions explicitly)."""
+    (whose tests run both versions explicitly).  simulator: as this process runs (None) or as given."""
     raw = os.environ.get("NUMBARNN_STEP_VERSION", "").strip()
     if not raw:
-        return 1 if SIMULATOR else 2
+        return 1 if (SIMULATOR if simulator is None else simulator) else 2
     if raw not in ("1", "2"):
         raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1 or 2, got {raw!r}")
     return int(raw)
@@ -163,7 +163,7 @@ def forward(call, x, h0, c0, params):
     version = step_version()
     log.step_version = version
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
-    tiles = step_v2.tiles()
+    tiles = step_v2.tiles(dt)
     if version == 2:
         cell_forward = jit(step_v2.make_forward_step_v2, cfg.cell, str(dt), cfg.has_proj, tiles)
         step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
@@ -251,7 +251,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     recurrent = jit(make_recurrent_backward, str(dt))
     version = step_version()
     log.step_version = version
-    tiles = step_v2.tiles()
+    tiles = step_v2.tiles(dt)
     fused = version == 2 and not cfg.has_proj          # v2: one launch per step (+1 to finish dh0)
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
@@ -367,7 +367,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     launches, and per-launch estimates of FLOPs and global-memory bytes (compulsory traffic, no cache effects).
 
     gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
-    GEMM grids come from the GEMM launcher's tiles.
+    GEMM grids come from the GEMM launcher's tiles; the step kernels are step_version(simulator=not gpu)'s.
     """
     from .gemm import VERSIONS
     sim = None if not gpu else False
@@ -376,6 +376,9 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
+    version = step_version(simulator=not gpu)
+    tiles = step_v2.tiles(call.dtype, simulator=not gpu)
+    row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H
     rows = []
@@ -419,8 +422,13 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
         cast_rows("forward", "h0 in", "c0 in")
         grid, block = steps_grid(H)
-        add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
-            D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+        if version == 2:
+            add("forward", f"{cell}_forward_step_v2", steps if B else 0, step_v2.grid(H, B, D, tiles),
+                tiles.threads, D * B * (2 * GH * P + 12 * H),
+                D * (row_tiles * GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+        else:
+            add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
+                D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
         if cfg.has_proj:
             grid, block = steps_grid(P)
             add("forward", "project", steps if B else 0, grid, block, 2 * D * B * P * H,
@@ -439,11 +447,21 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
             add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
         cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
-        add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
-            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
+        if version == 2 and not cfg.has_proj:          # fused: steps + 1 launches (the last finishes dh0)
+            add("backward", f"{cell}_backward_step_v2", steps + 1 if B and steps else 0,
+                step_v2.grid(H, B, D, tiles), tiles.threads, D * B * (20 * H + 2 * GH * P),
+                D * (row_tiles * GH * P + B * (3 * GH + cfg.cell.S * H + 3 * P)) * sz)
+        else:
+            add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
+                D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)),
+                D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
         grid, block = steps_grid(P)
-        add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
-            D * (GH * P + B * (GH + 2 * P)) * sz)
+        if version == 2 and cfg.has_proj:
+            add("backward", "recurrent_backward_v2", steps if B else 0, step_v2.grid(P, B, D, tiles),
+                tiles.threads, 2 * D * B * GH * P, D * (row_tiles * GH * P + B * (GH + 2 * P)) * sz)
+        elif version == 1:
+            add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
+                D * (GH * P + B * (GH + 2 * P)) * sz)
         cast_rows("backward", "dh0 out", "dc0 out")
 
         if cfg.has_w(layer):

@@ -40,6 +40,7 @@ KERNEL_MODULES = (
     "numbarnn.kernels.gemm",
     "numbarnn.kernels.philox",
     "numbarnn.kernels.cell_steps",
+    "numbarnn.kernels.step_v2",
     "numbarnn.kernels.block_lstm",
 )
 

@@ -28,7 +28,8 @@ segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 rea
 accumulators per thread), KC = 32 columns per chunk (one 128-byte float32 line per R row).  The R tile is
 padded to KC + 1 columns so that the 32 threads of a warp reading column kk of 32 different rows hit 32
 banks.  In the simulator the tiles are tiny and divide nothing (TJ = 3, RG = 2, RB = 2, KC = 2) so that
-partial tiles in units, rows and K are always exercised.
+partial tiles in units, rows and K are always exercised.  float64 uses KC = 16 (the R tile of 32 KC = 32
+would be 34 KiB: 4 blocks per SM on sm_80).
 """
 from __future__ import annotations
 
@@ -60,12 +61,15 @@ class Tiles(NamedTuple):
 
 
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
+GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
 SIM_TILES = Tiles(TJ=3, RG=2, RB=2, KC=2)
 
 
-def tiles(simulator: bool | None = None) -> Tiles:
-    """The tiles this process launches (small ones in the simulator, see the module docstring)."""
-    return SIM_TILES if (SIMULATOR if simulator is None else simulator) else GPU_TILES
+def tiles(dtype="float32", simulator: bool | None = None) -> Tiles:
+    """The tiles this process launches for `dtype` (small ones in the simulator, see the module docstring)."""
+    if SIMULATOR if simulator is None else simulator:
+        return SIM_TILES
+    return GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
 
 
 def grid(n_units: int, B: int, D: int, t: Tiles) -> tuple:
@@ -113,65 +117,20 @@ BACKWARD_V2_ARGS = _backward_v2_table()
 # ---------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
-    """Tiled recurrent product for TJ units x G gates x TB rows, then the cell's pointwise forward."""
+def make_forward_epilogue(cell, dtype, RB: int):
+    """Device function: the cell's pointwise forward at unit j for rows b_first .. b_first+RB-1 (those < B),
+    given their recurrent products rh[g, r] (no bias yet).  Shared by v2 and v3."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G, S, V = cell.G, cell.S, cell.V
     VL = max(V, 1)
-    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
-    GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
     pointwise = device_function(cell.forward, dtype)
 
     @cuda.jit(device=True, inline="always")
-    def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
-        tid = cuda.threadIdx.x
-        jj = tid % TJ                           # this thread's unit within the tile
-        rg = tid // TJ                          # its row group: rows rg*RB .. rg*RB + RB-1 of the tile
-        j0 = cuda.blockIdx.x * TJ
-        b0 = cuda.blockIdx.y * TB
-        d = cuda.blockIdx.z
+    def epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b_first):
         H = unit_params.shape[2]
         P = h_in.shape[2]
         B = lens.shape[0]
-        R = R_fwd if d == 0 else R_rev
-        R_tile = cuda.shared.array((GJ, KC + 1), acc)   # R[g*H + j0+jj', k0+kk]; +1 column: no bank conflicts
-        h_tile = cuda.shared.array((TB, KC), acc)       # h[d, b0+bb, k0+kk]
-        rh = cuda.local.array((G, RB), acc)             # the product, G gates x RB rows, in registers
-        r_k = cuda.local.array(G, acc)
-        for g in range(G):
-            for r in range(RB):
-                rh[g, r] = zero
-
-        for k0 in range(0, P, KC):
-            # stage R: GJ rows x KC columns; element e -> (row, kk) with kk fastest: coalesced along k
-            for e in range(tid, GJ * KC, NT):
-                row = e // KC
-                kk = e % KC
-                g = row // TJ
-                j = j0 + row % TJ
-                k = k0 + kk
-                R_tile[row, kk] = acc(R[g * H + j, k]) if j < H and k < P else zero
-            # stage h: TB rows x KC columns, coalesced along k; rows past B are zeros
-            for e in range(tid, TB * KC, NT):
-                bb = e // KC
-                k = k0 + e % KC
-                b = b0 + bb
-                h_tile[bb, e % KC] = h_in[d, b, k] if b < B and k < P else zero
-            cuda.syncthreads()
-            for kk in range(KC):
-                for g in range(G):
-                    r_k[g] = R_tile[g * TJ + jj, kk]
-                for r in range(RB):
-                    hk = h_tile[rg * RB + r, kk]    # the same for the whole warp: a broadcast
-                    for g in range(G):
-                        rh[g, r] += r_k[g] * hk
-            cuda.syncthreads()
-
-        # epilogue: the cell at (unit j, row b) for this thread's RB rows
-        j = j0 + jj
-        if j >= H:
-            return
         wx = cuda.local.array(G, acc)
         rh_b = cuda.local.array(G, acc)
         v = cuda.local.array(VL, acc)
@@ -179,7 +138,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
         for k in range(V):
             v[k] = acc(unit_params[d, 2 * G + k, j])
         for r in range(RB):
-            b = b0 + rg * RB + r
+            b = b_first + r
             if b >= B:
                 break
             if s >= lens[b]:                    # past the length: carry the state, no output
@@ -203,6 +162,69 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
                 y[t_, b, d * P + j] = m
             if ms is not None:
                 ms[d, t_, b, j] = m
+
+    return epilogue
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
+    """Tiled recurrent product for TJ units x G gates x TB rows, then the cell's pointwise forward."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    G = cell.G
+    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
+    GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
+    KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
+    epilogue = make_forward_epilogue(cell, dtype, RB)
+
+    @cuda.jit(device=True, inline="always")
+    def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
+        tid = cuda.threadIdx.x
+        jj = tid % TJ                           # this thread's unit within the tile
+        rg = tid // TJ                          # its row group: rows rg*RB .. rg*RB + RB-1 of the tile
+        j0 = cuda.blockIdx.x * TJ
+        b0 = cuda.blockIdx.y * TB
+        d = cuda.blockIdx.z
+        H = unit_params.shape[2]
+        P = h_in.shape[2]
+        B = lens.shape[0]
+        R = R_fwd if d == 0 else R_rev
+        R_tile = cuda.shared.array((GJ, KC1), acc)      # R[g*H + j0+jj', k0+kk]
+        h_tile = cuda.shared.array((TB, KC), acc)       # h[d, b0+bb, k0+kk]
+        rh = cuda.local.array((G, RB), acc)             # the product, G gates x RB rows, in registers
+        r_k = cuda.local.array(G, acc)
+        for g in range(G):
+            for r in range(RB):
+                rh[g, r] = zero
+
+        for k0 in range(0, P, KC):
+            # stage R: GJ rows x KC columns; element e -> (row, kk) with kk fastest: coalesced along k
+            for e in range(tid, GJ * KC, NT):
+                row = e // KC
+                kk = e % KC
+                g = row // TJ
+                j = j0 + row % TJ
+                k = k0 + kk
+                R_tile[row, kk] = acc(R[g * H + j, k]) if j < H and k < P else zero
+            # stage h: TB rows x KC columns, coalesced along k; rows past B are zeros
+            for e in range(tid, TB * KC, NT):
+                bb = e // KC
+                k = k0 + e % KC
+                b = b0 + bb
+                h_tile[bb, e % KC] = h_in[d, b, k] if b < B and k < P else zero
+            cuda.syncthreads()
+            for kk in range(min(KC, P - k0)):   # a run-time trip count: not unrolled 32 times (registers)
+                for g in range(G):
+                    r_k[g] = R_tile[g * TJ + jj, kk]
+                for r in range(RB):
+                    hk = h_tile[rg * RB + r, kk]    # the same for the whole warp: a broadcast
+                    for g in range(G):
+                        rh[g, r] += r_k[g] * hk
+            cuda.syncthreads()
+
+        j = j0 + jj
+        if j < H:                               # epilogue: the cell at (unit j, row b), this thread's RB rows
+            epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b0 + rg * RB)
 
     name = f"{cell.name}_forward_step_v2" + ("_proj" if has_proj else "")
     return _wrap(name, forward_body, FORWARD_ARGS, cell, has_proj)
@@ -249,7 +271,7 @@ def make_dgh_R(dtype, t: Tiles):
                     value = acc(dgh[d, t_, b, gj])
                 g_tile[e // KC, e % KC] = value
             cuda.syncthreads()
-            for kk in range(KC):
+            for kk in range(min(KC, GH - gj0)):
                 rk = R_tile[kk, kx]                     # consecutive threads, consecutive banks
                 for r in range(RB):
                     out[r] += g_tile[rg * RB + r, kk] * rk   # broadcast
@@ -379,9 +401,9 @@ def kernel_specs():
     """The v2 kernels of REPORTED_CELLS at the GPU tiles (block = TJ * RG threads)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
-    t = GPU_TILES
     specs = []
     for dt in DTYPES:
+        t = tiles(dt, simulator=False)
         for cell in map(get_cell, REPORTED_CELLS):
             for proj in ((False, True) if cell.projection else (False,)):
                 tag = "_proj" if proj else ""
