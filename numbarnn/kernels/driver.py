@@ -42,10 +42,11 @@ from .gemm import gemm
 from .layer_ops import (make_apply_mask, make_column_sums, make_dropout_forward, make_row_sum, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_recurrent_backward
-from . import step_v2
+from . import step_v2, step_v3
 
-#: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py)
-STEP_VERSIONS = (1, 2)
+#: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
+#: the persistent forward; its backward is v2's)
+STEP_VERSIONS = (1, 2, 3)
 
 
 def step_version(simulator: bool | None = None) -> int:
@@ -54,8 +55,8 @@ def step_version(simulator: bool | None = None) -> int:
     raw = os.environ.get("NUMBARNN_STEP_VERSION", "").strip()
     if not raw:
         return 1 if (SIMULATOR if simulator is None else simulator) else 2
-    if raw not in ("1", "2"):
-        raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1 or 2, got {raw!r}")
+    if raw not in ("1", "2", "3"):
+        raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1, 2 or 3, got {raw!r}")
     return int(raw)
 
 
@@ -67,7 +68,8 @@ class LaunchLog:
     per_step: int = 0          # launches inside one step of the time loop (both directions together)
     steps: int = 0
     by_kernel: dict = field(default_factory=dict)
-    step_version: int = 1      # which step kernels ran (1: cell_steps.py, 2: step_v2.py)
+    step_version: int = 1      # which step kernels ran (1: cell_steps.py, 2: step_v2.py, 3: step_v3.py)
+    note: str = ""             # why this version (v3 asked for: chosen or why v2 ran instead)
 
     def __call__(self, kernel, name, grid, block, *args):
         if min(grid) <= 0 or block <= 0:
@@ -161,6 +163,13 @@ def forward(call, x, h0, c0, params):
     steps = max(call.lengths, default=0)
     layers, unit_params = unpack(cfg, params), _unit_param_views(cfg, params)
     version = step_version()
+    persistent = None
+    if version == 3:                                               # v3 when it can, else v2, saying why
+        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj)
+        if slice_ is not None:
+            persistent = jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_)
+        else:
+            version = 2
     log.step_version = version
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
     tiles = step_v2.tiles(dt)
@@ -208,7 +217,12 @@ def forward(call, x, h0, c0, params):
                     R_rev=layers[layer * D + D - 1].R, c=c, y=y_l, acts=saved[f"acts{layer}"],
                     cs=saved.get(f"c{layer}"), ms=saved.get(f"m{layer}"))
         log.steps, before = steps, log.total
-        for s in range(steps):
+        if persistent is not None and steps:                      # v3: one launch for all steps
+            log(persistent, "forward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads, steps, lens, gx,
+                args["unit_params"], args["R_fwd"], args["R_rev"], h_in, h_out, c, y_l, args["acts"], args["cs"])
+            if steps % 2:                                          # h ping-pongs: odd step counts end in h_out
+                h_in, h_out = h_out, h_in
+        for s in range(steps if persistent is None else 0):
             args.update(s=s, h_in=h_in, h_out=h_out)
             log(cell_forward, step_name, step_grid, step_block, *[args[name] for name in forward_args])
             if project is not None:
@@ -216,7 +230,7 @@ def forward(call, x, h0, c0, params):
                     s, lens, args["ms"], layers[layer * D].W_proj, layers[layer * D + D - 1].W_proj, h_in, h_out, y_l)
             h_in, h_out = h_out, h_in
         if steps:
-            log.per_step = (log.total - before) // steps
+            log.per_step = 0 if persistent is not None else (log.total - before) // steps
         cast_into(h_in, hT[ps], log)
         if cfg.has_cell_state:
             cast_into(c, cT[ps], log)
@@ -250,6 +264,8 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
     recurrent = jit(make_recurrent_backward, str(dt))
     version = step_version()
+    if version == 3:
+        version, log.note = 2, "v3 is the forward only; the backward runs v2"
     log.step_version = version
     tiles = step_v2.tiles(dt)
     fused = version == 2 and not cfg.has_proj          # v2: one launch per step (+1 to finish dh0)
@@ -377,6 +393,10 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
     version = step_version(simulator=not gpu)
+    slice_ = None
+    if version == 3:                                               # as forward() decides (v2 when v3 cannot)
+        slice_, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu)
+        version = 2
     tiles = step_v2.tiles(call.dtype, simulator=not gpu)
     row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
@@ -422,7 +442,11 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
         cast_rows("forward", "h0 in", "c0 in")
         grid, block = steps_grid(H)
-        if version == 2:
+        if slice_ is not None:
+            add("forward", f"{cell}_forward_persistent_v3", int(steps > 0 and B > 0),
+                (blocks(H, slice_.TJ), 1, D), slice_.threads, steps * D * B * (2 * GH * P + 12 * H),
+                D * (GH * P + steps * B * (GH + 2 * P + (G + 2) * H)) * sz)
+        elif version == 2:
             add("forward", f"{cell}_forward_step_v2", steps if B else 0, step_v2.grid(H, B, D, tiles),
                 tiles.threads, D * B * (2 * GH * P + 12 * H),
                 D * (row_tiles * GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
