@@ -218,8 +218,9 @@ def forward(call, x, h0, c0, params):
                     cs=saved.get(f"c{layer}"), ms=saved.get(f"m{layer}"))
         log.steps, before = steps, log.total
         if persistent is not None and steps:                      # v3: one launch for all steps
-            log(persistent, "forward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads, steps, lens, gx,
-                args["unit_params"], args["R_fwd"], args["R_rev"], h_in, h_out, c, y_l, args["acts"], args["cs"])
+            v3_args = dict(args, steps=steps, h_a=h_in, h_b=h_out)
+            log(persistent, "forward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads,
+                *[v3_args[name] for name in used_args(step_v3.PERSISTENT_ARGS, cfg.cell, False)])
             if steps % 2:                                          # h ping-pongs: odd step counts end in h_out
                 h_in, h_out = h_out, h_in
         for s in range(steps if persistent is None else 0):
