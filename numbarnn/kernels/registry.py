@@ -41,6 +41,7 @@ KERNEL_MODULES = (
     "numbarnn.kernels.philox",
     "numbarnn.kernels.cell_steps",
     "numbarnn.kernels.step_v2",
+    "numbarnn.kernels.step_v3",
     "numbarnn.kernels.block_lstm",
 )
 

@@ -211,8 +211,9 @@ def gpu_slices(G: int, dtype) -> dict:
 
 
 def kernel_specs():
-    """The per-step v3 kernel of REPORTED_CELLS at H = P = 512's slice.  The persistent kernel is left out
-    here: its grid sync needs libcudadevrt.a in the report's link (see the module note in the report)."""
+    """The persistent kernel and its per-step variant for REPORTED_CELLS (no projection) at the slice of
+    H = P = 512 (block = 64 threads).  The persistent one links libcudadevrt.a (the report does that for
+    every kernel with a grid barrier)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
@@ -221,6 +222,8 @@ def kernel_specs():
             sl = plan(cell.G, 512, 512, dt, simulator=False)
             specs.append((f"{cell.name}_forward_step_v3", dt, make_forward_step_v3(cell, dt, sl),
                           signature(FORWARD_ARGS, cell, dt, False), sl.threads))
+            specs.append((f"{cell.name}_forward_persistent_v3", dt, make_forward_persistent_v3(cell, dt, sl),
+                          signature(PERSISTENT_ARGS, cell, dt, False), sl.threads))
     return specs
 
 
