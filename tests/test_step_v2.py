@@ -171,9 +171,13 @@ def test_launch_plan_matches_v2(mode, proj, lengths, monkeypatch):
 
 
 def test_step_version_choice(monkeypatch):
-    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
-    with pytest.raises(ValueError, match="NUMBARNN_STEP_VERSION"):
-        driver.step_version()
+    for bad in ("4", "0", "v2"):
+        monkeypatch.setenv("NUMBARNN_STEP_VERSION", bad)
+        with pytest.raises(ValueError, match="NUMBARNN_STEP_VERSION"):
+            driver.step_version()
+    for good in ("1", "2", "3"):
+        monkeypatch.setenv("NUMBARNN_STEP_VERSION", good)
+        assert driver.step_version() == int(good)
     monkeypatch.delenv("NUMBARNN_STEP_VERSION")
     assert driver.step_version() == 1          # the simulator's default (2 on a GPU)
 

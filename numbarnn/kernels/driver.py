@@ -17,8 +17,11 @@ It mirrors `numbarnn/reference/network.py` step for step.  Per layer l (both dir
 
 Step kernels: v1 (`cell_steps.py`: one thread per (row, unit), R re-read by every row) or v2 (`step_v2.py`: a
 tiled product that reads R once per step for all rows, the cell in its epilogue; backward one fused launch
-per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2).  `step_version()`
-picks: NUMBARNN_STEP_VERSION=1|2, else 2 on a GPU and 1 in the simulator; the LaunchLog records it.
+per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
+the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
+memory and all its blocks are co-resident; else v2; the backward is v2's).  `step_version()` picks:
+NUMBARNN_STEP_VERSION=1|2|3, else 2 on a GPU and 1 in the simulator; the LaunchLog records the version that
+ran and, for v3, why (`LaunchLog.note`).
 
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
