@@ -15,6 +15,14 @@ It mirrors `numbarnn/reference/network.py` step for step.  Per layer l (both dir
       column_sums v2     dbW, dbR ; [cell vectors] (deterministic two-stage: column_partials + column_totals)
       [apply_mask]       dy_{l-1} = dx_l * keep * scale
 
+Step kernels: v1 (`cell_steps.py`: one thread per (row, unit), R re-read by every row) or v2 (`step_v2.py`: a
+tiled product that reads R once per step for all rows, the cell in its epilogue; backward one fused launch
+per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
+the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
+memory and all its blocks are co-resident; else v2; the backward is v2's).  `step_version()` picks:
+NUMBARNN_STEP_VERSION=1|2|3, else 2 on a GPU and 1 in the simulator; the LaunchLog records the version that
+ran and, for v3, why (`LaunchLog.note`).
+
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
 Arrays here are device arrays, time-major, in the call's dtype; `backend.py` handles NumPy and layouts.
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import os
+
 import numpy as np
 from numba import cuda
 
@@ -30,11 +40,27 @@ from ..params import param_regions, unpack
 from ..dropout import dropout_key, dropout_scale, dropout_threshold
 from ..reserve import reserve_size, reserve_views
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
-from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
+from .common import SIMULATOR, acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
 from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_recurrent_backward
+from . import step_v2, step_v3
+
+#: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
+#: the persistent forward; its backward is v2's)
+STEP_VERSIONS = (1, 2, 3)
+
+
+def step_version(simulator: bool | None = None) -> int:
+    """The step kernels to use: NUMBARNN_STEP_VERSION (1 or 2) if set, else 2 on a GPU and 1 in the simulator
+    (whose tests run both versions explicitly).  simulator: as this process runs (None) or as given."""
+    raw = os.environ.get("NUMBARNN_STEP_VERSION", "").strip()
+    if not raw:
+        return 1 if (SIMULATOR if simulator is None else simulator) else 2
+    if raw not in ("1", "2", "3"):
+        raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1, 2 or 3, got {raw!r}")
+    return int(raw)
 
 
 @dataclass
@@ -45,6 +71,8 @@ class LaunchLog:
     per_step: int = 0          # launches inside one step of the time loop (both directions together)
     steps: int = 0
     by_kernel: dict = field(default_factory=dict)
+    step_version: int = 1      # which step kernels ran (1: cell_steps.py, 2: step_v2.py, 3: step_v3.py)
+    note: str = ""             # why this version (v3 asked for: chosen or why v2 ran instead)
 
     def __call__(self, kernel, name, grid, block, *args):
         if min(grid) <= 0 or block <= 0:
@@ -137,7 +165,22 @@ def forward(call, x, h0, c0, params):
     lens = cuda.to_device(call.lengths_array())                    # [B] int32
     steps = max(call.lengths, default=0)
     layers, unit_params = unpack(cfg, params), _unit_param_views(cfg, params)
+    version = step_version()
+    persistent = None
+    if version == 3:                                               # v3 when it can, else v2, saying why
+        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj)
+        if slice_ is not None:
+            persistent = jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_)
+        else:
+            version = 2
+    log.step_version = version
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
+    tiles = step_v2.tiles(dt)
+    if version == 2:
+        cell_forward = jit(step_v2.make_forward_step_v2, cfg.cell, str(dt), cfg.has_proj, tiles)
+        step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
+    else:
+        step_grid, step_block, step_name = (blocks(H, threads(H)), B, D), threads(H), "forward_step"
     project = jit(make_project, str(dt)) if cfg.has_proj else None
     scale = a.type(dropout_scale(cfg.dropout))
     hT = cuda.device_array((cfg.L * D, B, P), dtype=dt)            # [L*D, B, P]
@@ -177,16 +220,21 @@ def forward(call, x, h0, c0, params):
                     R_rev=layers[layer * D + D - 1].R, c=c, y=y_l, acts=saved[f"acts{layer}"],
                     cs=saved.get(f"c{layer}"), ms=saved.get(f"m{layer}"))
         log.steps, before = steps, log.total
-        for s in range(steps):
+        if persistent is not None and steps:                      # v3: one launch for all steps
+            v3_args = dict(args, steps=steps, h_a=h_in, h_b=h_out)
+            log(persistent, "forward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads,
+                *[v3_args[name] for name in used_args(step_v3.PERSISTENT_ARGS, cfg.cell, False)])
+            if steps % 2:                                          # h ping-pongs: odd step counts end in h_out
+                h_in, h_out = h_out, h_in
+        for s in range(steps if persistent is None else 0):
             args.update(s=s, h_in=h_in, h_out=h_out)
-            log(cell_forward, "forward_step", (blocks(H, threads(H)), B, D), threads(H),
-                *[args[name] for name in forward_args])
+            log(cell_forward, step_name, step_grid, step_block, *[args[name] for name in forward_args])
             if project is not None:
                 log(project, "project", (blocks(P, threads(P)), B, D), threads(P),
                     s, lens, args["ms"], layers[layer * D].W_proj, layers[layer * D + D - 1].W_proj, h_in, h_out, y_l)
             h_in, h_out = h_out, h_in
         if steps:
-            log.per_step = (log.total - before) // steps
+            log.per_step = 0 if persistent is not None else (log.total - before) // steps
         cast_into(h_in, hT[ps], log)
         if cfg.has_cell_state:
             cast_into(c, cT[ps], log)
@@ -219,6 +267,17 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     unit_params = _unit_param_views(cfg, params)
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
     recurrent = jit(make_recurrent_backward, str(dt))
+    version = step_version()
+    if version == 3:
+        version, log.note = 2, "v3 is the forward only; the backward runs v2"
+    log.step_version = version
+    tiles = step_v2.tiles(dt)
+    fused = version == 2 and not cfg.has_proj          # v2: one launch per step (+1 to finish dh0)
+    if version == 2:
+        recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
+    if fused:
+        cell_backward = jit(step_v2.make_backward_step_v2, cfg.cell, str(dt), tiles)
+        backward_args = step_v2.backward_v2_args(cfg.cell)
     scale = a.type(dropout_scale(cfg.dropout))
     dh0 = cuda.device_array((cfg.L * D, B, P), dtype=dt)
     dc0 = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
@@ -258,14 +317,29 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                     Wp_fwd=lp_f.W_proj, Wp_rev=lp_r.W_proj, dc=dc, dgx=dgx, dgh=dgh, dvec=dvec, h_prev=h_prev,
                     dh_total=dh_total)
         log.steps, before = steps, log.total
-        for s in reversed(range(steps)):
+        if fused:                                      # dh in place: dh_in is the one buffer
+            args.update(R_fwd=lp_f.R, R_rev=lp_r.R, dh=dh_in)
+            for s in reversed(range(steps)):
+                args.update(s=s)
+                log(cell_backward, "backward_step_v2", step_v2.grid(H, B, D, tiles), tiles.threads,
+                    *[args[name] for name in backward_args])
+            if steps:
+                log.per_step = (log.total - before) // steps
+                args.update(s=-1)                      # finish dh0 = direct + dgh_0 R (rows with len > 0)
+                log(cell_backward, "backward_step_v2", step_v2.grid(H, B, D, tiles), tiles.threads,
+                    *[args[name] for name in backward_args])
+        for s in reversed(range(steps if not fused else 0)):
             args.update(s=s, dh_in=dh_in, dh_out=dh_out)
             log(cell_backward, "backward_step", (blocks(H, threads(H)), B, D), threads(H),
                 *[args[name] for name in backward_args])
-            log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
-                s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
+            if version == 2:
+                log(recurrent, "recurrent_backward_v2", step_v2.grid(P, B, D, tiles), tiles.threads,
+                    s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
+            else:
+                log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
+                    s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
             dh_in, dh_out = dh_out, dh_in
-        if steps:
+        if steps and not fused:
             log.per_step = (log.total - before) // steps
         cast_into(dh_in, dh0[ps], log)
         if cfg.has_cell_state:
@@ -310,7 +384,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     launches, and per-launch estimates of FLOPs and global-memory bytes (compulsory traffic, no cache effects).
 
     gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
-    GEMM grids come from the GEMM launcher's tiles.
+    GEMM grids come from the GEMM launcher's tiles; the step kernels are step_version(simulator=not gpu)'s.
     """
     from .gemm import DEFAULT_VERSION, VERSIONS
     sim = None if not gpu else False
@@ -319,6 +393,13 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
+    version = step_version(simulator=not gpu)
+    slice_ = None
+    if version == 3:                                               # as forward() decides (v2 when v3 cannot)
+        slice_, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu)
+        version = 2
+    tiles = step_v2.tiles(call.dtype, simulator=not gpu)
+    row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H
     rows = []
@@ -362,8 +443,17 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
         cast_rows("forward", "h0 in", "c0 in")
         grid, block = steps_grid(H)
-        add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
-            D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+        if slice_ is not None:
+            add("forward", f"{cell}_forward_persistent_v3", int(steps > 0 and B > 0),
+                (blocks(H, slice_.TJ), 1, D), slice_.threads, steps * D * B * (2 * GH * P + 12 * H),
+                D * (GH * P + steps * B * (GH + 2 * P + (G + 2) * H)) * sz)
+        elif version == 2:
+            add("forward", f"{cell}_forward_step_v2", steps if B else 0, step_v2.grid(H, B, D, tiles),
+                tiles.threads, D * B * (2 * GH * P + 12 * H),
+                D * (row_tiles * GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+        else:
+            add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
+                D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
         if cfg.has_proj:
             grid, block = steps_grid(P)
             add("forward", "project", steps if B else 0, grid, block, 2 * D * B * P * H,
@@ -382,11 +472,21 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
             add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
         cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
-        add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
-            D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)), D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
+        if version == 2 and not cfg.has_proj:          # fused: steps + 1 launches (the last finishes dh0)
+            add("backward", f"{cell}_backward_step_v2", steps + 1 if B and steps else 0,
+                step_v2.grid(H, B, D, tiles), tiles.threads, D * B * (20 * H + 2 * GH * P),
+                D * (row_tiles * GH * P + B * (3 * GH + cfg.cell.S * H + 3 * P)) * sz)
+        else:
+            add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
+                D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)),
+                D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
         grid, block = steps_grid(P)
-        add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
-            D * (GH * P + B * (GH + 2 * P)) * sz)
+        if version == 2 and cfg.has_proj:
+            add("backward", "recurrent_backward_v2", steps if B else 0, step_v2.grid(P, B, D, tiles),
+                tiles.threads, 2 * D * B * GH * P, D * (row_tiles * GH * P + B * (GH + 2 * P)) * sz)
+        elif version == 1:
+            add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
+                D * (GH * P + B * (GH + 2 * P)) * sz)
         cast_rows("backward", "dh0 out", "dc0 out")
 
         if cfg.has_w(layer):

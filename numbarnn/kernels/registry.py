@@ -40,6 +40,8 @@ KERNEL_MODULES = (
     "numbarnn.kernels.gemm",
     "numbarnn.kernels.philox",
     "numbarnn.kernels.cell_steps",
+    "numbarnn.kernels.step_v2",
+    "numbarnn.kernels.step_v3",
     "numbarnn.kernels.block_lstm",
 )
 

@@ -160,6 +160,9 @@ def link_info_log(ptx: str, cc: tuple, name: str = "kernel") -> str:
     handle = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
     try:
         nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
+        if "cudaCGSynchronize" in ptx:          # a grid barrier (cooperative groups): the device runtime library
+            from numba.cuda.cudadrv.libs import get_cudalib
+            nvjitlink.add_file(handle, nvjitlink.InputType.LIBRARY, get_cudalib("cudadevrt", static=True))
         try:
             nvjitlink.complete(handle)
         except Exception as exc:

@@ -1,0 +1,419 @@
+"""Step kernels v2: R read once per step, coalesced, all batch rows together (issue 8 item 2).
+
+What changed from v1 and why: v1 gives every (row b, unit j) its own thread that walks R[g*H+j, :] alone, so
+neighbouring threads read addresses a whole row apart (uncoalesced) and every batch row re-reads all of R
+(B x |R| per step).  v2 computes the recurrent product of a step as a small tiled GEMM: a block owns
+TJ units x all G gates x TB batch rows, stages R and h through shared memory in K-chunks of KC columns with
+coalesced loads (consecutive threads read consecutive k), register-blocks RB rows per thread, and then runs
+the cell's pointwise math in its epilogue.  A block reads its G*TJ rows of R once for all its TB rows, so a
+step reads ceil(B / TB) x |R| per direction (B <= TB: exactly |R|).  R is used as stored ([G*H, P], k
+contiguous): a row segment of KC consecutive k is one coalesced load, so no transposed copy is needed.
+
+Kernels (templates over a `numbarnn.cells.CellSpec`, like `cell_steps.py`, whose argument tables, wrapper and
+`device_function` rebinding they reuse):
+
+    <cell>_forward_step_v2       grid (ceil(H/TJ), ceil(B/TB), D), TJ*RG threads; arguments = FORWARD_ARGS
+        rh[g, b] = bR[g, j] + sum_k R[g*H+j, k] h[d, b, k]     tiled product, R_tile/h_tile in shared memory
+        m, c' = cell.forward(wx, rh, v, h, c, saved)           epilogue, one (unit, row) pair at a time
+    <cell>_backward_step_v2      (cells without a projection) one launch per step, s = T-1 .. 0, then s = -1:
+        dh[b, j] += sum_gj dgh_{s+1}[b, gj] R[gj, j]           prologue: finishes dh arriving at step s
+        dh_direct, dc_prev = cell.backward(dy + dh, ...)       epilogue at step s (s >= 0): dgx, dgh_s, dh
+        dh lives in one buffer: it holds the direct term (GRU's z*dm, else 0) of a row that was active at
+        step s+1, or the carried dh of a row that was not; the thread of (b, j) alone reads and writes it.
+    recurrent_backward_v2        (with a projection, after v1's backward step, whose fused W_proj^T needs
+        all of dh): dh_out[b, k] += sum_gj dgh_s[b, gj] R[gj, k], carry for inactive rows (v1 semantics)
+
+Tiles (`Tiles`): on a GPU TJ = 32 units (a warp: coalesced gx/y/acts rows in the epilogue and a 128-byte R row
+segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 reads R exactly once; 4 x RB
+accumulators per thread), KC = 32 columns per chunk (one 128-byte float32 line per R row).  The R tile is
+padded to KC + 1 columns so that the 32 threads of a warp reading column kk of 32 different rows hit 32
+banks.  In the simulator the tiles are tiny and divide nothing (TJ = 3, RG = 2, RB = 2, KC = 2) so that
+partial tiles in units, rows and K are always exercised.  float64 uses KC = 16 (the R tile of 32 KC = 32
+would be 34 KiB: 4 blocks per SM on sm_80).
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from numba import cuda, int64
+
+from ..cells import get_cell
+from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
+from .common import DTYPES, SIMULATOR, acc_dtype, arr, nb
+
+
+class Tiles(NamedTuple):
+    """A v2 block: TJ units (x all G gates) x RG*RB batch rows, K staged KC columns at a time."""
+
+    TJ: int    # units per block (threads along x)
+    RG: int    # row groups per block (threads along y): TJ * RG threads
+    RB: int    # batch rows per thread (register blocking)
+    KC: int    # K columns staged per shared-memory chunk
+
+    @property
+    def TB(self) -> int:
+        return self.RG * self.RB
+
+    @property
+    def threads(self) -> int:
+        return self.TJ * self.RG
+
+
+GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
+GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
+SIM_TILES = Tiles(TJ=3, RG=2, RB=2, KC=2)
+
+
+def tiles(dtype="float32", simulator: bool | None = None) -> Tiles:
+    """The tiles this process launches for `dtype` (small ones in the simulator, see the module docstring)."""
+    if SIMULATOR if simulator is None else simulator:
+        return SIM_TILES
+    return GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
+
+
+def grid(n_units: int, B: int, D: int, t: Tiles) -> tuple:
+    """(blocks over units, blocks over rows, directions)."""
+    return (max(1, -(-n_units // t.TJ)), max(1, -(-B // t.TB)), D)
+
+
+def r_bytes_per_step(G: int, H: int, P: int, B: int, D: int, itemsize: int, t: Tiles = GPU_TILES) -> int:
+    """Bytes of R loaded per step by the forward (and backward) product, counted per tile: every block loads
+    its G*TJ rows (the units < H) of every K column once, and there are ceil(B / TB) row tiles per direction."""
+    return D * (-(-B // t.TB)) * G * H * P * itemsize
+
+
+# ---------------------------------------------------------------------------------------------------
+# argument table of the fused backward (derived from v1's BACKWARD_ARGS: R joins, dh is one buffer)
+# ---------------------------------------------------------------------------------------------------
+
+def _backward_v2_table():
+    by_name = {row[0]: row for row in BACKWARD_ARGS}
+    ALWAYS = by_name["s"][4]
+    rows = []
+    for row in BACKWARD_ARGS:
+        name = row[0]
+        if name in ("Wp_fwd", "Wp_rev", "dh_total", "dh_in"):   # no projection: no W_proj, no dh_total
+            continue
+        if name == "dh_out":
+            rows.append(("dh", "a", 3, "[D, B, P] dh, in place: dh reaching step s, then the direct term",
+                         ALWAYS))
+            continue
+        if name == "s":
+            rows.append(("s", "i64", 0, "step index (runs T-1 .. 0, then -1: finish dh0)", ALWAYS))
+            continue
+        rows.append(row)
+        if name == "unit_params":
+            rows.append(("R_fwd", "s", 2, "[G*H, P] recurrent matrices, forward direction", ALWAYS))
+            rows.append(("R_rev", "s", 2, "[G*H, P] ... reverse direction", ALWAYS))
+    return tuple(rows)
+
+
+BACKWARD_V2_ARGS = _backward_v2_table()
+
+
+# ---------------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def make_forward_epilogue(cell, dtype, RB: int):
+    """Device function: the cell's pointwise forward at unit j for rows b_first .. b_first+RB-1 (those < B),
+    given their recurrent products rh[g, r] (no bias yet).  Shared by v2 and v3."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    G, S, V = cell.G, cell.S, cell.V
+    VL = max(V, 1)
+    pointwise = device_function(cell.forward, dtype)
+
+    @cuda.jit(device=True, inline="always")
+    def epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b_first):
+        H = unit_params.shape[2]
+        P = h_in.shape[2]
+        B = lens.shape[0]
+        wx = cuda.local.array(G, acc)
+        rh_b = cuda.local.array(G, acc)
+        v = cuda.local.array(VL, acc)
+        saved = cuda.local.array(S, acc)
+        for k in range(V):
+            v[k] = acc(unit_params[d, 2 * G + k, j])
+        for r in range(RB):
+            b = b_first + r
+            if b >= B:
+                break
+            if s >= lens[b]:                    # past the length: carry the state, no output
+                if h_out is not None:
+                    h_out[d, b, j] = h_in[d, b, j]
+                continue
+            t_ = s if d == 0 else lens[b] - 1 - s
+            for g in range(G):
+                wx[g] = acc(gx[d, t_, b, g * H + j]) + acc(unit_params[d, g, j])
+                rh_b[g] = rh[g, r] + acc(unit_params[d, G + g, j])
+            h_unit = h_in[d, b, j] if h_out is not None else zero   # with a projection the cell never reads h
+            c_prev = c[d, b, j] if c is not None else zero
+            m, c_new = pointwise(wx, rh_b, v, h_unit, c_prev, saved)
+            for k in range(S):
+                acts[d, t_, b, k * H + j] = saved[k]
+            if c is not None:
+                c[d, b, j] = c_new
+                cs[d, t_, b, j] = c_new
+            if h_out is not None:
+                h_out[d, b, j] = m
+                y[t_, b, d * P + j] = m
+            if ms is not None:
+                ms[d, t_, b, j] = m
+
+    return epilogue
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
+    """Tiled recurrent product for TJ units x G gates x TB rows, then the cell's pointwise forward."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    G = cell.G
+    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
+    GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
+    KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
+    epilogue = make_forward_epilogue(cell, dtype, RB)
+
+    @cuda.jit(device=True, inline="always")
+    def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
+        tid = cuda.threadIdx.x
+        jj = tid % TJ                           # this thread's unit within the tile
+        rg = tid // TJ                          # its row group: rows rg*RB .. rg*RB + RB-1 of the tile
+        j0 = cuda.blockIdx.x * TJ
+        b0 = cuda.blockIdx.y * TB
+        d = cuda.blockIdx.z
+        H = unit_params.shape[2]
+        P = h_in.shape[2]
+        B = lens.shape[0]
+        R = R_fwd if d == 0 else R_rev
+        R_tile = cuda.shared.array((GJ, KC1), acc)      # R[g*H + j0+jj', k0+kk]
+        h_tile = cuda.shared.array((TB, KC), acc)       # h[d, b0+bb, k0+kk]
+        rh = cuda.local.array((G, RB), acc)             # the product, G gates x RB rows, in registers
+        r_k = cuda.local.array(G, acc)
+        for g in range(G):
+            for r in range(RB):
+                rh[g, r] = zero
+
+        for k0 in range(0, P, KC):
+            # stage R: GJ rows x KC columns; element e -> (row, kk) with kk fastest: coalesced along k
+            for e in range(tid, GJ * KC, NT):
+                row = e // KC
+                kk = e % KC
+                g = row // TJ
+                j = j0 + row % TJ
+                k = k0 + kk
+                R_tile[row, kk] = acc(R[g * H + j, k]) if j < H and k < P else zero
+            # stage h: TB rows x KC columns, coalesced along k; rows past B are zeros
+            for e in range(tid, TB * KC, NT):
+                bb = e // KC
+                k = k0 + e % KC
+                b = b0 + bb
+                h_tile[bb, e % KC] = h_in[d, b, k] if b < B and k < P else zero
+            cuda.syncthreads()
+            for kk in range(min(KC, P - k0)):   # a run-time trip count: not unrolled 32 times (registers)
+                for g in range(G):
+                    r_k[g] = R_tile[g * TJ + jj, kk]
+                for r in range(RB):
+                    hk = h_tile[rg * RB + r, kk]    # the same for the whole warp: a broadcast
+                    for g in range(G):
+                        rh[g, r] += r_k[g] * hk
+            cuda.syncthreads()
+
+        j = j0 + jj
+        if j < H:                               # epilogue: the cell at (unit j, row b), this thread's RB rows
+            epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b0 + rg * RB)
+
+    name = f"{cell.name}_forward_step_v2" + ("_proj" if has_proj else "")
+    return _wrap(name, forward_body, FORWARD_ARGS, cell, has_proj)
+
+
+# ---------------------------------------------------------------------------------------------------
+# backward: dh = dgh R, tiled (shared by the fused cell kernel and recurrent_backward_v2)
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def make_dgh_R(dtype, t: Tiles):
+    """Device function: acc[r] = sum_gj dgh[d, t_b, b, gj] R[gj, k0+kx] for the thread's RB rows, where the
+    rows are those of step `s_src` (t_b its time index; rows with s_src >= len[b], or s_src < 0, give 0)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
+
+    @cuda.jit(device=True, inline="always")
+    def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):
+        tid = cuda.threadIdx.x
+        kx = tid % TJ
+        rg = tid // TJ
+        k0 = cuda.blockIdx.x * TJ
+        b0 = cuda.blockIdx.y * TB
+        d = cuda.blockIdx.z
+        B = lens.shape[0]
+        GH = R.shape[0]
+        P = R.shape[1]
+        for r in range(RB):
+            out[r] = zero
+        for gj0 in range(0, GH, KC):
+            # stage R: KC rows gj x TJ columns k, consecutive threads -> consecutive k (coalesced)
+            for e in range(tid, KC * TJ, NT):
+                gj = gj0 + e // TJ
+                k = k0 + e % TJ
+                R_tile[e // TJ, e % TJ] = acc(R[gj, k]) if gj < GH and k < P else zero
+            # stage dgh of step s_src: TB rows x KC columns, coalesced along gj
+            for e in range(tid, TB * KC, NT):
+                b = b0 + e // KC
+                gj = gj0 + e % KC
+                value = zero
+                if b < B and gj < GH and s_src >= 0 and s_src < lens[b]:
+                    t_ = s_src if d == 0 else lens[b] - 1 - s_src
+                    value = acc(dgh[d, t_, b, gj])
+                g_tile[e // KC, e % KC] = value
+            cuda.syncthreads()
+            for kk in range(min(KC, GH - gj0)):
+                rk = R_tile[kk, kx]                     # consecutive threads, consecutive banks
+                for r in range(RB):
+                    out[r] += g_tile[rg * RB + r, kk] * rk   # broadcast
+            cuda.syncthreads()
+
+    return dgh_R
+
+
+@functools.lru_cache(maxsize=None)
+def make_recurrent_backward_v2(dtype, t: Tiles = GPU_TILES):
+    """v1's recurrent_backward, tiled: dh_out += dgh_s R for active rows, carry dh_in for the others."""
+    acc = acc_dtype(dtype).type
+    TJ, RB, KC, TB = t.TJ, t.RB, t.KC, t.TB
+    dgh_R = make_dgh_R(dtype, t)
+
+    def recurrent_backward_v2(
+        s,        # int64           step index
+        lens,     # [B] int32
+        dgh,      # [D, T, B, G*H]  R-side pre-activation gradients of this step
+        R_fwd,    # [G*H, P]
+        R_rev,    # [G*H, P]
+        dh_in,    # [D, B, P] acc   dh arriving at this step
+        dh_out,   # [D, B, P] acc   in: the cell's direct term; out: dh leaving towards step s-1
+    ):
+        R_tile = cuda.shared.array((KC, TJ), acc)
+        g_tile = cuda.shared.array((TB, KC), acc)
+        total = cuda.local.array(RB, acc)
+        d = cuda.blockIdx.z
+        dgh_R(s, lens, dgh, R_fwd if d == 0 else R_rev, R_tile, g_tile, total)
+        k = cuda.blockIdx.x * TJ + cuda.threadIdx.x % TJ
+        P = dh_in.shape[2]
+        B = lens.shape[0]
+        if k >= P:
+            return
+        for r in range(RB):
+            b = cuda.blockIdx.y * TB + cuda.threadIdx.x // TJ * RB + r
+            if b >= B:
+                break
+            if s >= lens[b]:
+                dh_out[d, b, k] = dh_in[d, b, k]
+            else:
+                dh_out[d, b, k] += total[r]
+
+    return recurrent_backward_v2
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_step_v2(cell, dtype, t: Tiles = GPU_TILES):
+    """Cells without a projection: one launch per step, dh = direct + dgh_{s+1} R, then the cell backward."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    G, S, V = cell.G, cell.S, cell.V
+    VL = max(V, 1)
+    SPLIT = cell.split_mask
+    TJ, RB, KC, TB = t.TJ, t.RB, t.KC, t.TB
+    pointwise = device_function(cell.backward, dtype)
+    dgh_R = make_dgh_R(dtype, t)
+
+    @cuda.jit(device=True, inline="always")
+    def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
+                      h_prev):
+        R_tile = cuda.shared.array((KC, TJ), acc)
+        g_tile = cuda.shared.array((TB, KC), acc)
+        from_R = cuda.local.array(RB, acc)
+        d = cuda.blockIdx.z
+        dgh_R(s + 1, lens, dgh, R_fwd if d == 0 else R_rev, R_tile, g_tile, from_R)   # 0 where s+1 >= len
+        j = cuda.blockIdx.x * TJ + cuda.threadIdx.x % TJ
+        H = dgx.shape[3] // G
+        P = h0.shape[2]                         # == H: no projection here
+        B = lens.shape[0]
+        if j >= H:
+            return
+        step = int64(1) if d == 0 else int64(-1)
+        saved = cuda.local.array(S, acc)
+        v = cuda.local.array(VL, acc)
+        dwx = cuda.local.array(G, acc)
+        drh = cuda.local.array(G, acc)
+        dv = cuda.local.array(VL, acc)
+        if unit_params is not None:
+            for k in range(V):
+                v[k] = acc(unit_params[d, 2 * G + k, j])
+        for r in range(RB):
+            b = cuda.blockIdx.y * TB + cuda.threadIdx.x // TJ * RB + r
+            if b >= B:
+                break
+            dh_now = dh[d, b, j] + from_R[r]    # dh reaching step s (the direct term + R's part, or the carry)
+            if s < 0 or s >= lens[b]:           # no cell at this step: dh carries (s = -1: it is dh0)
+                dh[d, b, j] = dh_now
+                continue
+            t_ = s if d == 0 else lens[b] - 1 - s
+            first = s == 0
+            hp = acc(h0[d, b, j]) if first else acc(y[t_ - step, b, d * P + j])
+            h_prev[d, t_, b, j] = hp
+            dm = acc(dy[t_, b, d * P + j]) + dh_now
+            for k in range(S):
+                saved[k] = acc(acts[d, t_, b, k * H + j])
+            c_prev = zero
+            c_new = zero
+            dcell = zero
+            if cs is not None:
+                c_prev = acc(c0[d, b, j]) if first else acc(cs[d, t_ - step, b, j])
+                c_new = acc(cs[d, t_, b, j])
+                dcell = dc[d, b, j]
+            dh_direct, dc_prev = pointwise(dm, dcell, saved, v, hp, c_prev, c_new, dwx, drh, dv)
+            for g in range(G):
+                dgx[d, t_, b, g * H + j] = dwx[g]
+                dgh[d, t_, b, g * H + j] = drh[g] if SPLIT[g] else dwx[g]
+            if dvec is not None:
+                for k in range(V):
+                    dvec[d, t_, b, k * H + j] = dv[k]
+            if dc is not None:
+                dc[d, b, j] = dc_prev
+            dh[d, b, j] = acc(dh_direct)
+
+    return _wrap(f"{cell.name}_backward_step_v2", backward_body, BACKWARD_V2_ARGS, cell, False)
+
+
+def backward_v2_args(cell) -> list[str]:
+    return used_args(BACKWARD_V2_ARGS, cell, False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# kernel report
+# ---------------------------------------------------------------------------------------------------
+
+def kernel_specs():
+    """The v2 kernels of REPORTED_CELLS at the GPU tiles (block = TJ * RG threads)."""
+    import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
+    import numbarnn.contrib.peephole_lstm  # noqa: F401
+    specs = []
+    for dt in DTYPES:
+        t = tiles(dt, simulator=False)
+        for cell in map(get_cell, REPORTED_CELLS):
+            for proj in ((False, True) if cell.projection else (False,)):
+                tag = "_proj" if proj else ""
+                specs.append((f"{cell.name}_forward_step_v2{tag}", dt, make_forward_step_v2(cell, dt, proj, t),
+                              signature(FORWARD_ARGS, cell, dt, proj), t.threads))
+            specs.append((f"{cell.name}_backward_step_v2", dt, make_backward_step_v2(cell, dt, t),
+                          signature(BACKWARD_V2_ARGS, cell, dt, False), t.threads))
+        a = str(acc_dtype(dt))
+        specs.append(("recurrent_backward_v2", dt, make_recurrent_backward_v2(dt, t),
+                      (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3)),
+                      t.threads))
+    return specs
+

@@ -1,0 +1,259 @@
+"""Step kernel v3: persistent forward, one launch per layer for all T steps (issue 8 item 3).
+
+What changed from v2 and why: v2 reads R from global memory once per step (ceil(B/TB) x |R|) and pays a launch
+per step.  v3 gives each block a fixed slice of TJ hidden units (x all G gates, x every batch row, one
+direction) and loads that slice of R into shared memory once; then the block loops over the steps itself,
+with a grid-wide barrier (`cuda.cg.this_grid().sync()`, a cooperative launch) between steps, because step
+s+1 needs every unit's h from step s.  R crosses the memory bus once per layer instead of once per step.
+
+    forward_persistent_v3     grid (ceil(H/TJ), 1, D), TJ*RG threads, one launch per layer
+        R_slice = R[g*H + j0 .. j0+TJ-1, :] for every gate g               once, coalesced along k
+        for s in 0 .. steps-1:  step_body(s, h_a or h_b -> h_b or h_a) ; grid.sync()
+    forward_step_v3           the same step body, one launch per step (loads its slice every launch): the
+                              simulator runs cooperative grids of one block only, so this variant is how the
+                              body is tested on many blocks; the persistent loop is tested on one block.
+
+step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced), the
+product comes from the R slice in shared memory (rows padded by one column: no bank conflicts), and the
+cell's pointwise forward is v2's epilogue (`step_v2.make_forward_epilogue`).
+
+The slice must fit: G*TJ*(KMAX+1) compute-dtype values of static shared memory (at most 48 KiB, 40 KiB
+used here), and every block must be resident at once (a cooperative launch of more blocks fails).
+`plan(...)` picks TJ for a shape; the driver asks the device how many blocks can be co-resident and falls
+back to v2 otherwise, saying why.  No projection (h' = W_proj m would need a second barrier per step): v2.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from numba import cuda
+
+from ..cells import get_cell
+from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature
+from .common import DTYPES, SIMULATOR, acc_dtype
+from .step_v2 import make_forward_epilogue
+
+
+if SIMULATOR:
+    @cuda.jit(device=True, inline="always")
+    def grid_sync():
+        cuda.cg.this_grid().sync()
+else:
+    # what `cuda.cg.this_grid().sync()` lowers to; the public overloads compile "for the current device",
+    # which needs a GPU, so the kernel report (no GPU) could not compile them; the intrinsics need none
+    from numba.cuda.cg import _grid_group_sync, _this_grid
+
+    @cuda.jit(device=True, inline="always")
+    def grid_sync():
+        _grid_group_sync(_this_grid())
+
+
+class Slice(NamedTuple):
+    """A v3 block: TJ units x all gates, rows TB = RG*RB at a time, h staged KC columns at a time, R slice
+    capacity KMAX columns (>= P)."""
+
+    TJ: int
+    RG: int
+    RB: int
+    KC: int
+    KMAX: int
+
+    @property
+    def TB(self) -> int:
+        return self.RG * self.RB
+
+    @property
+    def threads(self) -> int:
+        return self.TJ * self.RG
+
+
+SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
+SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
+THREADS = 64
+
+
+def slice_bytes(G: int, sl: Slice, dtype) -> int:
+    """Shared memory of a block: the R slice (padded rows) and the h tile, in the compute dtype."""
+    size = acc_dtype(dtype).itemsize
+    return (G * sl.TJ * (sl.KMAX + 1) + sl.TB * sl.KC) * size
+
+
+def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None) -> Slice | None:
+    """The slice for a layer: the largest TJ (16, 8, 4, 2, 1) whose R slice fits SMEM_BUDGET, or None.
+    In the simulator: SIM_SLICE when P fits it."""
+    if SIMULATOR if simulator is None else simulator:
+        return SIM_SLICE if P <= SIM_SLICE.KMAX else None
+    kmax = -(-P // 32) * 32
+    for TJ in (16, 8, 4, 2, 1):
+        sl = Slice(TJ=TJ, RG=THREADS // TJ, RB=1, KC=32, KMAX=kmax)
+        if slice_bytes(G, sl, dtype) <= SMEM_BUDGET and TJ <= max(H, 1):
+            return sl
+    return None
+
+
+def blocks_needed(H: int, D: int, sl: Slice) -> int:
+    return -(-H // sl.TJ) * D
+
+
+PERSISTENT_ARGS = tuple(
+    {"s": ("steps", "i64", 0, "steps to run: max(len)", row[4]),
+     "h_in": ("h_a", "a", 3, "[D, B, P] h entering even steps (h0 in; hT out when steps is even)", row[4]),
+     "h_out": ("h_b", "a", 3, "[D, B, P] h entering odd steps", row[4])}.get(row[0], row)
+    for row in FORWARD_ARGS if row[0] != "ms")
+
+
+@functools.lru_cache(maxsize=None)
+def make_step_body(cell, dtype, sl: Slice):
+    """Device functions (load_slice, step_body) shared by the per-step and the persistent kernel."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    G = cell.G
+    TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
+    GJ = G * TJ
+    epilogue = make_forward_epilogue(cell, dtype, RB)
+
+    @cuda.jit(device=True, inline="always")
+    def load_slice(R, R_slice, j0, H, P):
+        """R_slice[g*TJ + jj, k] = R[g*H + j0+jj, k]: consecutive threads read consecutive k."""
+        tid = cuda.threadIdx.x
+        for e in range(tid, GJ * P, NT):
+            row = e // P
+            k = e % P
+            j = j0 + row % TJ
+            R_slice[row, k] = acc(R[row // TJ * H + j, k]) if j < H else zero
+        cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
+    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d):
+        tid = cuda.threadIdx.x
+        jj = tid % TJ
+        rg = tid // TJ
+        H = unit_params.shape[2]
+        P = h_in.shape[2]
+        B = lens.shape[0]
+        for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
+            for g in range(G):
+                for r in range(RB):
+                    rh[g, r] = zero
+            for k0 in range(0, P, KC):
+                for e in range(tid, TB * KC, NT):       # stage h, coalesced along k
+                    b = b0 + e // KC
+                    k = k0 + e % KC
+                    h_tile[e // KC, e % KC] = h_in[d, b, k] if b < B and k < P else zero
+                cuda.syncthreads()
+                for kk in range(min(KC, P - k0)):
+                    for g in range(G):
+                        r_k[g] = R_slice[g * TJ + jj, k0 + kk]
+                    for r in range(RB):
+                        hk = h_tile[rg * RB + r, kk]
+                        for g in range(G):
+                            rh[g, r] += r_k[g] * hk
+                cuda.syncthreads()
+            j = j0 + jj
+            if j < H:
+                epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, None, rh, d, j, b0 + rg * RB)
+
+    return load_slice, step_body
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
+    """The v3 step body as one launch per step (grid (ceil(H/TJ), 1, D)): the many-block test of the body."""
+    acc = acc_dtype(dtype).type
+    G = cell.G
+    GJ, KMAX1, TB, KC, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, sl.KC, sl.RB
+    load_slice, step_body = make_step_body(cell, dtype, sl)
+
+    @cuda.jit(device=True, inline="always")
+    def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
+        R_slice = cuda.shared.array((GJ, KMAX1), acc)
+        h_tile = cuda.shared.array((TB, KC), acc)
+        rh = cuda.local.array((G, RB), acc)
+        r_k = cuda.local.array(G, acc)
+        d = cuda.blockIdx.z
+        j0 = cuda.blockIdx.x * sl.TJ
+        load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_in.shape[2])
+        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d)
+
+    return _wrap(f"{cell.name}_forward_step_v3", forward_body, FORWARD_ARGS, cell, False)
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
+    """All steps of a layer in one cooperative launch; h ping-pongs between h_a and h_b."""
+    acc = acc_dtype(dtype).type
+    G = cell.G
+    GJ, KMAX1, TB, KC, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, sl.KC, sl.RB
+    load_slice, step_body = make_step_body(cell, dtype, sl)
+
+    @cuda.jit(device=True, inline="always")
+    def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, h_a, h_b, c, y, acts, cs):
+        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
+        h_tile = cuda.shared.array((TB, KC), acc)
+        rh = cuda.local.array((G, RB), acc)
+        r_k = cuda.local.array(G, acc)
+        d = cuda.blockIdx.z
+        j0 = cuda.blockIdx.x * sl.TJ
+        load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_a.shape[2])
+        for s in range(steps):
+            h_in = h_a if s % 2 == 0 else h_b
+            h_out = h_b if s % 2 == 0 else h_a
+            step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d)
+            grid_sync()                                # every unit's h' is written before step s+1 reads it
+
+    return _wrap(f"{cell.name}_forward_persistent_v3", persistent_body, PERSISTENT_ARGS, cell, False)
+
+
+def gpu_slices(G: int, dtype) -> dict:
+    """{H: Slice} of the report's shapes (H = P = 256, 512, 1024)."""
+    return {H: plan(G, H, H, dtype, simulator=False) for H in (256, 512, 1024)}
+
+
+def kernel_specs():
+    """The persistent kernel and its per-step variant for REPORTED_CELLS (no projection) at the slice of
+    H = P = 512 (block = 64 threads).  The persistent one links libcudadevrt.a (the report does that for
+    every kernel with a grid barrier)."""
+    import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
+    import numbarnn.contrib.peephole_lstm  # noqa: F401
+    specs = []
+    for dt in DTYPES:
+        for cell in map(get_cell, REPORTED_CELLS):
+            sl = plan(cell.G, 512, 512, dt, simulator=False)
+            specs.append((f"{cell.name}_forward_step_v3", dt, make_forward_step_v3(cell, dt, sl),
+                          signature(FORWARD_ARGS, cell, dt, False), sl.threads))
+            specs.append((f"{cell.name}_forward_persistent_v3", dt, make_forward_persistent_v3(cell, dt, sl),
+                          signature(PERSISTENT_ARGS, cell, dt, False), sl.threads))
+    return specs
+
+
+__all__ = ["Slice", "SIM_SLICE", "plan", "blocks_needed", "slice_bytes", "make_forward_step_v3",
+           "make_forward_persistent_v3", "PERSISTENT_ARGS", "gpu_slices", "kernel_specs"]
+
+
+def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None):
+    """(Slice, why) when the persistent kernel can run this layer, else (None, why not).
+
+    It can when there is no projection, the R slice fits (`plan`) and every block is co-resident: on a GPU
+    the device says how many blocks of the compiled kernel fit at once (max_cooperative_grid_blocks, from its
+    registers and shared memory and the SM count); the simulator runs cooperative grids of one block only."""
+    sim = SIMULATOR if simulator is None else simulator
+    if has_proj:
+        return None, "v3 has no projection step (h' = W_proj m would need a second grid barrier per step)"
+    sl = plan(cell.G, H, P, dtype, simulator=sim)
+    if sl is None:
+        return None, f"the R slice for P={P} does not fit {SMEM_BUDGET} bytes of shared memory"
+    n = blocks_needed(H, D, sl)
+    if sim:
+        limit = 1
+    else:
+        try:
+            from .common import jit
+            kernel = jit(make_forward_persistent_v3, cell, str(dtype), sl)
+            compiled = kernel.compile(signature(PERSISTENT_ARGS, cell, dtype, False))
+            limit = compiled.max_cooperative_grid_blocks(sl.threads)
+        except Exception as exc:           # no cooperative launch here: say why and run v2
+            return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
+    if n > limit:
+        return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
+    return sl, f"{n} blocks of {sl.threads} threads, TJ={sl.TJ} units each, all co-resident (limit {limit})"

@@ -1,0 +1,113 @@
+"""Step kernel v3 (numbarnn/kernels/step_v3.py): the persistent forward and its per-step variant.
+
+The simulator runs cooperative grids of one block only, so (as the issue plans it):
+- the step body runs on many blocks through the per-step variant `forward_step_v3`, against v1's
+  `forward_step` on the same inputs, step by step (every cell, both directions, ragged lengths with 0,
+  partial unit and row tiles, float16/32/64);
+- the persistent loop runs on one block through the whole op (NUMBARNN_STEP_VERSION=3, H <= TJ, one
+  direction) against the reference, forward and backward (the backward is v2's);
+- the driver says which version ran and why (v3 falls back to v2 with a projection or too many blocks).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_rnn_cuda import compare_backends
+
+import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
+import numbarnn.contrib.peephole_lstm  # noqa: F401
+from numbarnn.cells import get_cell
+from numbarnn.config import rnn_config
+from numbarnn.kernels import driver, step_v3
+from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
+from numbarnn.kernels.common import acc_dtype, jit
+from numbarnn.testing import make_rnn_case
+
+numba_cuda = pytest.importorskip("numba.cuda")
+SL = step_v3.SIM_SLICE
+CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm")
+TOL = {"float64": 1e-13, "float32": 1e-5, "float16": 1e-3}
+
+
+def _run_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
+    """Run T steps of one layer's forward step kernel (v1 or the v3 per-step variant) on random inputs."""
+    rng = np.random.default_rng(seed)
+    G, acc = cell.G, acc_dtype(dtype)
+    to = numba_cuda.to_device
+    args = dict(lens=to(np.asarray(lens, np.int32)),
+                gx=to(rng.standard_normal((D, T, B, G * H)).astype(dtype)),
+                unit_params=to((0.5 * rng.standard_normal((D, 2 * G + cell.V, H))).astype(dtype)),
+                R_fwd=to((0.5 * rng.standard_normal((G * H, H))).astype(dtype)),
+                R_rev=to((0.5 * rng.standard_normal((G * H, H))).astype(dtype)),
+                c=to(rng.standard_normal((D, B, H)).astype(acc)), y=to(np.zeros((T, B, D * H), dtype)),
+                acts=to(np.zeros((D, T, B, cell.S * H), dtype)), cs=to(np.zeros((D, T, B, H), dtype)), ms=None)
+    h_in, h_out = to(rng.standard_normal((D, B, H)).astype(acc)), to(np.zeros((D, B, H), acc))
+    if version == 1:
+        kernel, grid, block = jit(make_forward_step, cell, dtype, False), (2, B, D), -(-H // 2)
+    else:
+        kernel, grid, block = jit(step_v3.make_forward_step_v3, cell, dtype, SL), (-(-H // SL.TJ), 1, D), SL.threads
+    names = used_args(FORWARD_ARGS, cell, False)
+    for s in range(max(lens)):
+        args.update(s=s, h_in=h_in, h_out=h_out)
+        kernel[grid, block](*[args[n] for n in names])
+        h_in, h_out = h_out, h_in
+    out = {"h": h_in.copy_to_host(), "y": args["y"].copy_to_host(), "acts": args["acts"].copy_to_host()}
+    if cell.cell_state:
+        out.update(c=args["c"].copy_to_host(), cs=args["cs"].copy_to_host())
+    return out
+
+
+@pytest.mark.parametrize("name,dtype", [(c, "float64") for c in CELLS] + [("lstm", "float32"),
+                                                                          ("gru", "float16")])
+def test_per_step_body_on_many_blocks_equals_v1(name, dtype):
+    """H = 5 units over TJ = 3 (2 blocks, the last partial), B = 5 rows over TB = 4, both directions."""
+    cell = get_cell(name)
+    H, B, D, T, lens = 5, 5, 2, 3, [3, 0, 2, 1, 3]
+    assert H % SL.TJ and B % SL.TB and H > SL.TJ and H <= SL.KMAX
+    want = _run_steps(1, cell, dtype, H, B, D, T, lens)
+    got = _run_steps(3, cell, dtype, H, B, D, T, lens)
+    for key, w in want.items():
+        np.testing.assert_allclose(got[key].astype(np.float64), w.astype(np.float64), rtol=TOL[dtype],
+                                   atol=TOL[dtype], err_msg=f"{key} ({name}, {dtype})")
+
+
+@pytest.mark.parametrize("mode,dtype,lengths", [("lstm", "float64", [3, 0, 2, 1, 3]),
+                                                ("gru", "float64", [2, 2, 1, 0, 2]),
+                                                ("rnn_relu", "float32", [1, 3, 3, 0, 2]),
+                                                ("peephole_lstm", "float16", [3, 1, 0, 2, 2]),
+                                                ("cifg_lstm", "float64", [0, 0, 0, 0, 0])])
+def test_persistent_on_one_block_against_reference(mode, dtype, lengths, monkeypatch):
+    """The whole op under NUMBARNN_STEP_VERSION=3: forward = one persistent launch per layer (odd and even
+    step counts: h ends in either ping-pong buffer), backward = v2; every output against the reference."""
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    cfg = rnn_config(2, SL.TJ, 2, mode, dropout=0.3, seed=3, seed2=4)
+    case = make_rnn_case(cfg, 3, 5, lengths, seed=5, dtype=np.dtype(dtype))
+    compare_backends(case, context=" [step v3]")
+    fwd = driver.last_launch_count()["forward"]
+    steps = max(lengths)
+    assert fwd.step_version == 3 and "co-resident" in fwd.note, fwd
+    assert fwd.by_kernel.get("forward_persistent_v3", 0) == (cfg.L if steps else 0), fwd
+    assert fwd.per_step == 0 and "forward_step" not in fwd.by_kernel, fwd
+
+
+@pytest.mark.parametrize("proj,H,direction,why", [(2, 3, "unidirectional", "projection"),
+                                                  (0, 5, "unidirectional", "co-resident"),
+                                                  (0, 3, "bidirectional", "co-resident")])
+def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    cfg = rnn_config(1, H, 2, "lstm", direction=direction, num_proj=proj)
+    case = make_rnn_case(cfg, 2, 3, [2, 1, 0], seed=6)
+    compare_backends(case, backward=False, context=" [step v3 -> v2]")
+    fwd = driver.last_launch_count()["forward"]
+    assert fwd.step_version == 2 and why in fwd.note, fwd
+    assert fwd.by_kernel["forward_step_v2"] == 2 and "forward_persistent_v3" not in fwd.by_kernel, fwd
+
+
+def test_gpu_slices_and_plan():
+    """The slice fits the shared-memory budget; H = 256/512/1024 float32 LSTM slices (TJ 8/4/2)."""
+    slices = step_v3.gpu_slices(4, "float32")
+    assert {H: sl.TJ for H, sl in slices.items()} == {256: 8, 512: 4, 1024: 2}
+    for H, sl in slices.items():
+        assert sl.KMAX >= H and step_v3.slice_bytes(4, sl, "float32") <= step_v3.SMEM_BUDGET
+        assert sl.threads == step_v3.THREADS
+    assert step_v3.plan(4, 8, 7, "float64", simulator=True) is None       # P > the simulator's KMAX
