@@ -254,7 +254,8 @@ def test_v1_recurrent_backward_reads_R_coalesced_once_per_batch_row():
 # ---------------------------------------------------------------------------------------------------
 
 def test_run_profile_of_an_op_call():
-    result = profiler.run_profile(units=16, input_size=8, batch=3, time=2)
+    result = profiler.run_profile(units=16, input_size=8, batch=3, time=2, step_version=1)
+    assert result["step_version"] == 1
     fwd, bwd = result["phases"]["forward"], result["phases"]["backward"]
     assert fwd["launches"] == fwd["driver_launches"] and bwd["launches"] == bwd["driver_launches"]
     assert fwd["launches_per_step"] == 1 and bwd["launches_per_step"] == 2
@@ -265,6 +266,25 @@ def test_run_profile_of_an_op_call():
     text = profiler.format_profile(result)
     assert "R " in text and "roofline MODEL" in text and "lstm_forward_step *" in text
     json.dumps(result)
+
+
+def test_run_profile_of_the_v2_step_kernels():
+    """v2 (the GPU default) reads R once per 8-row tile per step, coalesced; v1 reads it once per row."""
+    B = 10                                                   # two row tiles of 8, the second partial
+    result = profiler.run_profile(units=40, input_size=8, batch=B, time=2, step_version=2)
+    assert result["step_version"] == 2
+    fwd, bwd = result["phases"]["forward"], result["phases"]["backward"]
+    assert fwd["launches"] == fwd["driver_launches"] and bwd["launches"] == bwd["driver_launches"]
+    assert "lstm_forward_step_v2" in fwd["kernels"] and "lstm_backward_step_v2" in bwd["kernels"]
+    assert fwd["kernels"]["lstm_forward_step_v2"]["step_kernel"] and fwd["launches_per_step"] == 1
+    assert fwd["matrices"]["R"]["times_matrix"] == 2                 # ceil(B / 8) tiles, not B = 10
+    assert fwd["matrices"]["R"]["coalescing"] > 0.9                  # v1: 1/8 (32 sectors per request)
+    assert bwd["matrices"]["R"]["times_matrix"] <= 3                 # 2 per step, + the final dh of step 0
+    v1 = profiler.run_profile(units=40, input_size=8, batch=B, time=2, step_version=1, phases=("forward",))
+    assert v1["phases"]["forward"]["matrices"]["R"]["times_matrix"] == B
+    assert "step kernels v2" in profiler.format_profile(result)
+    with pytest.raises(ValueError, match="step_version"):
+        profiler.run_profile(step_version=3)
 
 
 def test_run_profile_in_a_subprocess_and_bad_arguments():
@@ -317,4 +337,4 @@ def test_numbarnn_profile_from_a_process_without_the_simulator():
                            "--forward-only", "--gpu", "RTX 4090"], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert "lstm_forward_step *" in proc.stdout and "roofline MODEL on RTX 4090" in proc.stdout
+    assert "lstm_forward_step_v2 *" in proc.stdout and "roofline MODEL on RTX 4090" in proc.stdout

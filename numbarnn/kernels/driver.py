@@ -40,7 +40,8 @@ from ..params import param_regions, unpack
 from ..dropout import dropout_key, dropout_scale, dropout_threshold
 from ..reserve import reserve_size, reserve_views
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
-from .common import SIMULATOR, acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
+from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
 from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
@@ -57,7 +58,7 @@ def step_version(simulator: bool | None = None) -> int:
     (whose tests run both versions explicitly).  simulator: as this process runs (None) or as given."""
     raw = os.environ.get("NUMBARNN_STEP_VERSION", "").strip()
     if not raw:
-        return 1 if (SIMULATOR if simulator is None else simulator) else 2
+        return 1 if (common.SIMULATOR if simulator is None else simulator) else 2
     if raw not in ("1", "2", "3"):
         raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1, 2 or 3, got {raw!r}")
     return int(raw)

@@ -65,6 +65,7 @@ import bisect
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -501,7 +502,18 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
                 [_describe(a) for a in args])
 
     def shared_array(self, shape, dtype, alignment=None):
-        ary = orig_shared(self, shape, dtype, alignment)
+        if shape == 0 or alignment is not None:
+            ary = orig_shared(self, shape, dtype, alignment)
+        else:
+            # The simulator keys a static shared array by the line that asks for it; through this wrapper that
+            # would be one line for every array of a kernel (all aliased), so key by the kernel's line here.
+            caller = sys._getframe(1)
+            key = (caller.f_code.co_filename, caller.f_lineno)
+            ary = self._allocations.get(key)
+            if ary is None:
+                if isinstance(dtype, kernelapi.types.Type):
+                    dtype = kernelapi.numpy_support.as_dtype(dtype)
+                ary = self._allocations[key] = np.empty(shape, dtype)
         if rec._shared is None:
             return ary
         return rec.shared_array(ary)
@@ -565,12 +577,16 @@ def profile_launch(kernel, grid, block, *args, geometry: str = "simulator") -> d
 # ---------------------------------------------------------------------------------------------------
 
 #: kernels launched once per time step (per layer); anything else runs once per layer or per call.  A new
-#: kernel family marks itself by a name ending in "_step" / "_step_proj", or is listed here.
-STEP_KERNELS = ("project", "recurrent_backward")
+#: kernel family marks itself by a name ending in "_step" (optionally "_v<N>", then "_proj"), or is listed here.
+STEP_KERNELS = ("project", "recurrent_backward", "recurrent_backward_v2")
+#: step kernel versions the simulator can profile (v3's cooperative grid sync needs a GPU with > 1 block)
+PROFILED_STEP_VERSIONS = (1, 2)
+STEP_VERSION_VAR = "NUMBARNN_STEP_VERSION"
+_STEP_NAME = re.compile(r"_step(_v\d+)?(_proj)?$")
 
 
 def is_step_kernel(name: str) -> bool:
-    return name in STEP_KERNELS or name.endswith(("_step", "_step_proj"))
+    return name in STEP_KERNELS or _STEP_NAME.search(name) is not None
 
 
 def kernel_family(name: str) -> str:
@@ -686,11 +702,13 @@ CONFIG_DEFAULTS = dict(mode="lstm", layers=1, units=32, input_size=None, directi
 
 
 def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward", "backward"), cells=(),
-                lines: int = 3, **config) -> dict:
+                lines: int = 3, step_version: int | None = None, **config) -> dict:
     """Profile one cudnn_rnn_v3 (training) + cudnn_rnn_backprop_v3 call on the cuda backend, in the simulator.
 
     config: CONFIG_DEFAULTS' keys (the flags of `numbarnn check`; input_size None = H for skip_input, else H).
     gpu: the roofline model's GPU (numbarnn.kernels.roofline.GPUS).  lines: source lines kept per kernel.
+    step_version: the step kernels, 1 or 2 (PROFILED_STEP_VERSIONS); None = what the driver runs on a GPU
+    (NUMBARNN_STEP_VERSION, else 2).  The persistent v3 needs a real grid sync: not profiled here.
     Returns a JSON-able dict: the configuration, per phase the launches, per-kernel memory figures, per step
     figures and bytes of R per step, and the model's predicted times.  Runs in a subprocess with the
     simulator when this process has numba loaded without it.
@@ -704,7 +722,10 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
     bad = [p for p in phases if p not in ("forward", "backward")]
     if bad or not phases:
         raise ValueError(f"phases: expected 'forward' and/or 'backward', got {list(phases)}")
-    kwargs = dict(gpu=gpu, geometry=geometry, phases=list(phases), cells=list(cells), lines=lines, **config)
+    if step_version is not None and step_version not in PROFILED_STEP_VERSIONS:
+        raise ValueError(f"step_version: expected one of {PROFILED_STEP_VERSIONS} (or None), got {step_version!r}")
+    kwargs = dict(gpu=gpu, geometry=geometry, phases=list(phases), cells=list(cells), lines=lines,
+                  step_version=step_version, **config)
     if "numba" in sys.modules and not simulator_active():
         return _run_in_subprocess(kwargs)
     if "numba" not in sys.modules:
@@ -724,7 +745,24 @@ def _run_in_subprocess(kwargs: dict) -> dict:
                            f"{proc.stderr}") from exc
 
 
-def _profile_here(gpu, geometry, phases, cells, lines, **config) -> dict:
+@contextlib.contextmanager
+def _step_version_env(version: int | None):
+    """NUMBARNN_STEP_VERSION = version inside the block (the driver reads it at every call); None: as it is."""
+    if version is None:
+        yield
+        return
+    old = os.environ.get(STEP_VERSION_VAR)
+    os.environ[STEP_VERSION_VAR] = str(version)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(STEP_VERSION_VAR, None)
+        else:
+            os.environ[STEP_VERSION_VAR] = old
+
+
+def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **config) -> dict:
     import numpy as np
     from numba import cuda
 
@@ -770,7 +808,12 @@ def _profile_here(gpu, geometry, phases, cells, lines, **config) -> dict:
     attrs = case.attrs
     result = dict(config=dict(c, input_size=I, cells=list(cells), dtype=str(dtype)), geometry=geometry,
                   gpu=gpu, phases={})
-    with recording(rec, geometry=geometry):
+    with recording(rec, geometry=geometry), _step_version_env(step_version):
+        version = driver.step_version()
+        if version not in PROFILED_STEP_VERSIONS:
+            raise ValueError(f"{STEP_VERSION_VAR}={version}: the profiler runs step versions "
+                             f"{PROFILED_STEP_VERSIONS} (v3's grid sync needs a GPU)")
+        result["step_version"] = version
         rec.label = "forward"
         fwd = ops.cudnn_rnn_v3(dev["x"], dev["h0"], dev["c0"], dev["params"], case.lengths, is_training=True,
                                backend="cuda", **attrs)
@@ -902,7 +945,8 @@ def format_profile(result: dict) -> str:
     c = result["config"]
     head = (f"{c['mode']} L={c['layers']} H={c['units']} I={c['input_size']} T={c['time']} B={c['batch']} "
             f"{c['direction']} {c['dtype']}" + (f" proj={c['proj']}" if c["proj"] else "")
-            + (f" lengths={','.join(map(str, c['lengths']))}" if c["lengths"] else ""))
+            + (f" lengths={','.join(map(str, c['lengths']))}" if c["lengths"] else "")
+            + (f", step kernels v{result['step_version']}" if result.get("step_version") else ""))
     how = (f"measured in numba's CUDA simulator with {result['geometry']} launch sizes: every global/shared "
            f"access, grouped into warp requests by (block, warp, instruction, occurrence); 32-byte sectors")
     out = [f"numbarnn profile: {head}", how]
@@ -960,6 +1004,8 @@ def add_arguments(parser) -> None:
                         help="launch sizes: the GPU's (default: full warps) or the simulator tests' tiny blocks")
     parser.add_argument("--forward-only", dest="forward_only", action="store_true",
                         help="profile the forward call only")
+    parser.add_argument("--step-version", dest="step_version", type=int, choices=PROFILED_STEP_VERSIONS,
+                        help="step kernels to profile (default: what a GPU runs, NUMBARNN_STEP_VERSION or 2)")
 
 
 def cli_main(args, spec_from_args) -> int:
@@ -982,6 +1028,7 @@ def cli_main(args, spec_from_args) -> int:
         if config["lengths"] is not None:
             config["lengths"] = list(config["lengths"])
         result = run_profile(gpu=args.gpu, geometry=args.geometry, cells=args.cells or (),
+                             step_version=args.step_version,
                              phases=("forward",) if args.forward_only else ("forward", "backward"), **config)
     except (ValueError, TypeError) as exc:
         print(f"numbarnn profile: error: {exc}", file=sys.stderr)

@@ -40,7 +40,8 @@ from numba import cuda, int64
 
 from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
-from .common import DTYPES, SIMULATOR, acc_dtype, arr, nb
+from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+from .common import DTYPES, acc_dtype, arr, nb
 
 
 class Tiles(NamedTuple):
@@ -67,7 +68,7 @@ SIM_TILES = Tiles(TJ=3, RG=2, RB=2, KC=2)
 
 def tiles(dtype="float32", simulator: bool | None = None) -> Tiles:
     """The tiles this process launches for `dtype` (small ones in the simulator, see the module docstring)."""
-    if SIMULATOR if simulator is None else simulator:
+    if common.SIMULATOR if simulator is None else simulator:
         return SIM_TILES
     return GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
 

@@ -31,6 +31,7 @@ from numba import cuda
 
 from ..cells import get_cell
 from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature
+from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, acc_dtype
 from .step_v2 import make_forward_epilogue
 
@@ -82,7 +83,7 @@ def slice_bytes(G: int, sl: Slice, dtype) -> int:
 def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None) -> Slice | None:
     """The slice for a layer: the largest TJ (16, 8, 4, 2, 1) whose R slice fits SMEM_BUDGET, or None.
     In the simulator: SIM_SLICE when P fits it."""
-    if SIMULATOR if simulator is None else simulator:
+    if common.SIMULATOR if simulator is None else simulator:
         return SIM_SLICE if P <= SIM_SLICE.KMAX else None
     kmax = -(-P // 32) * 32
     for TJ in (16, 8, 4, 2, 1):
@@ -237,7 +238,7 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     It can when there is no projection, the R slice fits (`plan`) and every block is co-resident: on a GPU
     the device says how many blocks of the compiled kernel fit at once (max_cooperative_grid_blocks, from its
     registers and shared memory and the SM count); the simulator runs cooperative grids of one block only."""
-    sim = SIMULATOR if simulator is None else simulator
+    sim = common.SIMULATOR if simulator is None else simulator
     if has_proj:
         return None, "v3 has no projection step (h' = W_proj m would need a second grid barrier per step)"
     sl = plan(cell.G, H, P, dtype, simulator=sim)
