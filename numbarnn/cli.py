@@ -321,11 +321,12 @@ def plan_table(plan: list[dict], call) -> str:
                      f"({grid}) x {r['block']}" if r["block"] else "-", _human(r["flops"]), _human(r["bytes"]) + "B"))
     out = [format_table(("phase", "layer", "kernel", "launches", "grid x block", "FLOP/launch", "bytes/launch"),
                         rows)]
+    from .kernels.profiler import is_step_kernel   # one rule for "launched per step" (imports no numba)
     steps = max(call.lengths, default=0)
     for phase in ("forward", "backward"):
         total = sum(r["launches"] for r in plan if r["phase"] == phase)
-        per_step = sum(r["launches"] for r in plan if r["phase"] == phase and r["kernel"].endswith(
-            ("_step", "project", "recurrent_backward"))) // max(1, steps * call.config.L)
+        per_step = sum(r["launches"] for r in plan if r["phase"] == phase and is_step_kernel(r["kernel"])
+                       ) // max(1, steps * call.config.L)
         out.append(f"{phase}: {total} launches in all; {per_step} per step per layer (both directions together), "
                    f"{steps} steps (max length)")
     return "\n".join(out)

@@ -167,10 +167,20 @@ def test_explain_lists_every_region(mode, flags, cfg_args, capsys):
 def test_explain_prints_the_drivers_launch_plan(capsys):
     assert cli.main(["explain", "--mode", "gru", "--layers", "2", "--units", "3", "--input-size", "2",
                      "--direction", "bidirectional", "--batch", "2", "--time", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "gru_forward_step" in out and "recurrent_backward" in out and "gemm v4 (dW = dgx^T x)" in out
-    assert "forward: " in out and "1 per step per layer" in out and "2 per step per layer" in out
+    out = capsys.readouterr().out                   # the plan of a real GPU: step kernels v2
+    assert "gru_forward_step_v2" in out and "gru_backward_step_v2" in out and "gemm v4 (dW = dgx^T x)" in out
+    assert "forward: 15 launches in all; 1 per step per layer" in out
+    assert "backward: 39 launches in all; 1 per step per layer" in out
     assert "column_partials (dbW, dbR)" in out and "column_totals (dbW, dbR)" in out
+
+
+def test_explain_plan_of_step_kernels_v1(capsys, monkeypatch):
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "1")
+    assert cli.main(["explain", "--mode", "lstm", "--units", "3", "--input-size", "2", "--proj", "2",
+                     "--batch", "2", "--time", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "lstm_forward_step " in out and "project" in out and "recurrent_backward " in out
+    assert "2 per step per layer" in out            # forward: step + project; backward: step + recurrent
 
 
 def test_explain_names_the_cuda_backend_first_and_labels_every_plan_row_once(capsys):
