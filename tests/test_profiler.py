@@ -4,13 +4,14 @@ Known answers use blocks of >= 32 threads so full warps exist (plus one partial 
 a warp's 32 x 4 bytes = 128 bytes = 4 sectors of 32 bytes.
 """
 import json
+import re
 
 import numpy as np
 import pytest
 from numba import cuda
 
 from numbarnn.cells import get_cell
-from numbarnn.kernels import common, profiler, roofline
+from numbarnn.kernels import common, profiler, roofline, step_v2, step_v3
 from numbarnn.kernels.cell_steps import make_forward_step
 from numbarnn.kernels.recurrent import make_recurrent_backward
 
@@ -326,6 +327,57 @@ def test_measured_v1_figures_are_the_models():
     assert figures["forward_R_per_step_in_B_R"] == 1 and figures["backward_R_per_step_in_B_R"] == 1
     text = profiler.model_report(shapes=((256, 4, 1000),), measure=False)
     assert "MODEL" in text and "256" in text
+
+
+def test_measured_v2_figures_are_the_models():
+    """v2 at the GPU tiles (32 units x 8 rows): R once per row tile per step, coalesced, conflict-free shared
+    memory; the model's formulas (roofline.v2_step_traffic) give exactly the measured totals."""
+    H, B = 32, 10                                                      # two row tiles, the second partial
+    figures = profiler.measure_v2_figures(H=H, B=B)
+    assert {k: figures[k] for k in roofline.V2_MEASURED} == roofline.V2_MEASURED
+    assert figures["R_sectors_per_request"] == 4 and figures["R_coalescing"] == 1.0
+    assert figures["forward_R_per_step_in_R"] == figures["backward_R_per_step_in_R"] == -(-B // 8)
+    model = roofline.v2_step_traffic(H, H, B)
+    fwd, bwd = model["forward_step_v2"], model["backward_step_v2"]
+    assert fwd["R_l2"] == step_v2.r_bytes_per_step(4, H, H, B, 1, 4) == figures["forward_R_l2"]
+    assert bwd["R_l2"] == figures["backward_R_l2"]
+    assert fwd["h_l2"] == figures["forward_h_l2"] and bwd["h_l2"] == figures["backward_dgh_l2"]
+    assert fwd["smem_wavefronts"] == figures["forward_shared_wavefronts"]
+    assert bwd["smem_wavefronts"] == figures["backward_shared_wavefronts"]
+
+
+def test_measured_v3_step_is_the_models():
+    """The v3 step body with a GPU-shaped slice of TJ = 2 units: R slice once, every block stages all of h,
+    and the h tile's rows (32 words apart) put the warp's 16 row groups in one bank: 16-way conflicts."""
+    f = profiler.measure_v3_figures(H=4, P=32, B=2, TJ=2)
+    sl = step_v3.Slice(TJ=2, RG=32, RB=1, KC=32, KMAX=32)
+    t = roofline.v3_traffic(4, 4, 2, sl, P=32)
+    assert f["R_l2"] == t["slice"]["l2"] == 4 * 4 * 32 * 4 and f["R_sectors_per_request"] == 4
+    assert f["h_l2"] == t["step"]["h_l2"] == 2 * 2 * 32 * 4 and f["h_sectors_per_request"] == 4
+    assert f["shared_wavefronts"] == t["slice"]["smem_wavefronts"] + t["step"]["smem_wavefronts"]
+    assert t["step"]["wf_h"] == 16 and t["step"]["wf_R"] == 1
+
+
+def test_deepbench_model_of_v1_v2_v3():
+    text = profiler.model_report(measure=False)
+    assert "MODEL" in text and "not a measurement" in text and "cuDNN" in text and "2.01" in text
+    for v in (1, 2, 3):
+        rows = [line for line in text.splitlines() if re.match(rf"\s*\d+\s+\d+\s+\d+\s+v{v}\b", line)]
+        assert len(rows) == len(roofline.DEEPBENCH)
+    assert "issue 8's target" in text and ("NOT met" in text or " met " in text)
+    for r in roofline.deepbench_model(version=2):
+        assert r["R_bytes_per_step_forward"] == step_v2.r_bytes_per_step(4, r["H"], r["H"], r["B"], 1, 4)
+    h100 = roofline.deepbench_model("H100 SXM", version=3)
+    assert all(r["runs"] == 3 for r in h100)                            # 226 registers: 4 blocks of 64 per SM
+    a100 = {(r["H"], r["B"], r["T"]): r for r in roofline.deepbench_model("A100 SXM", version=3)}
+    r = a100[(1024, 64, 100)]                                           # 512 blocks > 4 x 108: v2 instead
+    assert r["runs"] == 2 and "v2 runs" in r["note"]
+    v2 = {(r["H"], r["B"], r["T"]): r for r in roofline.deepbench_model("A100 SXM", version=2)}
+    assert r["forward_ms"] == v2[(1024, 64, 100)]["forward_ms"]
+    # v3: one launch and one R slice load per layer; each step costs its traffic + a grid barrier, no launch
+    one, two = roofline.deepbench_model(shapes=((256, 4, 1000), (256, 4, 2000)), version=3)
+    gemm_1000 = roofline._gemm_ms(roofline.GPUS["H100 SXM"], 1000, 4, 256, 256)[0]
+    assert two["forward_ms"] - one["forward_ms"] == pytest.approx(1000 * one["forward_step_us"] / 1e3 + gemm_1000)
 
 
 def test_numbarnn_profile_from_a_process_without_the_simulator():

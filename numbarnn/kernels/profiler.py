@@ -50,8 +50,10 @@ tiles), because warp-level figures need full warps; ``geometry="simulator"`` kee
     format_profile(result)                                                -> the text report
     profile_launch(kernel, grid, block, *args) / with recording() as rec: -> one launch's / many launches' stats
     measure_v1_figures()      the per-request figures of the v1 step kernels the model extrapolates from
-    model_report(gpu)         the model's table at the DeepBench shapes (what `numbarnn bench` prints without
-                              a GPU), from figures measured now
+    measure_v2_figures()      the same for v2 (GPU tiles), with the totals roofline.v2_step_traffic predicts
+    measure_v3_figures()      one step of v3's body with a GPU-shaped slice (roofline.v3_traffic's totals)
+    model_report(gpu)         the model's v1/v2/v3 table at the DeepBench shapes (what `numbarnn bench` prints
+                              without a GPU), from figures measured now
     python -m numbarnn.kernels.profiler --kwargs '{"units": 32}' [--json]   (run_profile in this process)
 
 Why one file of ~1000 lines: the recorder, the array proxies and the simulator patches share one state (the
@@ -847,13 +849,7 @@ def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
     request of the broadcast reads (h in the forward step, dgh in recurrent_backward).  Also returns the
     R bytes per step of both, in units of B x |R|.  Runs in a subprocess when the simulator is off here."""
     if not simulator_active():
-        env = dict(os.environ, **{SIM_VAR: "1"})
-        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", "--measure-v1"], env=env,
-                              capture_output=True, text=True, check=False)
-        try:
-            return json.loads(proc.stdout)
-        except ValueError as exc:
-            raise RuntimeError(f"profiler subprocess failed (exit {proc.returncode}):\n{proc.stderr}") from exc
+        return _measure_in_subprocess("--measure-v1")
     import numpy as np
     from numba import cuda
 
@@ -895,16 +891,126 @@ def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
                 backward_R_per_step_in_B_R=bwd["R"]["l2_bytes"] / (B * R.nbytes))
 
 
+def _measure_in_subprocess(flag: str) -> dict:
+    env = dict(os.environ, **{SIM_VAR: "1"})
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", flag], env=env,
+                          capture_output=True, text=True, check=False)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError as exc:
+        raise RuntimeError(f"profiler subprocess failed (exit {proc.returncode}):\n{proc.stderr}") from exc
+
+
+def _lstm_step_arrays(H: int, P: int, B: int, T: int = 1, lens: int = 1, seed: int = 0) -> dict:
+    """Device arrays of every forward and backward step argument of an LSTM layer (float32, D = 1)."""
+    import numpy as np
+    from numba import cuda
+
+    from ..cells import get_cell
+    cell = get_cell("lstm")
+    G, S = cell.G, cell.S
+    rng = np.random.default_rng(seed)
+
+    def dev(*shape):
+        return cuda.to_device(rng.standard_normal(shape).astype(np.float32))
+
+    R = dev(G * H, P)
+    return dict(cell=cell, s=0, lens=cuda.to_device(np.full(B, lens, np.int32)), gx=dev(1, T, B, G * H),
+                unit_params=dev(1, 2 * G + cell.V, H), R_fwd=R, R_rev=R, h_in=dev(1, B, P),
+                h_out=cuda.device_array((1, B, P), np.float32), c=dev(1, B, H), y=dev(T, B, P),
+                acts=dev(1, T, B, S * H), cs=dev(1, T, B, H), dy=dev(T, B, P), h0=dev(1, B, P), c0=dev(1, B, H),
+                dh=dev(1, B, P), dc=dev(1, B, H), dgx=dev(1, T, B, G * H), dgh=dev(1, T, B, G * H),
+                h_prev=dev(1, T, B, P))
+
+
+def measure_v2_figures(H: int = 32, B: int = 10) -> dict:
+    """Measure, now, the v2 step kernels (LSTM, float32, the GPU tiles step_v2.GPU_TILES: 32 units x 8 rows,
+    64 threads) at a small shape: the per-request figures of roofline.V2_MEASURED (sectors per request of the
+    R and h/dgh staging loads, shared wavefronts per request) and the totals roofline.v2_step_traffic predicts
+    (R and h/dgh bytes per block-distinct sectors, shared wavefronts) of one forward step and one fused
+    backward step.  B = 10: two row tiles, the second partial.  Runs in a subprocess when the simulator is
+    off here."""
+    if not simulator_active():
+        return _measure_in_subprocess("--measure-v2")
+    from .cell_steps import FORWARD_ARGS, used_args
+    from . import step_v2
+
+    t = step_v2.GPU_TILES
+    a = _lstm_step_arrays(H, H, B, T=2, lens=2)
+    cell, GH, item = a["cell"], a["cell"].G * H, 4
+    forward = step_v2.make_forward_step_v2(cell, "float32", False, t)
+    backward = step_v2.make_backward_step_v2(cell, "float32", t)
+    from numba import cuda
+    with recording() as rec:
+        rec.tag("R", a["R_fwd"])
+        rec.tag("h", a["h_in"])
+        cuda.jit(forward)[step_v2.grid(H, B, 1, t), t.threads](*[a[n] for n in used_args(FORWARD_ARGS, cell, False)])
+        rec.tag("dgh_next", a["dgh"], B * GH * item, 2 * B * GH * item)      # dgh of step s+1 = 1, staged
+        cuda.jit(backward)[step_v2.grid(H, B, 1, t), t.threads](
+            *[a[n] for n in step_v2.backward_v2_args(cell)])
+    fwd, bwd = rec.launches
+    R_bytes = a["R_fwd"].nbytes
+
+    def staged(st, tag):       # the staging instruction: the tagged load with the most requests
+        return max((r for r in st["lines"] if r["tag"] == tag and r["kind"] == "load"), key=lambda r: r["requests"])
+
+    shared = [st["shared"] for st in rec.launches]
+    return dict(R_sectors_per_request=max(st["tags"]["R"]["sectors_per_request"] for st in rec.launches),
+                h_sectors_per_request=max(staged(fwd, "h")["sectors_per_request"],
+                                          staged(bwd, "dgh_next")["sectors_per_request"]),
+                shared_wavefronts_per_request=max(sh["wavefronts"] / sh["requests"] for sh in shared),
+                R_coalescing=min(st["tags"]["R"]["coalescing"] for st in rec.launches),
+                forward_R_per_step_in_R=fwd["tags"]["R"]["l2_bytes"] / R_bytes,
+                backward_R_per_step_in_R=bwd["tags"]["R"]["l2_bytes"] / R_bytes,
+                forward_R_l2=fwd["tags"]["R"]["l2_bytes"], backward_R_l2=bwd["tags"]["R"]["l2_bytes"],
+                forward_h_l2=fwd["tags"]["h"]["l2_bytes"], backward_dgh_l2=bwd["tags"]["dgh_next"]["l2_bytes"],
+                forward_shared_wavefronts=shared[0]["wavefronts"], backward_shared_wavefronts=shared[1]["wavefronts"],
+                H=H, B=B)
+
+
+def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2) -> dict:
+    """Measure, now, one step of the v3 step body (step_v3's per-step variant: the simulator runs cooperative
+    grids of one block only) with a GPU-shaped slice of TJ units (64 threads, KC = 32, KMAX = P) at a tiny
+    shape: the R slice load and the h staging (bytes, sectors per request) and the shared wavefronts, which
+    roofline.v3_traffic predicts (slice + one step), bank conflicts of the h tile included."""
+    if not simulator_active():
+        return _measure_in_subprocess("--measure-v3")
+    from numba import cuda
+
+    from .cell_steps import FORWARD_ARGS, used_args
+    from . import step_v3
+    sl = step_v3.Slice(TJ=TJ, RG=step_v3.THREADS // TJ, RB=1, KC=32, KMAX=P)
+    a = _lstm_step_arrays(H, P, B)
+    cell = a["cell"]
+    with recording() as rec:
+        rec.tag("R", a["R_fwd"])
+        rec.tag("h", a["h_in"])
+        cuda.jit(step_v3.make_forward_step_v3(cell, "float32", sl))[(-(-H // TJ), 1, 1), sl.threads](
+            *[a[n] for n in used_args(FORWARD_ARGS, cell, False)])
+    st = rec.launches[0]
+    staged = max((r for r in st["lines"] if r["tag"] == "h" and r["kind"] == "load"), key=lambda r: r["requests"])
+    return dict(R_l2=st["tags"]["R"]["l2_bytes"], R_sectors_per_request=st["tags"]["R"]["sectors_per_request"],
+                h_l2=st["tags"]["h"]["l2_bytes"], h_sectors_per_request=staged["sectors_per_request"],
+                shared_wavefronts=st["shared"]["wavefronts"], shared_requests=st["shared"]["requests"],
+                H=H, P=P, B=B, TJ=TJ)
+
+
 def model_report(gpu: str = "H100 SXM", shapes=None, measure: bool = True) -> str:
-    """The text `numbarnn bench` prints without a GPU: the roofline MODEL of the v1 kernels at the
-    DeepBench shapes (or `shapes`: (H, B, T) tuples), from per-request figures measured now in the simulator
-    (measure=True; a few seconds) or the stored ones (roofline.V1_MEASURED)."""
+    """The text `numbarnn bench` prints without a GPU: the roofline MODEL of the v1, v2 and v3 step kernels at
+    the DeepBench shapes (or `shapes`: (H, B, T) tuples), from per-request figures measured now in the
+    simulator (measure=True; a few seconds) or the stored ones (roofline.V1_MEASURED, V2_MEASURED), with
+    issue 8's comparison points (cuDNN's and haste's published times) said to be met or not."""
     from . import roofline
-    figures = measure_v1_figures() if measure else dict(roofline.V1_MEASURED)
+    if measure:
+        figures, figures_v2 = measure_v1_figures(), measure_v2_figures()
+    else:
+        figures, figures_v2 = dict(roofline.V1_MEASURED), dict(roofline.V2_MEASURED)
     used = {k: figures[k] for k in roofline.V1_MEASURED}
-    text = roofline.format_deepbench_model(gpu, shapes or roofline.DEEPBENCH, measured=used)
-    where = "measured now in the CUDA simulator" if measure else "stored in roofline.V1_MEASURED"
-    return text + "\nper-request figures " + where + ": " + ", ".join(f"{k} = {v:g}" for k, v in figures.items())
+    used_v2 = {k: figures_v2[k] for k in roofline.V2_MEASURED}
+    text = roofline.format_deepbench_model(gpu, shapes or roofline.DEEPBENCH, measured=used, measured_v2=used_v2)
+    where = "measured now in the CUDA simulator" if measure else "stored in roofline.V1_MEASURED / V2_MEASURED"
+    return (text + "\nper-request figures " + where + ": v1 " + ", ".join(f"{k} = {v:g}" for k, v in used.items())
+            + "; v2 " + ", ".join(f"{k} = {v:g}" for k, v in used_v2.items()))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1045,6 +1151,10 @@ def _main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--measure-v1", dest="measure_v1", action="store_true",
                    help="print measure_v1_figures() as JSON instead")
+    p.add_argument("--measure-v2", dest="measure_v2", action="store_true",
+                   help="print measure_v2_figures() as JSON instead")
+    p.add_argument("--measure-v3", dest="measure_v3", action="store_true",
+                   help="print measure_v3_figures() as JSON instead")
     args = p.parse_args(argv)
     kwargs = json.loads(args.kwargs)
     if not simulator_active():
@@ -1052,6 +1162,12 @@ def _main(argv=None) -> int:
         return 2
     if args.measure_v1:
         print(json.dumps(measure_v1_figures()))
+        return 0
+    if args.measure_v2:
+        print(json.dumps(measure_v2_figures()))
+        return 0
+    if args.measure_v3:
+        print(json.dumps(measure_v3_figures()))
         return 0
     result = _profile_here(**dict(dict(gpu="H100 SXM", geometry="gpu", phases=["forward", "backward"], cells=[],
                                        lines=3), **kwargs))

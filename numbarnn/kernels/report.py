@@ -129,24 +129,31 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
-def occupancy(cc: tuple, block: int, registers: int, shared: int) -> float:
-    """Theoretical occupancy in [0, 1]: resident warps per SM / max warps per SM (0: cannot launch)."""
-    arch = ARCH[tuple(cc)]
+def resident_blocks(cc: tuple, block: int, registers: int, shared: int, arch: dict | None = None) -> int:
+    """Blocks of one kernel that fit on an SM at once (0: cannot launch): the least of the warp, block,
+    register and shared-memory limits of `arch` (default ARCH[cc]).  shared: static smem as the linker prints
+    it (on sm_90 that includes the 1 KiB reserve whenever the kernel has shared memory)."""
+    arch = ARCH[tuple(cc)] if arch is None else arch
     warps_per_block = math.ceil(block / 32)
     if block > 1024 or registers > arch["max_regs_per_thread"] or shared > arch["max_smem_per_block"]:
-        return 0.0
+        return 0
     by_warps = arch["max_warps"] // warps_per_block
     regs_per_warp = _round_up(max(registers, 1) * 32, arch["reg_unit"])
     if regs_per_warp * warps_per_block > arch["max_regs_per_block"]:
-        return 0.0
+        return 0
     by_regs = (arch["regs"] // regs_per_warp) // warps_per_block
     # 1 KiB per block is reserved for the system on sm_80 and sm_90; for sm_90 the linker's smem count
     # already includes it whenever the kernel has static shared memory (4096 bytes of tiles read 5120).
     reserved = 0 if (tuple(cc) >= (9, 0) and shared > 0) else arch["smem_reserved"]
     smem_per_block = _round_up(shared, arch["smem_unit"]) + reserved
     by_smem = arch["smem"] // smem_per_block
-    blocks = min(arch["max_blocks"], by_warps, by_regs, by_smem)
-    return blocks * warps_per_block / arch["max_warps"]
+    return min(arch["max_blocks"], by_warps, by_regs, by_smem)
+
+
+def occupancy(cc: tuple, block: int, registers: int, shared: int) -> float:
+    """Theoretical occupancy in [0, 1]: resident warps per SM / max warps per SM (0: cannot launch)."""
+    arch = ARCH[tuple(cc)]
+    return resident_blocks(cc, block, registers, shared) * math.ceil(block / 32) / arch["max_warps"]
 
 
 # --------------------------------------------------------------------------------------------------
