@@ -348,14 +348,17 @@ def test_measured_v2_figures_are_the_models():
 
 def test_measured_v3_step_is_the_models():
     """The v3 step body with a GPU-shaped slice of TJ = 2 units: R slice once, every block stages all of h,
-    and the h tile's rows (32 words apart) put the warp's 16 row groups in one bank: 16-way conflicts."""
+    and the h tile's rows, padded to KC + 1 words, put the warp's 16 row groups in 16 banks: conflict-free.
+    (Unpadded, rows 32 words apart, the model gives the 16-way conflict the first v3 had.)"""
     f = profiler.measure_v3_figures(H=4, P=32, B=2, TJ=2)
     sl = step_v3.Slice(TJ=2, RG=32, RB=1, KC=32, KMAX=32)
+    assert step_v3.h_pitch(sl) == 33
     t = roofline.v3_traffic(4, 4, 2, sl, P=32)
     assert f["R_l2"] == t["slice"]["l2"] == 4 * 4 * 32 * 4 and f["R_sectors_per_request"] == 4
     assert f["h_l2"] == t["step"]["h_l2"] == 2 * 2 * 32 * 4 and f["h_sectors_per_request"] == 4
     assert f["shared_wavefronts"] == t["slice"]["smem_wavefronts"] + t["step"]["smem_wavefronts"]
-    assert t["step"]["wf_h"] == 16 and t["step"]["wf_R"] == 1
+    assert t["step"]["wf_h"] == 1 and t["step"]["wf_R"] == 1
+    assert roofline.v3_traffic(4, 4, 2, sl, P=32, h_pitch=32)["step"]["wf_h"] == 16
 
 
 def test_deepbench_model_of_v1_v2_v3():

@@ -339,10 +339,12 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
            traffic, coalesced; the epilogue (v2's) touches TJ consecutive units of 32/TJ rows a request, so
            each row's sector carries TJ*s useful bytes: its compulsory bytes x max(1, 32 / (TJ*s)) in L1/L2;
            smem: per row tile and K chunk TB*KC h words stored; per column k each warp loads G words of the
-           R slice (rows padded to KMAX+1: conflict-free) and RB of the h tile, whose rows are KC words apart:
-           the 32/TJ row groups of a warp read 32/TJ distinct words of one bank when KC*s is a multiple of 128
-           (`bank_wavefronts` of the kernel's addresses); + one grid barrier (not traffic: GPU.grid_sync_us).
-    h_pitch: words between h tile rows (default KC, as step_v3 lays it out; KC + 1 asks what padding would do).
+           R slice (rows padded to KMAX+1: conflict-free) and RB of the h tile, whose rows are h_pitch words
+           apart: the 32/TJ row groups of a warp read 32/TJ distinct words, of one bank when h_pitch*s is a
+           multiple of 128 (`bank_wavefronts` of the kernel's addresses); + one grid barrier (not traffic:
+           GPU.grid_sync_us).
+    h_pitch: words between h tile rows (default step_v3.h_pitch(sl) = KC + 1, as the kernel lays it out: the
+    model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
     TJ, RG, RB, KC, KMAX, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.KMAX, sl.TB, sl.threads
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
@@ -351,7 +353,9 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     warps = -(-NT // WARP)
     row_tiles = -(-B // TB)
     lanes = range(min(WARP, NT))
-    h_pitch = KC if h_pitch is None else h_pitch
+    if h_pitch is None:
+        from . import step_v3
+        h_pitch = step_v3.h_pitch(sl)
     wf_R = bank_wavefronts((lane % TJ) * (KMAX + 1) for lane in lanes)     # R_slice[g*TJ + jj, k], per gate
     wf_h = bank_wavefronts((lane // TJ * RB) * h_pitch for lane in lanes)   # h_tile[rg*RB + r, kk], per row r
     R_bytes = D * G * H * P * s
@@ -424,10 +428,6 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     fwd_ms = (gpu.launch_us + load_us + T * f_us) / 1e3 + gemm_f
                     row.update(runs=3, R_bytes_per_step_forward=tr3["slice"]["l2"] / T, slice_TJ=sl.TJ,
                                v3_bank_conflict=tr3["step"]["wf_h"])
-                    # what if the h tile's rows were padded to KC + 1 words (no bank conflict)?  Not what runs.
-                    padded = v3_traffic(H, I, B, sl, G, s, h_pitch=sl.KC + 1)["step"]
-                    p_us = step_time(gpu, padded, n)[0] + gpu.grid_sync_us
-                    row["forward_ms_if_h_tile_padded"] = (gpu.launch_us + load_us + T * p_us) / 1e3 + gemm_f
         row.update(forward_step_us=f_us, forward_bound=f_bound, backward_step_us=b_us, forward_ms=fwd_ms,
                    forward_backward_ms=fwd_ms + bwd_ms)
         row.update({f"published_{k}_ms": v for k, v in PUBLISHED.get((H, B, T), {}).items()})
@@ -458,7 +458,9 @@ def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measure
             ver = f"v{v}" if r["runs"] == v else f"v{v}>{r['runs']}"
             note = r["note"]
             if v == 3 and r["runs"] == 3:
-                note = f"TJ={r['slice_TJ']}, {r['v3_blocks']} blocks, h tile {r['v3_bank_conflict']}-way bank conflict"
+                conflict = r["v3_bank_conflict"]
+                note = (f"TJ={r['slice_TJ']}, {r['v3_blocks']} blocks, h tile "
+                        + (f"{conflict}-way bank conflict" if conflict > 1 else "conflict-free"))
             lines.append(f"{H:>5} {B:>4} {T:>5} {ver:>4}  {r['R_bytes_per_step_forward'] / 1e6:>8.2f} MB "
                          f"{r['forward_step_us']:>11.2f} {r['forward_bound']:>5} {r['backward_step_us']:>11.2f} "
                          f"{r['forward_ms']:>9.2f} {r['forward_backward_ms']:>10.2f}  {note}")
@@ -480,10 +482,9 @@ def comparison_lines(v3_rows, shapes) -> list[str]:
         out.append(f"H=I=768 B=16 T=1024: model v{big['runs']} forward {big['forward_ms']:.2f} ms = {ratio:.1f}x "
                    f"cuDNN's published {pub['cudnn']} ms, haste's {pub['haste']} ms; issue 8's target (within 3x "
                    f"of cuDNN and below haste): {'met' if ok else 'NOT met'} by the model")
-        if "forward_ms_if_h_tile_padded" in big:
-            out.append(f"  (what-if, not what runs: with the h tile's rows padded to KC + 1 words, no bank "
-                       f"conflict, the model gives {big['forward_ms_if_h_tile_padded']:.2f} ms; the rest is the "
-                       f"shared-memory pipe: G + 1 shared loads per G FMAs with RB = 1 row per thread)")
+        if big["runs"] == 3:
+            out.append("  (what bounds it in the model: the shared-memory pipe, G + 1 shared loads per G FMAs with "
+                       "RB = 1 batch row per thread, and one grid barrier per step)")
     small = by_shape.get((256, 4, 1000))
     if small is not None:
         out.append(f"H=I=256 B=4 T=1000: model v{small['runs']} forward {small['forward_ms']:.2f} ms; issue 8's "

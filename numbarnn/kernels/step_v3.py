@@ -14,7 +14,7 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               body is tested on many blocks; the persistent loop is tested on one block.
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced), the
-product comes from the R slice in shared memory (rows padded by one column: no bank conflicts), and the
+product comes from the R slice in shared memory (rows padded by one column, like the h tile's: no bank conflicts), and the
 cell's pointwise forward is v2's epilogue (`step_v2.make_forward_epilogue`).
 
 The slice must fit: G*TJ*(KMAX+1) compute-dtype values of static shared memory (at most 48 KiB, 40 KiB
@@ -77,7 +77,14 @@ THREADS = 64
 def slice_bytes(G: int, sl: Slice, dtype) -> int:
     """Shared memory of a block: the R slice (padded rows) and the h tile, in the compute dtype."""
     size = acc_dtype(dtype).itemsize
-    return (G * sl.TJ * (sl.KMAX + 1) + sl.TB * sl.KC) * size
+    return (G * sl.TJ * (sl.KMAX + 1) + sl.TB * h_pitch(sl)) * size
+
+
+def h_pitch(sl: Slice) -> int:
+    """Words between rows of the h tile: KC + 1.  A warp's 32 / TJ row groups read column kk of different rows
+    at once; with rows KC = 32 words apart they would all hit one bank (a 32/TJ-way conflict, 16-way at TJ = 2,
+    found by the profiler's model); one word of padding puts each row in its own bank."""
+    return sl.KC + 1
 
 
 def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None) -> Slice | None:
@@ -163,13 +170,13 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     """The v3 step body as one launch per step (grid (ceil(H/TJ), 1, D)): the many-block test of the body."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, KC, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, sl.KC, sl.RB
+    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
     load_slice, step_body = make_step_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         R_slice = cuda.shared.array((GJ, KMAX1), acc)
-        h_tile = cuda.shared.array((TB, KC), acc)
+        h_tile = cuda.shared.array((TB, HP), acc)
         rh = cuda.local.array((G, RB), acc)
         r_k = cuda.local.array(G, acc)
         d = cuda.blockIdx.z
@@ -185,13 +192,13 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
     """All steps of a layer in one cooperative launch; h ping-pongs between h_a and h_b."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, KC, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, sl.KC, sl.RB
+    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
     load_slice, step_body = make_step_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, h_a, h_b, c, y, acts, cs):
         R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
-        h_tile = cuda.shared.array((TB, KC), acc)
+        h_tile = cuda.shared.array((TB, HP), acc)
         rh = cuda.local.array((G, RB), acc)
         r_k = cuda.local.array(G, acc)
         d = cuda.blockIdx.z
