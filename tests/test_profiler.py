@@ -270,18 +270,17 @@ def test_run_profile_of_an_op_call():
 
 
 def test_run_profile_of_the_v2_step_kernels():
-    """v2 (the GPU default) reads R once per 8-row tile per step, coalesced; v1 reads it once per row."""
-    B = 10                                                   # two row tiles of 8, the second partial
-    result = profiler.run_profile(units=40, input_size=8, batch=B, time=2, step_version=2)
+    """v2 (the GPU default) reads R once per 8-row tile per step, coalesced; v1 reads it once per row.  (The
+    backward's figures: test_measured_v2_figures_are_the_models, on the kernels alone.)"""
+    B = 9                                                    # two row tiles of 8, the second partial
+    result = profiler.run_profile(units=32, input_size=2, batch=B, time=2, step_version=2, phases=("forward",))
     assert result["step_version"] == 2
-    fwd, bwd = result["phases"]["forward"], result["phases"]["backward"]
-    assert fwd["launches"] == fwd["driver_launches"] and bwd["launches"] == bwd["driver_launches"]
-    assert "lstm_forward_step_v2" in fwd["kernels"] and "lstm_backward_step_v2" in bwd["kernels"]
-    assert fwd["kernels"]["lstm_forward_step_v2"]["step_kernel"] and fwd["launches_per_step"] == 1
-    assert fwd["matrices"]["R"]["times_matrix"] == 2                 # ceil(B / 8) tiles, not B = 10
-    assert fwd["matrices"]["R"]["coalescing"] > 0.9                  # v1: 1/8 (32 sectors per request)
-    assert bwd["matrices"]["R"]["times_matrix"] <= 3                 # 2 per step, + the final dh of step 0
-    v1 = profiler.run_profile(units=40, input_size=8, batch=B, time=2, step_version=1, phases=("forward",))
+    fwd = result["phases"]["forward"]
+    assert fwd["launches"] == fwd["driver_launches"] and fwd["launches_per_step"] == 1
+    assert fwd["kernels"]["lstm_forward_step_v2"]["step_kernel"]
+    assert fwd["matrices"]["R"]["times_matrix"] == 2                 # ceil(B / 8) row tiles, not B = 9
+    assert fwd["matrices"]["R"]["coalescing"] == 1.0                 # 128-byte rows; v1: 1/8
+    v1 = profiler.run_profile(units=32, input_size=2, batch=B, time=1, step_version=1, phases=("forward",))
     assert v1["phases"]["forward"]["matrices"]["R"]["times_matrix"] == B
     assert "step kernels v2" in profiler.format_profile(result)
     with pytest.raises(ValueError, match="step_version"):
