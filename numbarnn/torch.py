@@ -44,6 +44,9 @@ current stream is another one, the call makes the default stream wait for torch'
 launch and torch's current stream wait for the default stream after it, so the op behaves as if it ran on
 torch's current stream (no host synchronisation).  Device memory of results is allocated by numba, not by
 torch's caching allocator.  The CUDA path cannot be exercised without a GPU (the tests cover the CPU path).
+
+Why one file (~600 lines): the three modules share one base (RNNBase: constructor checks, parameter
+registration, input forms, the autograd Function); split up, a reader would chase one call across files.
 """
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ ran and, for v3, why (`LaunchLog.note`).
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
 Arrays here are device arrays, time-major, in the call's dtype; `backend.py` handles NumPy and layouts.
+
+Why one file (~500 lines): forward and backward read as the twins of reference/network.py's two loops, and
+launch_plan must list exactly the launches they make; keeping the three together keeps them in step.
 """
 from __future__ import annotations
 

@@ -62,6 +62,9 @@ transactions come from consecutive threads reading consecutive addresses (the st
 operand's contiguous axis); with BK = 4 a k-contiguous operand gives a warp 16 bytes (float32) per row,
 half a 32-byte sector, whose other half the next k-tile reads (BK = 8 kept whole sectors but cost 148
 registers, one block per SM).
+
+Why one file (~650 lines): the four versions side by side are the lesson (llm.c style); they share the
+operand accessors, the launcher and the cache, which would otherwise be imported back and forth.
 """
 from __future__ import annotations
 
