@@ -343,3 +343,26 @@ def test_parallel_step_loops_agree(monkeypatch):
     par_b = run_backward(case, par, "cpu")
     for a, b in zip(named(serial, serial_b).values(), named(par, par_b).values()):
         assert a.tobytes() == b.tobytes()
+
+
+def test_step_loop_cache_keys_follow_the_cells_code():
+    """The on-disk cache of the step loops is keyed by `cells.variant_key`: cells of the same shape (G, S, V)
+    but different math, and a cell whose code changes under the same name, never share an entry."""
+    from numbarnn.cells import get_cell
+    from numbarnn.cpu import cells
+    tanh_cell, relu_cell = get_cell("rnn_tanh"), get_cell("rnn_relu")
+    assert (tanh_cell.G, tanh_cell.S, tanh_cell.V) == (relu_cell.G, relu_cell.S, relu_cell.V)
+    keys = {cells.variant_key(c, dt, proj, par) for c in (tanh_cell, relu_cell) for dt in ("float32", "float64")
+            for proj in (False, True) for par in (False, True)}
+    assert len(keys) == 16
+
+    def backward_other(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+        z, n = saved[0], saved[1]
+        dwx[0] = dm * (h - n) * dsigmoid(z)
+        dwx[1] = dm * (1.0 - z) * dtanh(n) * 2.0     # a changed constant
+        drh[1] = 0.0 * dm
+        return dm * z, dc
+
+    changed = CellSpec(name=MINGRU.name, gates=MINGRU.gates, saved=MINGRU.saved, forward=MINGRU.forward,
+                       backward=backward_other, split_recurrent=MINGRU.split_recurrent)
+    assert cells.variant_key(changed, "float32", False, False) != cells.variant_key(MINGRU, "float32", False, False)

@@ -5,9 +5,11 @@ copies and per-step fancy indexing):
 
     gx = x_l @ W^T                        one BLAS matmul over all T steps        [T, B, G*H]
     for step s = 0 .. T-1:
-        gh = h @ R^T                      one BLAS matmul for all B rows          [B, G*H]  (np.matmul out=)
+        gh^T = R @ h^T                    one BLAS matmul for all B rows          [G*H, B]  (np.matmul out=;
+                                          on OpenBLAS faster than h @ R^T into [B, G*H])
         forward_step(...)                 njit: for active rows (s < len[b]) and every unit j, the cell's own
-                                          pointwise `forward` (bias added here), writes c, h, y and the reserve
+                                          pointwise `forward` (bias added here), writes c, h, y and the reserve;
+                                          vectorized over units (chunks through stack scratch, see cells.py)
         (projection: h' = m @ W_proj^T by BLAS, then `commit_projection` for the active rows)
     backward mirrors it: per step the njit pointwise backward writes dgx [t, b] and dgh [s, b] (0 for
     inactive rows), then dh += dgh_s @ R (BLAS); after the loop dW, dR, dW_proj, dx as single big matmuls.
@@ -22,6 +24,14 @@ Threads: BLAS uses its own pool (OpenBLAS: OPENBLAS_NUM_THREADS / threadpoolctl)
 parallel over batch rows (``prange``) with numba's thread count: ``numba.set_num_threads(n)`` at run time or
 NUMBA_NUM_THREADS before import (default: all cores).  Small problems (B*H < PARALLEL_MIN_WORK) use a serial
 twin of the same loop: a parallel region costs microseconds to start and much longer to compile.
+On a machine whose cores are busy with other processes, OpenBLAS's threads make every per-step product wait
+for a descheduled thread: measured (2 cores, load ~3.5) examples/char_lstm.py 40-46 ms per training step
+with OPENBLAS_NUM_THREADS=1, 200-237 ms with 2 (the reference backend: 67 and 406 ms).  Set
+OPENBLAS_NUM_THREADS=1 there, or for small models.
+
+Compile: every njit function is cached on disk (numba ``cache=True``; the per-cell step loops too, keyed by
+a fingerprint of the cell's code, `cells.variant_key`), so only the first process after an install or a change
+compiles (seconds); later processes load the machine code.
 
 Modules: `cells.py` (njit twins of the cell helpers, per-cell step loops), `network.py` (the layer/direction/
 step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'

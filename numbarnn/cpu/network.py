@@ -141,6 +141,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dh0 = np.array(dhT, dtype=ct)                            # [L*D, B, P] state, becomes input_h_backprop
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     steps = int(lens.max()) if B else 0
+    padded = B > 0 and int(lens.min()) < T                    # some [t, b] never run: their dgx must be 0
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
     scale = ct.type(dropout_scale(cfg.dropout))
     dgx = np.empty((T, B, G * H), dtype=ct)                  # [T, B, G*H] W-side grads (t layout)
@@ -164,9 +165,9 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 keep_scaled = saved[f"keep{layer}"] * scale
                 x_l = x_l * keep_scaled
         y = saved[f"y{layer}"]
-        dx_l = np.zeros(x_l.shape, dtype=ct)
         I_l = x_l.shape[2]
-        dx_d = np.empty((T * B, I_l), dtype=ct)             # [T*B, I_l] one direction's dgx @ W
+        dx_l = np.empty((T, B, I_l), dtype=ct)              # [T, B, I_l] the sum over directions of dgx @ W
+        dx_d = np.empty((T * B, I_l), dtype=ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
         for d in range(D):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
@@ -176,7 +177,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dh = dh0[p]
             dc = dc0[p] if dc0 is not None else dm
             c0p = c0[p] if c0 is not None else dm
-            dgx.fill(0)
+            if padded:
+                dgx.fill(0)
             if steps < T:                                    # steps never run stay 0 in the s layout
                 dgh[steps:] = 0
                 hp[steps:] = 0
@@ -192,12 +194,14 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 np.add(dh, tmp, out=dh)
             # weight gradients: single big matmuls over all steps and rows
             gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
+            dx_part = dx_l.reshape(T * B, I_l) if d == 0 else dx_d      # the first direction writes dx_l
             if lp.W is not None:
                 np.matmul(gx2.T, x_l.reshape(T * B, I_l), out=dlp.W)
-                np.matmul(gx2, lp.W, out=dx_d)
+                np.matmul(gx2, lp.W, out=dx_part)
+            else:                                            # skip_input: x reached every gate as it is
+                np.sum(dgx.reshape(T * B, G, H), axis=1, out=dx_part)
+            if d > 0:
                 dx_l += dx_d.reshape(T, B, I_l)
-            else:
-                dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
             np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
             np.sum(gx2, axis=0, out=dlp.bW)
             np.sum(gh2, axis=0, out=dlp.bR)
