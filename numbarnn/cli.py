@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from .checks import (BACKEND_NAMES, CUDA_BACKEND_MODULE, DIRECTIONS, DTYPES, INPUT_MODES, SWEEP,  # noqa: F401
                      CheckResult, Spec, _exc, check_spec, launch_info, load_cuda_backend, torch_available)
+from .cells import load_cell_modules
 from .device import REAL_GPU_VAR, SIM_VAR  # noqa: F401 (the variables the CLI honours)
 from .device import use_simulator_unless_gpu as setup_cuda_environment
 
@@ -197,25 +198,6 @@ def spec_from_args(args) -> Spec:
 
 def _config_given(args) -> bool:
     return any(getattr(args, k, None) is not None for k in CONFIG_DESTS)
-
-
-def load_cell_modules(names) -> None:
-    """Import each module name or .py file of --cells (they register their cells on import)."""
-    import importlib.util
-    for name in names or ():
-        if name.endswith(".py") or os.sep in name:
-            if not os.path.isfile(name):
-                raise ValueError(f"--cells: no such file {name!r}")
-            module_name = "numbarnn_user_cells_" + os.path.splitext(os.path.basename(name))[0]
-            spec = importlib.util.spec_from_file_location(module_name, name)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
-        else:
-            try:
-                importlib.import_module(name)
-            except ImportError as exc:
-                raise ValueError(f"--cells: cannot import {name!r} ({exc})") from None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ cells, `numbarnn/contrib/` for two cells built only through this API, and tutori
 """
 from . import gru, lstm, rnn_relu, rnn_tanh
 from .functions import HELPERS, drelu, dsigmoid, dtanh, one_minus, relu, sigmoid, tanh
-from .spec import BUILTIN, CellSpec, cell_names, get_cell, is_builtin, register
+from .spec import BUILTIN, CellSpec, cell_names, get_cell, is_builtin, load_cell_modules, register
 
 for _module in (lstm, gru, rnn_tanh, rnn_relu):
     register(_module.SPEC)
 
-__all__ = ["CellSpec", "register", "get_cell", "cell_names", "is_builtin", "BUILTIN", "HELPERS", "sigmoid", "tanh",
+__all__ = ["CellSpec", "register", "load_cell_modules", "get_cell", "cell_names", "is_builtin", "BUILTIN", "HELPERS", "sigmoid", "tanh",
            "relu", "dsigmoid", "dtanh", "drelu", "one_minus"]

@@ -153,5 +153,30 @@ def is_builtin(name: str) -> bool:
     return name in BUILTIN
 
 
+def load_cell_modules(names, what: str = "--cells") -> None:
+    """Import each module name or .py file in `names` (they register their cells on import); a file already
+    loaded is not run again.  `what` names the argument in errors (ValueError)."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+    for name in names or ():
+        if name.endswith(".py") or os.sep in name:
+            if not os.path.isfile(name):
+                raise ValueError(f"{what}: no such file {name!r}")
+            module_name = "numbarnn_user_cells_" + os.path.splitext(os.path.basename(name))[0]
+            if module_name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(module_name, name)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise ValueError(f"{what}: cannot import {name!r} ({exc})") from None
+
+
 #: the cuDNN cells, registered by numbarnn.cells at import
 BUILTIN = ("lstm", "gru", "rnn_tanh", "rnn_relu")

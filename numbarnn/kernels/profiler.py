@@ -72,6 +72,8 @@ import subprocess
 import sys
 import threading
 
+from ..cells import load_cell_modules  # imports no numba
+
 SIM_VAR = "NUMBA_ENABLE_CUDASIM"
 SECTOR = 32          # bytes per sector (L1/L2 granularity of NVIDIA GPUs since Maxwell)
 WARP = 32
@@ -675,28 +677,6 @@ def summarize_phase(launches, steps: int, layers: int, matrix_bytes: dict) -> di
     return out
 
 
-def _load_cells(names) -> None:
-    """Import --cells modules or .py files (they register their cells on import)."""
-    import importlib
-    import importlib.util
-    for name in names or ():
-        if name.endswith(".py") or os.sep in name:
-            if not os.path.isfile(name):
-                raise ValueError(f"cells: no such file {name!r}")
-            module_name = "numbarnn_user_cells_" + os.path.splitext(os.path.basename(name))[0]
-            if module_name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(module_name, name)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
-        else:
-            try:
-                importlib.import_module(name)
-            except ImportError as exc:
-                raise ValueError(f"cells: cannot import {name!r} ({exc})") from None
-
-
 #: run_profile's keyword arguments and defaults (the configuration flags of `numbarnn check`)
 CONFIG_DEFAULTS = dict(mode="lstm", layers=1, units=32, input_size=None, direction="unidirectional",
                        input_mode="linear_input", proj=0, batch=8, time=3, lengths=None, dtype="float32",
@@ -774,7 +754,7 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
     from ..testing import make_rnn_case
     from . import driver, roofline
 
-    _load_cells(cells)
+    load_cell_modules(cells, "cells")
     c = dict(CONFIG_DEFAULTS, **config)
     H = c["units"]
     I = c["input_size"] if c["input_size"] is not None else H
@@ -1120,7 +1100,7 @@ def cli_main(args, spec_from_args) -> int:
         os.environ[SIM_VAR] = "1"           # before a --cells module imports numba
     try:
         if simulator_active():
-            _load_cells(args.cells)
+            load_cell_modules(args.cells)
         spec = spec_from_args(args)
         if spec.blocklstm:
             raise ValueError("--blocklstm: the profiler covers the cuDNN RNN ops (cudnn_rnn_v3 / backprop)")

@@ -346,7 +346,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     h_pitch: words between h tile rows (default step_v3.h_pitch(sl) = KC + 1, as the kernel lays it out: the
     model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
-    TJ, RG, RB, KC, KMAX, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.KMAX, sl.TB, sl.threads
+    TJ, RB, KC, KMAX, TB, NT = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB, sl.threads
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H if P is None else P
     nb = -(-H // TJ) * D
