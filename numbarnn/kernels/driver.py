@@ -54,16 +54,18 @@ from . import step_v2, step_v3
 #: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
 #: the persistent forward; its backward is v2's)
 STEP_VERSIONS = (1, 2, 3)
+STEP_VERSION_VAR = "NUMBARNN_STEP_VERSION"
 
 
 def step_version(simulator: bool | None = None) -> int:
-    """The step kernels to use: NUMBARNN_STEP_VERSION (1 or 2) if set, else 2 on a GPU and 1 in the simulator
-    (whose tests run both versions explicitly).  simulator: as this process runs (None) or as given."""
-    raw = os.environ.get("NUMBARNN_STEP_VERSION", "").strip()
+    """The step kernels to use: NUMBARNN_STEP_VERSION (one of STEP_VERSIONS) if set, else 2 on a GPU and 1 in
+    the simulator (whose tests run every version explicitly).  simulator: as this process runs (None) or as
+    given."""
+    raw = os.environ.get(STEP_VERSION_VAR, "").strip()
     if not raw:
         return 1 if (common.SIMULATOR if simulator is None else simulator) else 2
-    if raw not in ("1", "2", "3"):
-        raise ValueError(f"NUMBARNN_STEP_VERSION: expected 1, 2 or 3, got {raw!r}")
+    if raw not in {str(v) for v in STEP_VERSIONS}:
+        raise ValueError(f"{STEP_VERSION_VAR}: expected one of {STEP_VERSIONS}, got {raw!r}")
     return int(raw)
 
 
@@ -270,7 +272,6 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     dlayers, dunit_params = unpack(cfg, dparams), _unit_param_views(cfg, dparams)
     unit_params = _unit_param_views(cfg, params)
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
-    recurrent = jit(make_recurrent_backward, str(dt))
     version = step_version()
     if version == 3:
         version, log.note = 2, "v3 is the forward only; the backward runs v2"
@@ -279,6 +280,8 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     fused = version == 2 and not cfg.has_proj          # v2: one launch per step (+1 to finish dh0)
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
+    else:
+        recurrent = jit(make_recurrent_backward, str(dt))
     if fused:
         cell_backward = jit(step_v2.make_backward_step_v2, cfg.cell, str(dt), tiles)
         backward_args = step_v2.backward_v2_args(cfg.cell)

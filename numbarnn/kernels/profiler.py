@@ -585,7 +585,6 @@ def profile_launch(kernel, grid, block, *args, geometry: str = "simulator") -> d
 STEP_KERNELS = ("project", "recurrent_backward", "recurrent_backward_v2")
 #: step kernel versions the simulator can profile (v3's cooperative grid sync needs a GPU with > 1 block)
 PROFILED_STEP_VERSIONS = (1, 2)
-STEP_VERSION_VAR = "NUMBARNN_STEP_VERSION"
 _STEP_NAME = re.compile(r"_step(_v\d+)?(_proj)?$")
 
 
@@ -730,6 +729,7 @@ def _run_in_subprocess(kwargs: dict) -> dict:
 @contextlib.contextmanager
 def _step_version_env(version: int | None):
     """NUMBARNN_STEP_VERSION = version inside the block (the driver reads it at every call); None: as it is."""
+    from .driver import STEP_VERSION_VAR          # (numba is loaded already: called by _profile_here)
     if version is None:
         yield
         return
@@ -793,7 +793,7 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
     with recording(rec, geometry=geometry), _step_version_env(step_version):
         version = driver.step_version()
         if version not in PROFILED_STEP_VERSIONS:
-            raise ValueError(f"{STEP_VERSION_VAR}={version}: the profiler runs step versions "
+            raise ValueError(f"{driver.STEP_VERSION_VAR}={version}: the profiler runs step versions "
                              f"{PROFILED_STEP_VERSIONS} (v3's grid sync needs a GPU)")
         result["step_version"] = version
         rec.label = "forward"
