@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from numbarnn.kernels import gemm as G
-from numbarnn.kernels import registry, report
+from numbarnn.kernels import registry, report, roofline
 
 # one real nvJitLink -verbose info log (sm_80), with spills edited in
 CANNED_LOG = """\
@@ -173,6 +173,8 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     assert by_key[("gemm_v3_nn", "float64", "80")]["shared"] == 2 * 8 * 64 * 8
     # v4: 2 operands x 2 buffers x BK=4 rows of 128 + 8 (padding) float32
     assert by_key[("gemm_v4_nn", "float32", "80")]["shared"] == 2 * 2 * 4 * (128 + 8) * 4
+    # the roofline model's v3 co-residency uses this register count: it must follow the kernel
+    assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_REGISTERS
     print(f"\nkernel report: {len(rows)} rows in {result['seconds']} s")
 
 
