@@ -409,8 +409,13 @@ def test_device_arrays_in_device_arrays_out(mode, time_major):
 # launch budget (numbarnn.kernels.driver.LaunchLog)
 # ----------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("version", driver.STEP_VERSIONS[:2])
 @pytest.mark.parametrize("mode,num_proj", [("lstm", 0), ("lstm", 2), ("gru", 0), ("rnn_tanh", 0)])
-def test_launch_budget(mode, num_proj):
+def test_launch_budget(mode, num_proj, version, monkeypatch):
+    """Per step: v1 one cell launch (+ the projection) forward, the cell + the recurrent product backward; v2 the
+    same forward and one fused launch backward (+1 after the loop), except with a projection (v1's step +
+    recurrent_backward_v2)."""
+    monkeypatch.setenv(driver.STEP_VERSION_VAR, str(version))
     cfg = rnn_config(1, 3, 2, mode, num_proj=num_proj)
     T, B = 4, 2
     counts = {}
@@ -420,7 +425,8 @@ def test_launch_budget(mode, num_proj):
         counts[name] = driver.last_launch_count()
     fwd, bwd = counts["full"]["forward"], counts["full"]["backward"]
     assert fwd.per_step == (2 if num_proj else 1), f"forward launches per step: {fwd.by_kernel}"
-    assert bwd.per_step == 2, f"backward launches per step: {bwd.by_kernel}"
+    assert bwd.per_step == (1 if version == 2 and not num_proj else 2), f"backward per step: {bwd.by_kernel}"
+    assert fwd.step_version == bwd.step_version == version, (fwd, bwd)
     assert fwd.steps == T and counts["short"]["forward"].steps == 1, "steps must be max(len)"
     # launches scale with max(len), not T: exactly (T - 1) steps' worth fewer
     for direction in ("forward", "backward"):
@@ -430,8 +436,9 @@ def test_launch_budget(mode, num_proj):
             f"{direction}: {full.by_kernel} vs {short.by_kernel}"
 
 
-def test_launches_are_per_step_for_both_directions():
-    """One launch serves both directions of a layer: per_step does not double with D = 2 or L = 2."""
+def test_launches_are_per_step_for_both_directions(monkeypatch):
+    """One launch serves both directions of a layer: per_step does not double with D = 2 or L = 2 (v1)."""
+    monkeypatch.setenv(driver.STEP_VERSION_VAR, "1")
     case = small_case("lstm")                             # L=2, bidirectional, projection, lengths [3, 1, 0]
     run_backward(case, run_forward(case, "cuda"), "cuda")
     fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_rnn_cuda import compare_backends
+from test_rnn_cuda import SIMULATOR, compare_backends
 
 import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
@@ -90,9 +90,14 @@ def test_persistent_on_one_block_against_reference(mode, dtype, lengths, monkeyp
     assert fwd.per_step == 0 and "forward_step" not in fwd.by_kernel, fwd
 
 
+#: the simulator runs a cooperative grid of one block only; a GPU holds these small grids co-resident (and runs v3:
+#: test_persistent_on_many_blocks_on_a_gpu)
+SIM_ONLY = pytest.mark.skipif(not SIMULATOR, reason="a GPU holds these grids co-resident: v3 runs, not v2")
+
+
 @pytest.mark.parametrize("proj,H,direction,why", [(2, 3, "unidirectional", "projection"),
-                                                  (0, 5, "unidirectional", "co-resident"),
-                                                  (0, 3, "bidirectional", "co-resident")])
+                                                  pytest.param(0, 5, "unidirectional", "co-resident", marks=SIM_ONLY),
+                                                  pytest.param(0, 3, "bidirectional", "co-resident", marks=SIM_ONLY)])
 def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(1, H, 2, "lstm", direction=direction, num_proj=proj)
@@ -101,6 +106,20 @@ def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
     fwd = driver.last_launch_count()["forward"]
     assert fwd.step_version == 2 and why in fwd.note, fwd
     assert fwd.by_kernel["forward_step_v2"] == 2 and "forward_persistent_v3" not in fwd.by_kernel, fwd
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the simulator runs cooperative grids of one block only "
+                    "(test_persistent_on_one_block_against_reference)")
+@pytest.mark.parametrize("mode,direction,H", [("lstm", "bidirectional", 100), ("gru", "unidirectional", 70)])
+def test_persistent_on_many_blocks_on_a_gpu(mode, direction, H, monkeypatch):
+    """On a GPU v3 runs grids of many blocks (H / TJ per direction, a partial last slice): the grid barrier
+    between steps must hold, for ragged lengths with a 0, two layers, against the reference."""
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    cfg = rnn_config(2, H, 7, mode, direction=direction)
+    case = make_rnn_case(cfg, 9, 6, [9, 4, 0, 1, 9, 6], seed=8)
+    compare_backends(case, context=" [step v3, many blocks]")
+    fwd = driver.last_launch_count()["forward"]
+    assert fwd.step_version == 3 and fwd.by_kernel["forward_persistent_v3"] == cfg.L, fwd
 
 
 def test_gpu_slices_and_plan():

@@ -20,8 +20,9 @@ tiled product that reads R once per step for all rows, the cell in its epilogue;
 per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
 the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
 memory and all its blocks are co-resident; else v2; the backward is v2's).  `step_version()` picks:
-NUMBARNN_STEP_VERSION=1|2|3, else 2 on a GPU and 1 in the simulator; the LaunchLog records the version that
-ran and, for v3, why (`LaunchLog.note`).
+NUMBARNN_STEP_VERSION=1|2|3, else 3 on a GPU (v3 where it can run, v2 where not: faster than v2 at every
+shape measured on an H100, bench/results/gpu_h100.md) and 1 in the simulator; the LaunchLog records the
+version that ran and, for v3, why (`LaunchLog.note`).
 
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import math
 import os
 
 import numpy as np
@@ -58,12 +60,12 @@ STEP_VERSION_VAR = "NUMBARNN_STEP_VERSION"
 
 
 def step_version(simulator: bool | None = None) -> int:
-    """The step kernels to use: NUMBARNN_STEP_VERSION (one of STEP_VERSIONS) if set, else 2 on a GPU and 1 in
-    the simulator (whose tests run every version explicitly).  simulator: as this process runs (None) or as
-    given."""
+    """The step kernels to use: NUMBARNN_STEP_VERSION (one of STEP_VERSIONS) if set, else 3 on a GPU (which
+    runs v2 where v3 cannot) and 1 in the simulator (whose tests run every version explicitly).  simulator: as
+    this process runs (None) or as given."""
     raw = os.environ.get(STEP_VERSION_VAR, "").strip()
     if not raw:
-        return 1 if (common.SIMULATOR if simulator is None else simulator) else 2
+        return 1 if (common.SIMULATOR if simulator is None else simulator) else 3
     if raw not in {str(v) for v in STEP_VERSIONS}:
         raise ValueError(f"{STEP_VERSION_VAR}: expected one of {STEP_VERSIONS}, got {raw!r}")
     return int(raw)
@@ -125,6 +127,14 @@ def cast_into(src, dst, log: LaunchLog):
     if n:
         k = jit(make_cast_copy, str(src.dtype), str(dst.dtype))
         log(k, "cast_copy", (blocks(n, threads(n, 256)),), threads(n, 256), src.reshape(n), dst.reshape(n))
+
+
+def part(a, index):
+    """a[index] of a device array.  numba-cuda refuses any view of an array with no elements ("non-empty slice
+    into empty slice", seen on an H100 with B = 0; the simulator slices like NumPy), so an empty part is a new
+    empty array of the right shape."""
+    shape = np.lib.stride_tricks.as_strided(np.empty(1, np.int8), a.shape, (0,) * a.ndim)[index].shape
+    return a[index] if math.prod(shape) else cuda.device_array(shape, dtype=a.dtype)
 
 
 def flat(a):
@@ -209,18 +219,18 @@ def forward(call, x, h0, c0, params):
             if T * B == 0:
                 break
             if lp.W is not None:
-                gemm(x_l.reshape(T * B, I_l), lp.W, gx[d].reshape(T * B, G * H), trans_b=True)
+                gemm(x_l.reshape(T * B, I_l), lp.W, part(gx, d).reshape(T * B, G * H), trans_b=True)
                 log.count("gemm")
             else:
                 n = T * B * G * H
                 log(jit(make_tile_gates, str(dt)), "tile_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
-                    x_l.reshape(T * B, H), gx[d].reshape(T * B, G * H))
+                    x_l.reshape(T * B, H), part(gx, d).reshape(T * B, G * H))
         h_in = cuda.device_array((D, B, P), dtype=a)               # [D, B, P] state, double-buffered
         h_out = cuda.device_array((D, B, P), dtype=a)
-        cast_into(h0[ps], h_in, log)
+        cast_into(part(h0, ps), h_in, log)
         c = cuda.device_array((D, B, H), dtype=a) if cfg.has_cell_state else None   # [D, B, H] in place
         if c is not None:
-            cast_into(c0[ps], c, log)
+            cast_into(part(c0, ps), c, log)
         y_l = saved[f"y{layer}"]                                   # [T, B, D*P] (zeros past the lengths)
         args = dict(lens=lens, gx=gx, unit_params=unit_params[layer], R_fwd=layers[layer * D].R,
                     R_rev=layers[layer * D + D - 1].R, c=c, y=y_l, acts=saved[f"acts{layer}"],
@@ -241,9 +251,9 @@ def forward(call, x, h0, c0, params):
             h_in, h_out = h_out, h_in
         if steps:
             log.per_step = 0 if persistent is not None else (log.total - before) // steps
-        cast_into(h_in, hT[ps], log)
+        cast_into(h_in, part(hT, ps), log)
         if cfg.has_cell_state:
-            cast_into(c, cT[ps], log)
+            cast_into(c, part(cT, ps), log)
         x_l = y_l
     y = cuda.device_array((T, B, D * P), dtype=dt)
     if y.size:
@@ -314,12 +324,13 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         dh_total = device_zeros((D, T, B, P), dt, log) if cfg.has_proj else None
         dh_in = cuda.device_array((D, B, P), dtype=a)
         dh_out = cuda.device_array((D, B, P), dtype=a)
-        cast_into(dhT[ps], dh_in, log)
+        cast_into(part(dhT, ps), dh_in, log)
         dc = cuda.device_array((D, B, H), dtype=a) if cfg.has_cell_state else None
         if dc is not None:
-            cast_into(dcT[ps], dc, log)
+            cast_into(part(dcT, ps), dc, log)
         lp_f, lp_r = layers[layer * D], layers[layer * D + D - 1]
-        args = dict(lens=lens, dy=dy_l, y=saved[f"y{layer}"], h0=h0[ps], c0=c0[ps] if dc is not None else None,
+        args = dict(lens=lens, dy=dy_l, y=saved[f"y{layer}"], h0=part(h0, ps),
+                    c0=part(c0, ps) if dc is not None else None,
                     acts=saved[f"acts{layer}"], cs=saved.get(f"c{layer}"), unit_params=unit_params[layer],
                     Wp_fwd=lp_f.W_proj, Wp_rev=lp_r.W_proj, dc=dc, dgx=dgx, dgh=dgh, dvec=dvec, h_prev=h_prev,
                     dh_total=dh_total)
@@ -348,30 +359,31 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             dh_in, dh_out = dh_out, dh_in
         if steps and not fused:
             log.per_step = (log.total - before) // steps
-        cast_into(dh_in, dh0[ps], log)
+        cast_into(dh_in, part(dh0, ps), log)
         if cfg.has_cell_state:
-            cast_into(dc, dc0[ps], log)
+            cast_into(dc, part(dc0, ps), log)
 
         # weight gradients and dx as big GEMMs after the time loop
         dx_l = cuda.device_array((T, B, I_l), dtype=dt)
         for d in range(D):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
-            gx2, gh2 = dgx[d].reshape(TB, GH), dgh[d].reshape(TB, GH)
+            gx2, gh2 = part(dgx, d).reshape(TB, GH), part(dgh, d).reshape(TB, GH)
             if lp.W is not None:
                 gemm(gx2, x_l.reshape(TB, I_l), dlp.W, trans_a=True)
                 gemm(gx2, lp.W, dx_l.reshape(TB, I_l), beta=0.0 if d == 0 else 1.0)
                 log.count("gemm")
                 log.count("gemm")
-            gemm(gh2, h_prev[d].reshape(TB, P), dlp.R, trans_a=True)
+            gemm(gh2, part(h_prev, d).reshape(TB, P), dlp.R, trans_a=True)
             log.count("gemm")
             if cfg.has_proj:
-                gemm(dh_total[d].reshape(TB, P), saved[f"m{layer}"][d].reshape(TB, H), dlp.W_proj, trans_a=True)
+                gemm(part(dh_total, d).reshape(TB, P), part(saved[f"m{layer}"], d).reshape(TB, H), dlp.W_proj,
+                     trans_a=True)
                 log.count("gemm")
             dbias = dunit_params[layer][d].reshape(-1)              # [(2G+V)*H]: bW, bR, vectors
             column_sums(log, gx2, gh2, dbias[:2 * GH].reshape(2, GH))
             if V and TB:
-                column_sums(log, dvec[d].reshape(TB, V * H), None, dbias[2 * GH:].reshape(1, V * H))
+                column_sums(log, part(dvec, d).reshape(TB, V * H), None, dbias[2 * GH:].reshape(1, V * H))
         if layers[layer * D].W is None and TB:
             n = TB * H
             log(jit(make_sum_gates, str(dt)), "sum_gates", (blocks(n, threads(n, 256)),), threads(n, 256),

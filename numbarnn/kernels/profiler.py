@@ -688,8 +688,9 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
 
     config: CONFIG_DEFAULTS' keys (the flags of `numbarnn check`; input_size None = H for skip_input, else H).
     gpu: the roofline model's GPU (numbarnn.kernels.roofline.GPUS).  lines: source lines kept per kernel.
-    step_version: the step kernels, 1 or 2 (PROFILED_STEP_VERSIONS); None = what the driver runs on a GPU
-    (NUMBARNN_STEP_VERSION, else 2).  The persistent v3 needs a real grid sync: not profiled here.
+    step_version: the step kernels, 1 or 2 (PROFILED_STEP_VERSIONS); None = NUMBARNN_STEP_VERSION if set, else
+    2: a GPU's default v3 needs a real grid sync over many blocks, which the simulator cannot run, so the
+    profiler runs v2 (v3's backward, and its forward wherever v3 cannot run).
     Returns a JSON-able dict: the configuration, per phase the launches, per-kernel memory figures, per step
     figures and bytes of R per step, and the model's predicted times.  Runs in a subprocess with the
     simulator when this process has numba loaded without it.
@@ -790,6 +791,8 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
     attrs = case.attrs
     result = dict(config=dict(c, input_size=I, cells=list(cells), dtype=str(dtype)), geometry=geometry,
                   gpu=gpu, phases={})
+    if step_version is None and not os.environ.get(driver.STEP_VERSION_VAR, "").strip():
+        step_version = 2                            # a GPU's default is v3: see run_profile
     with recording(rec, geometry=geometry), _step_version_env(step_version):
         version = driver.step_version()
         if version not in PROFILED_STEP_VERSIONS:
@@ -1091,7 +1094,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--forward-only", dest="forward_only", action="store_true",
                         help="profile the forward call only")
     parser.add_argument("--step-version", dest="step_version", type=int, choices=PROFILED_STEP_VERSIONS,
-                        help="step kernels to profile (default: what a GPU runs, NUMBARNN_STEP_VERSION or 2)")
+                        help="step kernels to profile (default: NUMBARNN_STEP_VERSION, else 2: a GPU's "
+                             "default v3 needs a grid sync the simulator cannot run)")
 
 
 def cli_main(args, spec_from_args) -> int:

@@ -1,0 +1,78 @@
+"""Where the time of numbarnn's cuda backend goes on a real GPU (run by bench/gpu_run.sh; needs a GPU).
+
+    python bench/gpu_profile.py launch                 # host microseconds per launch: numba's ways of launching
+    ncu --profile-from-start off --csv --metrics gpu__time_duration.sum \
+        python bench/gpu_profile.py kernels            # device time of every kernel of one forward+backward
+
+`launch` times the host side of a kernel launch with 13 arguments (12 arrays, like a step kernel) three ways:
+a lazily typed @cuda.jit kernel (numba types every argument at every launch), the same kernel compiled with an
+explicit signature, and a configured kernel object reused across launches.  `kernels` runs one warm
+forward+backward per step version between cuda.profile_start/stop, so ncu records only those launches.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def launch_costs(n: int = 2000) -> None:
+    import numbarnn.kernels  # noqa: F401 (its NumPy 2.5 shim for numba-cuda)
+    from numba import cuda, float32, int32, void
+
+    arrays = [cuda.device_array((64, 64), np.float32) for _ in range(12)]
+
+    def body(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, t):
+        i = cuda.grid(1)
+        if i < 0:
+            a0[0, 0] = t
+
+    lazy = cuda.jit(body)
+    sig = void(*([float32[:, ::1]] * 12), int32)
+    eager = cuda.jit(sig)(body)
+    ways = {"lazy @cuda.jit (types each argument per launch)": lambda: lazy[1, 32](*arrays, 3),
+            "explicit signature": lambda: eager[1, 32](*arrays, 3)}
+    configured = eager[1, 32]
+    ways["explicit signature, configured once"] = lambda: configured(*arrays, 3)
+    for name, launch in ways.items():
+        for _ in range(50):
+            launch()
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            launch()
+        t1 = time.perf_counter()
+        cuda.synchronize()
+        print(f"launch  {name:55s} {1e6 * (t1 - t0) / n:8.1f} us per launch (host)")
+
+
+def kernels(versions=(1, 2, 3), shapes=((768, 16, 1024), (512, 32, 100), (64, 1, 200)), T_profile: int = 8) -> None:
+    from numba import cuda
+    from numbarnn import measure
+    from numbarnn.kernels import driver
+
+    for version in versions:
+        os.environ[driver.STEP_VERSION_VAR] = str(version)
+        for H, B, _ in shapes:
+            case = measure.make_case("lstm", H, B, T_profile, H, np.float32)
+            forward, backward, _ = measure.CudaAdapter().calls(case)
+            backward(forward())
+            cuda.synchronize()
+            getattr(cuda, "profile_start", lambda: None)()     # the simulator has no profiler API
+            backward(forward())
+            cuda.synchronize()
+            getattr(cuda, "profile_stop", lambda: None)()
+            log = driver.last_launch_count()
+            print(f"kernels v{version} {H}x{B}x{T_profile}: forward launches {log['forward'].total} "
+                  f"{log['forward'].note}; backward {log['backward'].total}", flush=True)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "launch"
+    if what == "kernels" and len(sys.argv) > 2:       # kernels VERSIONS HxB ...: e.g. kernels 23 768x16
+        kernels(tuple(int(v) for v in sys.argv[2]),
+                tuple(tuple(int(n) for n in s.split("x")) + (0,) for s in sys.argv[3:]) or ((768, 16, 0),))
+    else:
+        {"launch": launch_costs, "kernels": kernels}[what]()
