@@ -212,7 +212,7 @@ SM_LIMITS_EXTRA = {
 #: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
 #: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice; the loops are not unrolled,
 #: so other slices allocate about the same).  The co-residency estimate below uses it for every GPU.
-V3_REGISTERS = 226
+V3_REGISTERS = 168
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(

@@ -61,6 +61,12 @@ class Tiles(NamedTuple):
         return self.TJ * self.RG
 
 
+#: loads each thread issues before its first store when it stages a tile: a staging loop that stores each load
+#: before the next one waits one full global-memory latency per element (measured on an H100: the v2 forward
+#: step at H=768 B=16 took 808 us, 69% of it stalled on L1TEX, with 64 threads each walking 64 elements of R
+#: per chunk one at a time).  A fixed trip count, so numba unrolls it and the loads are in flight together.
+LOADS_IN_FLIGHT = 8
+
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
 GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
 SIM_TILES = Tiles(TJ=3, RG=2, RB=2, KC=2)
@@ -173,8 +179,11 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G = cell.G
-    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
+    TJ, RB, KC, TB, NT, U = t.TJ, t.RB, t.KC, t.TB, t.threads, LOADS_IN_FLIGHT
     GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
+    RS = NT // KC                               # staging: rows apart of one thread's elements
+    RJ, RH = -(-TJ // RS), -(-TB // RS)         # a thread's rows per gate of the R tile, of the h tile
+    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
     epilogue = make_forward_epilogue(cell, dtype, RB)
 
@@ -194,25 +203,37 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
         h_tile = cuda.shared.array((TB, KC), acc)       # h[d, b0+bb, k0+kk]
         rh = cuda.local.array((G, RB), acc)             # the product, G gates x RB rows, in registers
         r_k = cuda.local.array(G, acc)
+        buf = cuda.local.array(U, acc)                  # staged loads in flight (registers)
         for g in range(G):
             for r in range(RB):
                 rh[g, r] = zero
 
+        kc = tid % KC                           # this thread's column of every staged chunk
+        r0 = tid // KC                          # and its first row, then every RS-th row
         for k0 in range(0, P, KC):
-            # stage R: GJ rows x KC columns; element e -> (row, kk) with kk fastest: coalesced along k
-            for e in range(tid, GJ * KC, NT):
-                row = e // KC
-                kk = e % KC
-                g = row // TJ
-                j = j0 + row % TJ
-                k = k0 + kk
-                R_tile[row, kk] = acc(R[g * H + j, k]) if j < H and k < P else zero
-            # stage h: TB rows x KC columns, coalesced along k; rows past B are zeros
-            for e in range(tid, TB * KC, NT):
-                bb = e // KC
-                k = k0 + e % KC
-                b = b0 + bb
-                h_tile[bb, e % KC] = h_in[d, b, k] if b < B and k < P else zero
+            k = k0 + kc
+            # stage R: GJ rows x KC columns, consecutive threads -> consecutive k (coalesced).  Constant trip
+            # counts: unrolled, no index division per element, U loads in flight before the stores
+            for g in range(G):
+                for i0 in range(0, RJ, U):
+                    for u in range(U):
+                        jj_ = r0 + (i0 + u) * RS
+                        j = j0 + jj_
+                        buf[u] = acc(R[g * H + j, k]) if jj_ < TJ and j < H and k < P else zero
+                    for u in range(U):
+                        jj_ = r0 + (i0 + u) * RS
+                        if jj_ < TJ:
+                            R_tile[g * TJ + jj_, kc] = buf[u]
+            # stage h: TB rows x KC columns, the same way; rows past B are zeros
+            for i0 in range(0, RH, U):
+                for u in range(U):
+                    bb = r0 + (i0 + u) * RS
+                    b = b0 + bb
+                    buf[u] = h_in[d, b, k] if bb < TB and b < B and k < P else zero
+                for u in range(U):
+                    bb = r0 + (i0 + u) * RS
+                    if bb < TB:
+                        h_tile[bb, kc] = buf[u]
             cuda.syncthreads()
             for kk in range(min(KC, P - k0)):   # a run-time trip count: not unrolled 32 times (registers)
                 for g in range(G):
@@ -241,7 +262,10 @@ def make_dgh_R(dtype, t: Tiles):
     rows are those of step `s_src` (t_b its time index; rows with s_src >= len[b], or s_src < 0, give 0)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
-    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
+    TJ, RB, KC, TB, NT, U, RG = t.TJ, t.RB, t.KC, t.TB, t.threads, LOADS_IN_FLIGHT, t.RG
+    GS = NT // KC                                       # staging dgh: rows apart of one thread's elements
+    RR, RD = -(-KC // RG), -(-TB // GS)                 # a thread's rows of the R tile, of the dgh tile
+    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
 
     @cuda.jit(device=True, inline="always")
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):
@@ -254,23 +278,38 @@ def make_dgh_R(dtype, t: Tiles):
         B = lens.shape[0]
         GH = R.shape[0]
         P = R.shape[1]
+        buf = cuda.local.array(U, acc)                  # staged loads in flight (see LOADS_IN_FLIGHT)
         for r in range(RB):
             out[r] = zero
+        cg = tid % KC                                   # this thread's gj column of the dgh tile
+        rb0 = tid // KC                                 # and its first row there, then every GS-th
         for gj0 in range(0, GH, KC):
-            # stage R: KC rows gj x TJ columns k, consecutive threads -> consecutive k (coalesced)
-            for e in range(tid, KC * TJ, NT):
-                gj = gj0 + e // TJ
-                k = k0 + e % TJ
-                R_tile[e // TJ, e % TJ] = acc(R[gj, k]) if gj < GH and k < P else zero
+            # stage R: KC rows gj x TJ columns k, consecutive threads -> consecutive k (coalesced); constant
+            # trip counts (unrolled), U loads in flight before the stores
+            for i0 in range(0, RR, U):
+                for u in range(U):
+                    row = rg + (i0 + u) * RG
+                    gj = gj0 + row
+                    k = k0 + kx
+                    buf[u] = acc(R[gj, k]) if row < KC and gj < GH and k < P else zero
+                for u in range(U):
+                    row = rg + (i0 + u) * RG
+                    if row < KC:
+                        R_tile[row, kx] = buf[u]
             # stage dgh of step s_src: TB rows x KC columns, coalesced along gj
-            for e in range(tid, TB * KC, NT):
-                b = b0 + e // KC
-                gj = gj0 + e % KC
-                value = zero
-                if b < B and gj < GH and s_src >= 0 and s_src < lens[b]:
-                    t_ = s_src if d == 0 else lens[b] - 1 - s_src
-                    value = acc(dgh[d, t_, b, gj])
-                g_tile[e // KC, e % KC] = value
+            gj = gj0 + cg
+            for i0 in range(0, RD, U):
+                for u in range(U):
+                    bb = rb0 + (i0 + u) * GS
+                    b = b0 + bb
+                    buf[u] = zero
+                    if bb < TB and b < B and gj < GH and s_src >= 0 and s_src < lens[b]:
+                        t_ = s_src if d == 0 else lens[b] - 1 - s_src
+                        buf[u] = acc(dgh[d, t_, b, gj])
+                for u in range(U):
+                    bb = rb0 + (i0 + u) * GS
+                    if bb < TB:
+                        g_tile[bb, cg] = buf[u]
             cuda.syncthreads()
             for kk in range(min(KC, GH - gj0)):
                 rk = R_tile[kk, kx]                     # consecutive threads, consecutive banks

@@ -33,7 +33,7 @@ from ..cells import get_cell
 from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, acc_dtype
-from .step_v2 import make_forward_epilogue
+from .step_v2 import LOADS_IN_FLIGHT, make_forward_epilogue
 
 
 if SIMULATOR:
@@ -117,19 +117,27 @@ def make_step_body(cell, dtype, sl: Slice):
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G = cell.G
-    TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
+    TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
     GJ = G * TJ
+    RS = NT // KC                                       # staging h: rows apart of one thread's elements
+    RH = -(-TB // RS)                                   # a thread's rows of the h tile
+    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     epilogue = make_forward_epilogue(cell, dtype, RB)
 
     @cuda.jit(device=True, inline="always")
     def load_slice(R, R_slice, j0, H, P):
         """R_slice[g*TJ + jj, k] = R[g*H + j0+jj, k]: consecutive threads read consecutive k."""
         tid = cuda.threadIdx.x
-        for e in range(tid, GJ * P, NT):
-            row = e // P
-            k = e % P
-            j = j0 + row % TJ
-            R_slice[row, k] = acc(R[row // TJ * H + j, k]) if j < H else zero
+        buf = cuda.local.array(U, acc)
+        for e0 in range(tid, GJ * P, NT * U):           # U loads in flight, then U stores
+            for u in range(U):
+                e = e0 + u * NT
+                j = j0 + e // P % TJ
+                buf[u] = acc(R[e // P // TJ * H + j, e % P]) if e < GJ * P and j < H else zero
+            for u in range(U):
+                e = e0 + u * NT
+                if e < GJ * P:
+                    R_slice[e // P, e % P] = buf[u]
         cuda.syncthreads()
 
     @cuda.jit(device=True, inline="always")
@@ -140,15 +148,24 @@ def make_step_body(cell, dtype, sl: Slice):
         H = unit_params.shape[2]
         P = h_in.shape[2]
         B = lens.shape[0]
+        buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
+        kc = tid % KC                                   # this thread's column of each staged h chunk
+        r0 = tid // KC                                  # and its first row, then every RS-th row
         for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
             for g in range(G):
                 for r in range(RB):
                     rh[g, r] = zero
             for k0 in range(0, P, KC):
-                for e in range(tid, TB * KC, NT):       # stage h, coalesced along k
-                    b = b0 + e // KC
-                    k = k0 + e % KC
-                    h_tile[e // KC, e % KC] = h_in[d, b, k] if b < B and k < P else zero
+                k = k0 + kc                             # stage h, coalesced along k: constant trip counts
+                for i0 in range(0, RH, U):              # (unrolled), U loads in flight before the stores
+                    for u in range(U):
+                        bb = r0 + (i0 + u) * RS
+                        b = b0 + bb
+                        buf[u] = h_in[d, b, k] if bb < TB and b < B and k < P else zero
+                    for u in range(U):
+                        bb = r0 + (i0 + u) * RS
+                        if bb < TB:
+                            h_tile[bb, kc] = buf[u]
                 cuda.syncthreads()
                 for kk in range(min(KC, P - k0)):
                     for g in range(G):
