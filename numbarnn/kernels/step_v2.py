@@ -174,6 +174,31 @@ def make_forward_epilogue(cell, dtype, RB: int):
 
 
 @functools.lru_cache(maxsize=None)
+def make_stage_rows(dtype, TB: int, RS: int):
+    """Device function: tile[bb, kc] = h[d, b0 + bb, k] for this thread's rows bb = r0, r0 + RS, ... < TB
+    (zeros past the batch B or the width P): LOADS_IN_FLIGHT loads before the stores, constant trip counts (unrolled), no index
+    division.  The h tile of v2's forward and of v3's step body."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    U = LOADS_IN_FLIGHT
+    RH = -(-TB // RS)                           # a thread's rows of the tile
+
+    @cuda.jit(device=True, inline="always")
+    def stage_rows(h, tile, buf, d, b0, k, kc, r0, B, P):
+        for i0 in range(0, RH, U):
+            for u in range(U):
+                bb = r0 + (i0 + u) * RS
+                b = b0 + bb
+                buf[u] = h[d, b, k] if bb < TB and b < B and k < P else zero
+            for u in range(U):
+                bb = r0 + (i0 + u) * RS
+                if bb < TB:
+                    tile[bb, kc] = buf[u]
+
+    return stage_rows
+
+
+@functools.lru_cache(maxsize=None)
 def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     """Tiled recurrent product for TJ units x G gates x TB rows, then the cell's pointwise forward."""
     acc = acc_dtype(dtype).type
@@ -182,10 +207,11 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     TJ, RB, KC, TB, NT, U = t.TJ, t.RB, t.KC, t.TB, t.threads, LOADS_IN_FLIGHT
     GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
     RS = NT // KC                               # staging: rows apart of one thread's elements
-    RJ, RH = -(-TJ // RS), -(-TB // RS)         # a thread's rows per gate of the R tile, of the h tile
+    RJ = -(-TJ // RS)                           # a thread's rows per gate of the R tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
     epilogue = make_forward_epilogue(cell, dtype, RB)
+    stage_h = make_stage_rows(dtype, TB, RS)
 
     @cuda.jit(device=True, inline="always")
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
@@ -224,16 +250,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
                         jj_ = r0 + (i0 + u) * RS
                         if jj_ < TJ:
                             R_tile[g * TJ + jj_, kc] = buf[u]
-            # stage h: TB rows x KC columns, the same way; rows past B are zeros
-            for i0 in range(0, RH, U):
-                for u in range(U):
-                    bb = r0 + (i0 + u) * RS
-                    b = b0 + bb
-                    buf[u] = h_in[d, b, k] if bb < TB and b < B and k < P else zero
-                for u in range(U):
-                    bb = r0 + (i0 + u) * RS
-                    if bb < TB:
-                        h_tile[bb, kc] = buf[u]
+            stage_h(h_in, h_tile, buf, d, b0, k, kc, r0, B, P)   # TB rows x KC columns the same way
             cuda.syncthreads()
             for kk in range(min(KC, P - k0)):   # a run-time trip count: not unrolled 32 times (registers)
                 for g in range(G):

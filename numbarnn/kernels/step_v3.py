@@ -33,7 +33,7 @@ from ..cells import get_cell
 from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, acc_dtype
-from .step_v2 import LOADS_IN_FLIGHT, make_forward_epilogue
+from .step_v2 import LOADS_IN_FLIGHT, make_forward_epilogue, make_stage_rows
 
 
 if SIMULATOR:
@@ -120,8 +120,8 @@ def make_step_body(cell, dtype, sl: Slice):
     TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
     GJ = G * TJ
     RS = NT // KC                                       # staging h: rows apart of one thread's elements
-    RH = -(-TB // RS)                                   # a thread's rows of the h tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
+    stage_h = make_stage_rows(dtype, TB, RS)
     epilogue = make_forward_epilogue(cell, dtype, RB)
 
     @cuda.jit(device=True, inline="always")
@@ -156,16 +156,8 @@ def make_step_body(cell, dtype, sl: Slice):
                 for r in range(RB):
                     rh[g, r] = zero
             for k0 in range(0, P, KC):
-                k = k0 + kc                             # stage h, coalesced along k: constant trip counts
-                for i0 in range(0, RH, U):              # (unrolled), U loads in flight before the stores
-                    for u in range(U):
-                        bb = r0 + (i0 + u) * RS
-                        b = b0 + bb
-                        buf[u] = h_in[d, b, k] if bb < TB and b < B and k < P else zero
-                    for u in range(U):
-                        bb = r0 + (i0 + u) * RS
-                        if bb < TB:
-                            h_tile[bb, kc] = buf[u]
+                k = k0 + kc
+                stage_h(h_in, h_tile, buf, d, b0, k, kc, r0, B, P)   # coalesced along k, loads in flight
                 cuda.syncthreads()
                 for kk in range(min(KC, P - k0)):
                     for g in range(G):
