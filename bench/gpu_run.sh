@@ -38,12 +38,9 @@ print("numbarnn default backend:", numbarnn.backends.get_default_backend())
 EOF
 }
 
-run_bench() {
-    for v in ${VERSIONS:-2 1 3}; do
-        echo "=== step version $v ==="
-        NUMBARNN_STEP_VERSION=$v timeout 200 python3 -m numbarnn bench --backends cuda cudnn --modes lstm \
-            --shapes $SHAPES --reps "$REPS" --warmup 1 --csv "$OUT/bench_v$v.csv" 2>&1 | tee "$OUT/bench_v$v.log"
-    done
+run_bench() {     # step kernels v1, v2, v3 and cuDNN side by side, validated first
+    timeout 500 python3 -m numbarnn bench --backends cuda cudnn --modes lstm --step-versions ${VERSIONS:-1 2 3} \
+        --shapes $SHAPES --reps "$REPS" --warmup 1 --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log"
 }
 
 run_tests() {

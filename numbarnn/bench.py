@@ -4,7 +4,12 @@
     numbarnn bench --quick                           # two shapes, 3 repetitions
     numbarnn bench --modes lstm --dtype float16 --shapes 1024x32x25 512x1x100 --csv out.csv --plot out.png
     numbarnn bench --backends cuda --simulator --shapes 3x2x2 --reps 1   # no GPU: does the path run at all?
+    numbarnn bench --backends cuda cudnn --modes lstm --deepbench --step-versions 1 2 3   # issue 8's table
     python -m numbarnn.bench ...                     # the same
+
+--step-versions 1 2 3 runs the cuda backend once per step-kernel version (rows "cuda v1", "cuda v2", "cuda v3";
+the note column says why v3 ran or why v2 ran instead); --deepbench takes DeepBench's LSTM shapes (those of the
+roofline model and of bench/results/gpu_h100.md).
 
 A shape is HxBxT: H hidden units (= input size I, as in DeepBench), B batch, T time steps; one layer,
 unidirectional, linear input, full-length sequences (DeepBench's RNN training set-up).
@@ -58,6 +63,7 @@ import sys
 from . import device as _device
 from . import measure
 from .cells import cell_names
+from .kernels.roofline import DEEPBENCH   # no numba (numba is imported after use_simulator_unless_gpu)
 from .device import SIM_VAR
 from .measure import timed_ms  # noqa: F401 (numbarnn.bench.timed_ms: older tutorials)
 from .measure import (BACKENDS, BASELINES, CHECK_T, Row, cpu_status, cuda_status, make_adapter, measure_all,
@@ -72,6 +78,8 @@ CPU_QUICK_SHAPES = ("64x4x10", "128x8x25")
 #: the cuda backend in numba's CUDA simulator (one Python thread per CUDA thread): tiny
 SIMULATOR_SHAPES = ("3x2x2", "4x3x3")
 SIMULATOR_QUICK_SHAPES = ("3x2x2",)
+#: DeepBench's LSTM training shapes (H, B, T), those the roofline model and bench/results/gpu_h100.md use
+DEEPBENCH_SHAPES = tuple(f"{H}x{B}x{T}" for H, B, T in DEEPBENCH)
 
 DTYPES = ("float16", "float32", "float64")
 CSV_FIELDS = ("mode", "dtype", "H", "B", "T", "I", "backend", "cold_ms", "fwd_ms", "fwdbwd_ms", "baseline", "fwd_ratio",
@@ -157,7 +165,7 @@ def write_plot(path: str, rows: list[Row], plt, title: str) -> None:
     """Grouped bars (one group per mode and shape, one bar per backend), forward and forward+backward, log y."""
     timed = [r for r in rows if r.timed]
     groups = list(dict.fromkeys((r.mode, r.shape) for r in timed))
-    backends = [b for b in BACKENDS if any(r.backend == b for r in timed)]
+    backends = list(dict.fromkeys(r.backend for r in timed))   # in the order of the rows ("cuda v1", ...)
     by_key = {(r.mode, r.shape, r.backend): r for r in timed}
     width = 0.8 / max(1, len(backends))
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(groups) + 2), 7), sharex=True)
@@ -202,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
                "--plot without matplotlib).")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=None,
                    help="backends to validate and time (default: every available one)")
+    p.add_argument("--step-versions", nargs="+", type=int, default=None, metavar="V",
+                   help="the cuda backend once per step-kernel version (1 2 3: rows 'cuda v1' ...; default: the "
+                        "driver's choice, one 'cuda' row)")
+    p.add_argument("--deepbench", action="store_true",
+                   help="the DeepBench LSTM shapes of issue 8 and the roofline model: " + " ".join(DEEPBENCH_SHAPES))
     p.add_argument("--modes", nargs="+", choices=cell_names(), default=["lstm", "gru"],
                    help="rnn_modes (registered cells; default: lstm gru)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="default: float32")
@@ -304,7 +317,18 @@ def run(args) -> int:
     if not backends:
         return _error("no backend to run")
     cuda_simulated = "cuda" in backends and os.environ.get(SIM_VAR) == "1"
-    shapes = args.shapes or default_shapes(args, backends, cuda_simulated)
+    if args.deepbench and args.shapes:
+        return _error("--deepbench and --shapes: give one of them")
+    shapes = args.shapes or ([parse_shape(t) for t in DEEPBENCH_SHAPES] if args.deepbench
+                             else default_shapes(args, backends, cuda_simulated))
+    versions = list(dict.fromkeys(args.step_versions or []))
+    if versions:
+        from .kernels.driver import STEP_VERSIONS
+        if "cuda" not in backends:
+            return _error("--step-versions: times the cuda backend, which is not among the backends run")
+        bad = [v for v in versions if v not in STEP_VERSIONS]
+        if bad:
+            return _error(f"--step-versions: expected some of {STEP_VERSIONS}, got {bad}")
     if "cuda" in backends and not cuda_simulated:
         device = info["cuda"]
     elif "cudnn" in backends and measure.TORCH_CUDA_DEVICE == "cuda":
@@ -322,7 +346,11 @@ def run(args) -> int:
     print(f"validation: every named output vs the float64 reference at T={CHECK_T} (SPEC 10 tolerances), before "
           f"timing\n", flush=True)
 
-    adapters = {b: make_adapter(b) for b in backends}
+    adapters = {}
+    for b in backends:
+        for adapter in ([measure.CudaAdapter(v) for v in versions] if b == "cuda" and versions
+                        else [make_adapter(b)]):
+            adapters[adapter.name] = adapter
     started = []
     try:
         for adapter in adapters.values():

@@ -95,10 +95,28 @@ class OpsAdapter:
 
 
 class CudaAdapter(OpsAdapter):
-    """numbarnn's numba.cuda kernels (backend="cuda") on device arrays."""
+    """numbarnn's numba.cuda kernels (backend="cuda") on device arrays; `version`: pin the step kernels
+    (NUMBARNN_STEP_VERSION around every call, the row is named "cuda v<version>"), None: the driver's choice."""
 
-    def __init__(self):
+    def __init__(self, version: int | None = None):
         super().__init__("cuda")
+        self.version = version
+        if version is not None:
+            self.name = f"cuda v{version}"
+
+    def calls(self, case):
+        forward, backward, named = super().calls(case)
+        if self.version is None:
+            return forward, backward, named
+        from .kernels.driver import pinned_step_version
+
+        def pinned(fn):
+            def call(*args):
+                with pinned_step_version(self.version):
+                    return fn(*args)
+            return call
+
+        return pinned(forward), pinned(backward), named
 
     def sync(self) -> None:
         from numba import cuda
@@ -113,7 +131,8 @@ class CudaAdapter(OpsAdapter):
         try:
             from .kernels import driver
             last = driver.last_launch_count()
-            return {"launches_fwd": last["forward"].total, "launches_bwd": last["backward"].total}
+            return {"launches_fwd": last["forward"].total, "launches_bwd": last["backward"].total,
+                    "step_version": last["forward"].step_version, "why": last["forward"].note}
         except Exception:   # pragma: no cover - informative only
             return {}
 
@@ -441,6 +460,7 @@ def measure_all(modes, dtype: str, shapes, adapters: dict, reps: int, warmup: in
                     log(f"  {label:<18} {name:<9} {row.note}")
                     continue
                 row.extra = adapter.extra()
+                row.note = row.extra.get("why", "") or row.note      # e.g. why v3 ran, or why v2 ran instead
                 log(f"  {label:<18} {name:<9} error vs float64 reference {row.check.error:.1e} "
                     f"({row.check.output}) ok; fwd {row.fwd_ms:.3f} ms, fwd+bwd {row.fwdbwd_ms:.3f} ms")
     add_ratios(rows)

@@ -237,6 +237,50 @@ def test_error_column_is_each_backends_error_against_float64(tmp_path, capsys, t
     assert 0 < float(rows["cuda"]["check_rel_error"]) <= 1e-4
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="the cuda backend in numba's CUDA simulator")
+def test_step_versions_side_by_side(tmp_path, capsys, timed_backends):
+    """--step-versions 1 2 3: one validated, timed row per version ("cuda v1" ...), each run with its kernels
+    (the launch counts differ) and the driver's word on v3 in the note; NUMBARNN_STEP_VERSION is restored."""
+    before = os.environ.get("NUMBARNN_STEP_VERSION")
+    path = tmp_path / "bench.csv"
+    assert bench.main(["--backends", "cuda", "--simulator", "--step-versions", "1", "2", "3", "--modes", "lstm",
+                       "--shapes", "3x2x2", "--dtype", "float64", "--csv", str(path), *FAST]) == 0
+    assert os.environ.get("NUMBARNN_STEP_VERSION") == before
+    assert timed_backends == ["cuda v1", "cuda v2", "cuda v3"]
+    rows = {r["backend"]: r for r in read_csv(path)}
+    for r in rows.values():
+        assert r["check_ok"] == "True" and float(r["check_rel_error"]) <= TOLERANCES[np.dtype("float64")][0], r
+    assert [row[2:4] for row in table_rows(capsys.readouterr().out)] == [["cuda", "v1"], ["cuda", "v2"],
+                                                                          ["cuda", "v3"]]
+    # v1: a cell launch + a recurrent launch per step backward; v2: one fused launch (+1); v3: forward in one
+    assert int(rows["cuda v1"]["launches_bwd"]) > int(rows["cuda v2"]["launches_bwd"])
+    assert int(rows["cuda v3"]["launches_fwd"]) < int(rows["cuda v2"]["launches_fwd"])
+    assert "co-resident" in rows["cuda v3"]["note"] and rows["cuda v2"]["note"] == ""
+
+
+@pytest.mark.parametrize("argv, words", [(["--step-versions", "4"], "--step-versions: expected some of"),
+                                         (["--backends", "reference", "--step-versions", "2"], "cuda backend"),
+                                         (["--deepbench", "--shapes", "3x2x2"], "--deepbench and --shapes")])
+def test_step_versions_and_deepbench_errors_exit_2(argv, words, capsys, timed_backends):
+    extra = ["--simulator"] if "--backends" not in argv else []
+    assert bench.main([*argv, *extra, *FAST]) == 2
+    assert words in capsys.readouterr().err and timed_backends == []
+
+
+def test_deepbench_shapes_are_the_models(monkeypatch, capsys):
+    """--deepbench times the shapes the roofline model and bench/results/gpu_h100.md use."""
+    from numbarnn.kernels import roofline
+    seen = []
+
+    def measure_all(modes, dtype, shapes, *args, **kwargs):
+        seen.extend(shapes)
+        return [], False
+
+    monkeypatch.setattr(bench, "measure_all", measure_all)
+    assert bench.main(["--backends", "reference", "--deepbench", *FAST]) == 0
+    assert seen == list(roofline.DEEPBENCH)
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="no GPU: cuda needs --simulator")
 def test_cuda_by_name_without_gpu_or_simulator_flag_exits_2(capsys, timed_backends):
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import contextlib
 import math
 import os
 
@@ -69,6 +70,24 @@ def step_version(simulator: bool | None = None) -> int:
     if raw not in {str(v) for v in STEP_VERSIONS}:
         raise ValueError(f"{STEP_VERSION_VAR}: expected one of {STEP_VERSIONS}, got {raw!r}")
     return int(raw)
+
+
+@contextlib.contextmanager
+def pinned_step_version(version: int | None):
+    """NUMBARNN_STEP_VERSION = version inside the block (step_version() reads it at every call); None: as it
+    is.  The profiler and the bench's per-version rows use it."""
+    if version is None:
+        yield
+        return
+    old = os.environ.get(STEP_VERSION_VAR)
+    os.environ[STEP_VERSION_VAR] = str(version)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(STEP_VERSION_VAR, None)
+        else:
+            os.environ[STEP_VERSION_VAR] = old
 
 
 @dataclass

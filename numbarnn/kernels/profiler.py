@@ -727,24 +727,6 @@ def _run_in_subprocess(kwargs: dict) -> dict:
                            f"{proc.stderr}") from exc
 
 
-@contextlib.contextmanager
-def _step_version_env(version: int | None):
-    """NUMBARNN_STEP_VERSION = version inside the block (the driver reads it at every call); None: as it is."""
-    from .driver import STEP_VERSION_VAR          # (numba is loaded already: called by _profile_here)
-    if version is None:
-        yield
-        return
-    old = os.environ.get(STEP_VERSION_VAR)
-    os.environ[STEP_VERSION_VAR] = str(version)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(STEP_VERSION_VAR, None)
-        else:
-            os.environ[STEP_VERSION_VAR] = old
-
-
 def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **config) -> dict:
     import numpy as np
     from numba import cuda
@@ -793,7 +775,7 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
                   gpu=gpu, phases={})
     if step_version is None and not os.environ.get(driver.STEP_VERSION_VAR, "").strip():
         step_version = 2                            # a GPU's default is v3: see run_profile
-    with recording(rec, geometry=geometry), _step_version_env(step_version):
+    with recording(rec, geometry=geometry), driver.pinned_step_version(step_version):
         version = driver.step_version()
         if version not in PROFILED_STEP_VERSIONS:
             raise ValueError(f"{driver.STEP_VERSION_VAR}={version}: the profiler runs step versions "
