@@ -13,9 +13,15 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               simulator runs cooperative grids of one block only, so this variant is how the
                               body is tested on many blocks; the persistent loop is tested on one block.
 
-step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced), the
-product comes from the R slice in shared memory (rows padded by one column, like the h tile's: no bank conflicts), and the
-cell's pointwise forward is v2's epilogue (`step_v2.make_forward_epilogue`).
+step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced, loads in
+flight: `step_v2.make_stage_rows`), the product comes from the R slice in shared memory (rows padded by one
+column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
+(`step_v2.make_forward_epilogue`).
+
+On an H100 (bench/results/gpu_h100.md) v3 ran correctly from the first launch (384 co-resident blocks at
+H=768) and was faster than v2 at every measured shape (768x16x1024 forward: 80 ms, v2 184 ms, cuDNN 21 ms), so
+the driver runs it by default on a GPU.  What limits it now: ~95 us per step at H=768 B=16, each thread's
+serial K loop and the h staging of every step (a split of K over more threads is the next version).
 
 The slice must fit: G*TJ*(KMAX+1) compute-dtype values of static shared memory (at most 48 KiB, 40 KiB
 used here), and every block must be resident at once (a cooperative launch of more blocks fails).
