@@ -11,7 +11,6 @@ forward+backward per step version between cuda.profile_start/stop, so ncu record
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -48,16 +47,16 @@ def launch_costs(n: int = 2000) -> None:
         print(f"launch  {name:55s} {1e6 * (t1 - t0) / n:8.1f} us per launch (host)")
 
 
-def kernels(versions=(1, 2, 3), shapes=((768, 16, 1024), (512, 32, 100), (64, 1, 200)), T_profile: int = 8) -> None:
+def kernels(versions=(1, 2, 3), shapes=((768, 16), (512, 32), (64, 1)), T_profile: int = 8) -> None:
+    """shapes: (H, B) pairs, each run for T_profile steps (the per-step kernels are the same at any T)."""
     from numba import cuda
     from numbarnn import measure
     from numbarnn.kernels import driver
 
     for version in versions:
-        os.environ[driver.STEP_VERSION_VAR] = str(version)
-        for H, B, _ in shapes:
+        for H, B in shapes:
             case = measure.make_case("lstm", H, B, T_profile, H, np.float32)
-            forward, backward, _ = measure.CudaAdapter().calls(case)
+            forward, backward, _ = measure.CudaAdapter(version).calls(case)     # pins the step version
             backward(forward())
             cuda.synchronize()
             getattr(cuda, "profile_start", lambda: None)()     # the simulator has no profiler API
@@ -73,6 +72,6 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "launch"
     if what == "kernels" and len(sys.argv) > 2:       # kernels VERSIONS HxB ...: e.g. kernels 23 768x16
         kernels(tuple(int(v) for v in sys.argv[2]),
-                tuple(tuple(int(n) for n in s.split("x")) + (0,) for s in sys.argv[3:]) or ((768, 16, 0),))
+                tuple(tuple(int(n) for n in s.split("x")) for s in sys.argv[3:]) or ((768, 16),))
     else:
         {"launch": launch_costs, "kernels": kernels}[what]()

@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
 # One lease of a lent GPU, in as few calls as possible (each fresh machine costs minutes of device time).
 #
-#   bash bench/gpu_run.sh env      # versions, the GPU, numba-cuda sees it, one op call against the reference
+#   bash bench/gpu_run.sh env      # versions, the GPU as numba-cuda sees it, numbarnn's default backend
 #   bash bench/gpu_run.sh tests    # the CUDA test files with NUMBARNN_REAL_GPU=1 (the same tests as the simulator's)
 #   bash bench/gpu_run.sh bench    # numbarnn bench: step kernels v1, v2, v3 beside cuDNN, DeepBench shapes
 #   bash bench/gpu_run.sh profile  # bench/gpu_profile.py: host cost of a launch; ncu: device time of every kernel
 #   bash bench/gpu_run.sh all      # env, bench, tests
 #
 # Logs and CSVs go to $OUT (the device tool brings them back), else to ./gpu_out.  numbarnn is used from the
-# checkout (PYTHONPATH), with the machine's numba/torch; a numba-cuda wheel in .whl/ (if any) is installed
-# into /tmp/site first, so the device runs the numba-cuda version the project is developed with.
+# checkout (PYTHONPATH), with the machine's numba, numba-cuda and torch.
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NUMBARNN_REAL_GPU=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
-fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 SHAPES=${SHAPES:-"512x32x100 1024x64x100 256x4x1000 768x16x1024 64x1x200"}
@@ -33,7 +28,7 @@ print("python", sys.version.split()[0], "numpy", numpy.__version__, "numba", num
       "numba-cuda", numba_cuda.__version__, "torch", torch.__version__, "cudnn", torch.backends.cudnn.version())
 d = cuda.get_current_device()
 print("device", d.name, "cc", d.compute_capability, "SMs", d.MULTIPROCESSOR_COUNT)
-import numbarnn, numbarnn.testing as nt
+import numbarnn
 print("numbarnn default backend:", numbarnn.backends.get_default_backend())
 EOF
 }
@@ -58,9 +53,11 @@ run_profile() {
         python3 bench/gpu_profile.py kernels ${PROFILE_ARGS:-} > "$OUT/ncu_times.csv" 2> "$OUT/ncu_times.err"
     grep "^kernels" "$OUT/ncu_times.csv"; tail -3 "$OUT/ncu_times.err"
     [ -n "${SECTIONS:-1}" ] || return 0
-    timeout 150 "$NCU" --profile-from-start off -k regex:"v2|v3|forward_step" -c 8 --section SpeedOfLight \
-        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-        python3 bench/gpu_profile.py kernels > "$OUT/ncu_sections.txt" 2>&1
+    # the v2/v3 step kernels only ("v2|v3" alone also matches gemm_v4's mangled name: seen on the H100)
+    timeout 150 "$NCU" --profile-from-start off -k regex:"step_v2|persistent_v3" -c 3 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats \
+        python3 bench/gpu_profile.py kernels 23 768x16 > "$OUT/ncu_sections.txt" 2>&1
     tail -3 "$OUT/ncu_sections.txt"
 }
 
@@ -72,5 +69,5 @@ case "${1:-all}" in
     profile+tests) env_check; run_profile; run_tests ;;
     profile+bench+tests) env_check; run_profile; run_bench; run_tests ;;
     all) env_check; run_bench; run_tests ;;
-    *) echo "usage: $0 env|tests|bench|all" >&2; exit 2 ;;
+    *) echo "usage: $0 env|tests|bench|profile|profile+tests|profile+bench+tests|all" >&2; exit 2 ;;
 esac

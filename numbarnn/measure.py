@@ -132,7 +132,7 @@ class CudaAdapter(OpsAdapter):
             from .kernels import driver
             last = driver.last_launch_count()
             return {"launches_fwd": last["forward"].total, "launches_bwd": last["backward"].total,
-                    "step_version": last["forward"].step_version, "why": last["forward"].note}
+                    "why": last["forward"].note}
         except Exception:   # pragma: no cover - informative only
             return {}
 

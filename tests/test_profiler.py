@@ -270,8 +270,8 @@ def test_run_profile_of_an_op_call():
 
 
 def test_run_profile_of_the_v2_step_kernels():
-    """v2 (the GPU default where v3 cannot run) reads R once per 8-row tile per step, coalesced; v1 reads it once per row.  (The
-    backward's figures: test_measured_v2_figures_are_the_models, on the kernels alone.)"""
+    """v2 (the GPU default where v3 cannot run) reads R once per 8-row tile per step, coalesced; v1 reads it
+    once per row.  (The backward's figures: test_measured_v2_figures_are_the_models, on the kernels alone.)"""
     B = 9                                                    # two row tiles of 8, the second partial
     result = profiler.run_profile(units=32, input_size=2, batch=B, time=2, step_version=2, phases=("forward",))
     assert result["step_version"] == 2

@@ -11,13 +11,12 @@ The R traffic of v2 is measured, not assumed: the kernels run on an R that count
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from test_rnn_cuda import compare_backends, examples
+from test_rnn_cuda import SIMULATOR, compare_backends, examples
 
 import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
@@ -31,7 +30,6 @@ from numbarnn.testing import make_rnn_case, rnn_cases, run_backward, run_forward
 
 numba_cuda = pytest.importorskip("numba.cuda")
 TILES = step_v2.SIM_TILES
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 #: the R-read counts pass a Python object (CountingMatrix) to the kernels, which only the simulator allows
 counts_reads = pytest.mark.skipif(not SIMULATOR, reason="counts R reads in the simulator (a Python object as an "
                                   "argument); on a GPU ncu counts the bytes: bench/gpu_profile.py")

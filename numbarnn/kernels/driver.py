@@ -238,12 +238,12 @@ def forward(call, x, h0, c0, params):
             if T * B == 0:
                 break
             if lp.W is not None:
-                gemm(x_l.reshape(T * B, I_l), lp.W, part(gx, d).reshape(T * B, G * H), trans_b=True)
+                gemm(x_l.reshape(T * B, I_l), lp.W, gx[d].reshape(T * B, G * H), trans_b=True)
                 log.count("gemm")
             else:
                 n = T * B * G * H
                 log(jit(make_tile_gates, str(dt)), "tile_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
-                    x_l.reshape(T * B, H), part(gx, d).reshape(T * B, G * H))
+                    x_l.reshape(T * B, H), gx[d].reshape(T * B, G * H))
         h_in = cuda.device_array((D, B, P), dtype=a)               # [D, B, P] state, double-buffered
         h_out = cuda.device_array((D, B, P), dtype=a)
         cast_into(part(h0, ps), h_in, log)
