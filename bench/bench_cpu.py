@@ -11,6 +11,13 @@ backend once per round; median and best) of warm calls of forward (inference: is
 torch.no_grad for torch) and of forward+backward (training forward, backprop; torch: autograd).
 Loss for backward: <y, dy> + <hT, dhT> (+ <cT, dcT>), the op's contract.
 
+Settle: between one backend's calls and the next backend's, the bench sleeps --settle seconds (default
+SETTLE_S).  The backends' idle thread pools keep spinning after a call (OpenBLAS's workers for ~0.1 s, libgomp's
+briefly) and take cores from whatever runs next: measured in one process on this 2-core machine, torch.nn's
+LSTM T=100 B=32 I=H=512 forward took 117 ms (median) with a 0.02 s pause after numbarnn's calls, 82 ms with
+0.1 s, 70 ms with 0.2 s, and 69-71 ms with torch alone in its own process.  Tables measured without the pause
+(bench/results/cpu.md before 2026-11-23) therefore favoured whichever backend ran second.
+
 `cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3)` returns the rows as dicts for
 `numbarnn bench` (keys: shape, backend, cold_s, fwd_ms, fwdbwd_ms, fwd_ratio, fwdbwd_ratio (vs torch), err, and
 the best-of-rounds twins fwd_best_ms, fwdbwd_best_ms, fwd_best_ratio, fwdbwd_best_ratio).
@@ -147,10 +154,15 @@ def validate(got: dict, ref: dict) -> float:
     return worst
 
 
-def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3) -> list[dict]:
+#: seconds of pause before each backend's calls in a round (see the module docstring: "Settle")
+SETTLE_S = 0.3
+
+
+def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3, settle=SETTLE_S) -> list[dict]:
     """Rows (dicts) of the table: validated first, then the cold first call, then `reps` rounds that time every
     backend's forward and forward+backward in turn (interleaved: a burst of load from other processes on a
-    shared machine hits every backend of a round, not one backend's whole series); median and best (min)."""
+    shared machine hits every backend of a round, not one backend's whole series), each backend's turn after
+    a pause of `settle` seconds (the previous backend's thread pools go idle); median and best (min)."""
     import numba
     rows = []
     for shape in shapes:
@@ -173,6 +185,7 @@ def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3) -> l
                                            "threads": numba.get_num_threads()}, [], [])
         for _ in range(reps):
             for fwd, fwdbwd, _row, fwd_s, fwdbwd_s in runs.values():
+                time.sleep(settle)
                 fwd_s.append(_seconds(fwd))
                 fwdbwd_s.append(_seconds(fwdbwd))
         for fwd, fwdbwd, row, fwd_s, fwdbwd_s in runs.values():
@@ -209,6 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backends", default="reference,cpu,torch")
     ap.add_argument("--md", help="also write the markdown table here")
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help=f"seconds of pause before each backend's turn in a round (default {SETTLE_S})")
     args = ap.parse_args(argv)
     import numba
     try:
@@ -216,9 +231,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(numba.get_num_threads())      # the same thread count for everyone
     except ImportError:
         pass
-    rows = cpu_rows(QUICK if args.quick else SHAPES, tuple(args.backends.split(",")), args.reps)
+    rows = cpu_rows(QUICK if args.quick else SHAPES, tuple(args.backends.split(",")), args.reps, args.settle)
     table = markdown(rows)
-    print(f"threads: {numba.get_num_threads()} (numba), float32, median and best of {args.reps} interleaved rounds")
+    print(f"threads: {numba.get_num_threads()} (numba), float32, median and best of {args.reps} interleaved rounds, "
+          f"{args.settle} s pause before each backend's turn")
     print(table)
     if args.md:
         with open(args.md, "w") as fh:

@@ -462,3 +462,24 @@ def test_bench_rnn_script_is_a_thin_wrapper(capsys):
     assert module.main is bench.main
     assert module.main(["--backends", "reference", "--modes", "lstm", "--shapes", "3x2x2", *FAST]) == 0
     assert "fwd+bwd ms" in capsys.readouterr().out
+
+
+def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkeypatch):
+    """bench/bench_cpu.py --quick (the issue-9 table's script): every row validated against the float64
+    reference, timed, written as markdown; each backend's turn in a round starts after the --settle pause."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_cpu", root / "bench" / "bench_cpu.py")
+    bench_cpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_cpu", bench_cpu)      # its dataclasses look themselves up there
+    spec.loader.exec_module(bench_cpu)
+    pauses = []
+    monkeypatch.setattr(bench_cpu.time, "sleep", pauses.append)
+    md = tmp_path / "cpu.md"
+    assert bench_cpu.main(["--quick", "--reps", "2", "--backends", "reference,cpu", "--settle", "0.125",
+                           "--md", str(md)]) == 0
+    assert pauses == [0.125] * (2 * 2 * len(bench_cpu.QUICK))       # reps x backends x shapes
+    rows = [line for line in md.read_text().splitlines()[2:] if line.startswith("|")]
+    assert len(rows) == 2 * len(bench_cpu.QUICK)
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[3]) > 0 and float(cells[5]) > 0 and float(cells[-1]) <= 1e-4

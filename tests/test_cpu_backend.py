@@ -366,3 +366,98 @@ def test_step_loop_cache_keys_follow_the_cells_code():
     changed = CellSpec(name=MINGRU.name, gates=MINGRU.gates, saved=MINGRU.saved, forward=MINGRU.forward,
                        backward=backward_other, split_recurrent=MINGRU.split_recurrent)
     assert cells.variant_key(changed, "float32", False, False) != cells.variant_key(MINGRU, "float32", False, False)
+
+
+# ----------------------------------------------------------------------------------------------
+# the workspace (numbarnn/cpu/workspace.py): scratch reused across calls, never read stale, never returned
+# ----------------------------------------------------------------------------------------------
+
+WORKSPACE_CASES = [   # (config, T, B, lengths, training): every path that takes scratch
+    (rnn_config(2, 4, 3, "lstm", direction="bidirectional", num_proj=3, dropout=0.3, seed=4), 5, 3, [5, 2, 0], True),
+    (rnn_config(1, 5, 3, "gru"), 4, 3, [4, 4, 1], True),
+    (rnn_config(3, 3, 3, MINGRU.name, direction="bidirectional", input_mode="skip_input"), 3, 2, None, True),
+    (rnn_config(2, 4, 3, "rnn_relu", direction="bidirectional"), 4, 2, [3, 1], False),
+    (rnn_config(1, 3, 2, "peephole_lstm"), 3, 2, None, True),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_workspace_is_never_read_before_it_is_written(dtype):
+    """Every scratch buffer full of NaN before each call (and larger than the call needs, as after a bigger
+    call): outputs and gradients still equal the reference's, so no step reads what an earlier call left."""
+    from dataclasses import replace
+
+    from numbarnn.cpu import workspace
+    big = make_rnn_case(rnn_config(2, 6, 5, "lstm", direction="bidirectional", num_proj=4), 7, 6, None, seed=1,
+                        dtype=dtype)
+    run_backward(big, run_forward(big, "cpu"), "cpu")              # grow every buffer past the cases below
+    run_forward(replace(big, is_training=False), "cpu")            # (an inference call's reserve is scratch)
+    assert workspace.held_bytes() > 0
+    for k, (cfg, T, B, lengths, training) in enumerate(WORKSPACE_CASES):
+        case = replace(make_rnn_case(cfg, T, B, lengths, seed=10 + k, dtype=dtype), is_training=training)
+        workspace.poison(np.nan)
+        f_cpu = run_forward(case, "cpu")
+        f_ref = run_forward(case, "reference")
+        if not training:
+            assert_close(named(f_cpu), named(f_ref), dtype, describe(case) + " [poisoned workspace]")
+            continue
+        workspace.poison(np.nan)
+        assert_close(named(f_cpu, run_backward(case, f_cpu, "cpu")), named(f_ref, run_backward(case, f_ref,
+                     "reference")), dtype, describe(case) + " [poisoned workspace]")
+
+
+def test_workspace_results_do_not_alias_scratch():
+    """What a call returns is its own memory: a later call (same shape, other data) and a poisoned workspace
+    leave it as it was; the inference output is copied out of the scratch reserve."""
+    from dataclasses import replace
+
+    from numbarnn.cpu import workspace
+    cfg = rnn_config(2, 4, 3, "lstm", direction="bidirectional")
+    a = make_rnn_case(cfg, 4, 3, [4, 1, 3], seed=1, dtype=np.float32)
+    b = make_rnn_case(cfg, 4, 3, [4, 1, 3], seed=2, dtype=np.float32)
+    for training in (False, True):
+        ca, cb = replace(a, is_training=training), replace(b, is_training=training)
+        fa = run_forward(ca, "cpu")
+        ba = run_backward(ca, fa, "cpu") if training else ()
+        kept = [np.array(v, copy=True) for v in (*fa, *ba)]
+        fb = run_forward(cb, "cpu")
+        if training:
+            run_backward(cb, fb, "cpu")
+        workspace.poison(np.nan)
+        for got, want in zip((*fa, *ba), kept):
+            assert got.tobytes() == want.tobytes(), f"a result changed after another call (training={training})"
+
+
+def test_workspace_is_per_thread_and_released():
+    """Two threads running different shapes at once get their own scratch and the right answers; release()
+    frees this thread's scratch and the next call allocates it again."""
+    import threading
+
+    from numbarnn.cpu import workspace
+    cases = [make_rnn_case(rnn_config(1, 6, 4, "lstm"), 6, 5, [6, 3, 6, 1, 2], seed=1, dtype=np.float32),
+             make_rnn_case(rnn_config(2, 3, 2, "gru", direction="bidirectional"), 5, 2, None, seed=2,
+                           dtype=np.float32)]
+    want = [named(run_forward(c, "reference"), run_backward(c, run_forward(c, "reference"), "reference"))
+            for c in cases]
+    got, errors = [None, None], []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                f = run_forward(cases[k], "cpu")
+                got[k] = named(f, run_backward(cases[k], f, "cpu"))
+        except Exception as e:   # noqa: BLE001  (re-raised below, in the test's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in range(2):
+        assert_close(got[k], want[k], np.float32, describe(cases[k]) + " [thread]")
+    run_forward(cases[0], "cpu")
+    assert workspace.release() > 0 and workspace.held_bytes() == 0
+    assert_close(named(run_forward(cases[0], "cpu")), named(run_forward(cases[0], "reference")), np.float32,
+                 describe(cases[0]) + " [after release]")

@@ -15,7 +15,10 @@ copies and per-step fancy indexing):
     inactive rows), then dh += dgh_s @ R (BLAS); after the loop dW, dR, dW_proj, dx as single big matmuls.
 
 Rows past their length carry their state (the njit loop skips them) and their outputs stay 0; no row is ever
-copied or gathered.  Every buffer is allocated once per call (per layer for the big ones); nothing per step.
+copied or gathered.  Nothing is allocated per step; scratch (W x_t for all steps, the backward's dgx, dgh, ...,
+and the whole reserve-shaped buffer of an inference call) comes from a per-thread workspace kept across calls
+(`workspace.py`: a fresh 26 MB array costs tens of ms of page faults here, reused memory nothing); only what a
+call returns is allocated per call.  `numbarnn.cpu.workspace.release()` frees the scratch.
 
 Compute dtype: float64 for float64, float32 for float32 and float16 (float16 inputs are converted once on the
 way in, results once on the way out; the reserve is stored in the call's dtype, as ops.py expects).
@@ -35,5 +38,6 @@ compiles (seconds); later processes load the machine code.
 
 Modules: `cells.py` (njit twins of the cell helpers, per-cell step loops), `network.py` (the layer/direction/
 step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'
-Philox device functions compiled for the CPU), `backend.py` (the backend contract).
+Philox device functions compiled for the CPU), `backend.py` (the backend contract), `workspace.py` (scratch
+kept across calls).
 """

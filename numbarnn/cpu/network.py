@@ -15,6 +15,7 @@ from ..params import unpack
 from ..reserve import reserve_entries
 from . import cells
 from .philox import dropout_keep_mask
+from .workspace import scratch
 
 
 @njit(cache=True)
@@ -69,10 +70,16 @@ def _input_projection(lp, x_l, G, out):
 
 
 def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
-    """A zeroed buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views.
-    Inference uses it as scratch (the step loops write the same arrays)."""
+    """A zeroed buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views: a new
+    array for training (it is returned), workspace scratch for inference (the step loops write the same
+    arrays; only the output leaves the call, copied)."""
     entries = reserve_entries(call)
-    flat = np.zeros(sum(e.size for e in entries), dtype=ct)
+    size = sum(e.size for e in entries)
+    if call.is_training:
+        flat = np.zeros(size, dtype=ct)
+    else:
+        flat = scratch("reserve", (size,), ct)
+        flat.fill(0)
     return flat, {e.name: flat[e.offset:e.offset + e.size].reshape(e.shape) for e in entries}
 
 
@@ -91,11 +98,11 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     # R h is computed as R @ h^T -> [G*H, B] (M = G*H, N = B): on OpenBLAS 40% faster than h @ R^T for
     # B=32, G*H=2048 (44 vs 73 ms per 100 steps, bench/results/cpu.md); the step loops read both through
     # transposed views, so the state h lives as hT_buf [P, B] during a direction's time loop.
-    ghT = np.empty((G * H, B), dtype=ct)                     # [G*H, B] R h of one step, transposed
-    hT_buf = np.empty((P, B), dtype=ct)                      # [P, B]   the state h, transposed
-    gx = np.empty((T, B, G * H), dtype=ct)                   # [T, B, G*H] W x_t, reused per direction
-    m_step = np.empty((B, H), dtype=ct)                      # [B, H]   projection input of one step
-    h_new = np.empty((B, P), dtype=ct)                       # [B, P]   W_proj m of one step
+    ghT = scratch("ghT", (G * H, B), ct)                     # [G*H, B] R h of one step, transposed
+    hT_buf = scratch("hT", (P, B), ct)                       # [P, B]   the state h, transposed
+    gx = scratch("gx", (T, B, G * H), ct)                    # [T, B, G*H] W x_t, reused per direction
+    m_step = scratch("m_step", (B, H), ct)                   # [B, H]   projection input of one step
+    h_new = scratch("h_new", (B, P), ct)                     # [B, P]   W_proj m of one step
     no_vec = np.zeros((0, H), dtype=ct)
     none3 = np.zeros((0, 0, 0), dtype=ct)
 
@@ -144,14 +151,16 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     padded = B > 0 and int(lens.min()) < T                    # some [t, b] never run: their dgx must be 0
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
     scale = ct.type(dropout_scale(cfg.dropout))
-    dgx = np.empty((T, B, G * H), dtype=ct)                  # [T, B, G*H] W-side grads (t layout)
-    dgh = np.zeros((T, B, G * H), dtype=ct)                  # [T, B, G*H] R-side grads (s layout)
-    hp = np.zeros((T, B, P), dtype=ct)                       # [T, B, P]   h entering step s (s layout)
-    tmp = np.empty((B, P), dtype=ct)                         # [B, P]      dgh_s @ R
-    dht = np.empty((B, P), dtype=ct)                         # [B, P]      projection: dy + dh of a step
-    dm = np.empty((B, H), dtype=ct)                          # [B, H]      projection: W_proj^T (dy + dh)
-    dh_all = np.zeros((T, B, P), dtype=ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
-    dv_acc = np.zeros((B, max(V, 0), H), dtype=ct)           # [B, V, H]
+    # scratch (workspace.py): every element read is written first in each direction (steps < T are zeroed,
+    # inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled below)
+    dgx = scratch("dgx", (T, B, G * H), ct)                  # [T, B, G*H] W-side grads (t layout)
+    dgh = scratch("dgh", (T, B, G * H), ct)                  # [T, B, G*H] R-side grads (s layout)
+    hp = scratch("hp", (T, B, P), ct)                        # [T, B, P]   h entering step s (s layout)
+    tmp = scratch("tmp", (B, P), ct)                         # [B, P]      dgh_s @ R
+    dht = scratch("dht", (B, P), ct)                         # [B, P]      projection: dy + dh of a step
+    dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
+    dh_all = scratch("dh_all", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
+    dv_acc = scratch("dv_acc", (B, max(V, 0), H), ct)        # [B, V, H]
     no_vec = np.zeros((0, H), dtype=ct)
     none3 = np.zeros((0, 0, 0), dtype=ct)
     dy_l = dy
@@ -166,8 +175,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 x_l = x_l * keep_scaled
         y = saved[f"y{layer}"]
         I_l = x_l.shape[2]
-        dx_l = np.empty((T, B, I_l), dtype=ct)              # [T, B, I_l] the sum over directions of dgx @ W
-        dx_d = np.empty((T * B, I_l), dtype=ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
+        # [T, B, I_l] the sum over directions of dgx @ W: returned for layer 0, else the next layer's dy
+        # (scratch named by parity: layer l reads dy_l, layer l+1's dx, while it writes its own)
+        dx_l = np.empty((T, B, I_l), dtype=ct) if layer == 0 else scratch(f"dx{layer % 2}", (T, B, I_l), ct)
+        dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
         for d in range(D):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]

@@ -27,6 +27,10 @@ version that ran and, for v3, why (`LaunchLog.note`).
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
 Arrays here are device arrays, time-major, in the call's dtype; `backend.py` handles NumPy and layouts.
+Scratch (gx, the state buffers, the backward's dgx/dgh/h_prev/..., masked copies, an inference call's
+reserve) comes from `SCRATCH`, a workspace kept across calls per thread and device (numbarnn/workspace.py),
+and the lengths are copied to the device only when they change (`device_lengths`): a call of a shape seen
+before allocates only what it returns.  Buffers whose zeros matter are filled per call, as before.
 
 Why one file (~500 lines): forward and backward read as the twins of reference/network.py's two loops, and
 launch_plan must list exactly the launches they make; keeping the three together keeps them in step.
@@ -38,11 +42,13 @@ from dataclasses import dataclass, field, replace
 import contextlib
 import math
 import os
+import threading
 
 import numpy as np
 from numba import cuda
 
 from ..params import param_regions, unpack
+from ..workspace import ScratchPool
 from ..dropout import dropout_key, dropout_scale, dropout_threshold
 from ..reserve import reserve_size, reserve_views
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
@@ -129,15 +135,48 @@ def record(phase: str, log: LaunchLog) -> None:
 # small helpers
 # ---------------------------------------------------------------------------------------------------
 
-def device_zeros(shape, dtype, log: LaunchLog | None = None):
-    a = cuda.device_array(shape, dtype=dtype)
-    n = int(np.prod(shape, dtype=np.int64))
+def fill(a, value, log: LaunchLog | None = None):
+    """Every element of the contiguous device array `a` = value (one launch)."""
+    n = int(np.prod(a.shape, dtype=np.int64))
     if n:
-        k = jit(make_fill, str(np.dtype(dtype)))
-        k[blocks(n, threads(n, 256)), threads(n, 256)](a.reshape(n), 0.0)
+        k = jit(make_fill, str(np.dtype(a.dtype)))
+        k[blocks(n, threads(n, 256)), threads(n, 256)](a.reshape(n), value)
         if log is not None:
             log.count("fill")
     return a
+
+
+def device_zeros(shape, dtype, log: LaunchLog | None = None):
+    return fill(cuda.device_array(shape, dtype=dtype), 0.0, log)
+
+
+#: the driver's workspace (numbarnn/workspace.py): device scratch kept across calls, per thread and device.
+#: What a call returns (y, hT, cT, a training reserve, the gradients, dx) is allocated per call; everything
+#: else (gx, state buffers, the backward's dgx/dgh/..., an inference call's reserve) comes from here.
+SCRATCH = ScratchPool(allocate=lambda n, dtype: cuda.device_array(n, dtype=dtype), fill=fill,
+                      where=lambda: cuda.get_current_device().uuid)
+
+
+def scratch(name, shape, dtype):
+    return SCRATCH.get(name, shape, np.dtype(dtype))
+
+
+def scratch_zeros(name, shape, dtype, log: LaunchLog | None = None):
+    return fill(SCRATCH.get(name, shape, np.dtype(dtype)), 0.0, log)
+
+
+_lengths = threading.local()
+
+
+def device_lengths(call):
+    """[B] int32 sequence lengths on the device, copied only when they differ from this thread's last call's
+    (the kernels only read them)."""
+    host = call.lengths_array()
+    key = (cuda.get_current_device().uuid, host.tobytes())
+    last = getattr(_lengths, "last", None)
+    if last is None or last[0] != key:
+        last = _lengths.last = (key, cuda.to_device(host))
+    return last[1]
 
 
 def cast_into(src, dst, log: LaunchLog):
@@ -195,9 +234,12 @@ def forward(call, x, h0, c0, params):
     a = acc_dtype(dt)
     log = LaunchLog()
     train_call = call if call.is_training else replace(call, is_training=True)
-    reserve = device_zeros((reserve_size(train_call),), dt, log)   # inference: scratch for the kernels
+    if call.is_training:
+        reserve = device_zeros((reserve_size(train_call),), dt, log)
+    else:                                                          # inference: scratch for the kernels
+        reserve = scratch_zeros("reserve", (reserve_size(train_call),), dt, log)
     saved = reserve_views(train_call, reserve)
-    lens = cuda.to_device(call.lengths_array())                    # [B] int32
+    lens = device_lengths(call)                                    # [B] int32
     steps = max(call.lengths, default=0)
     layers, unit_params = unpack(cfg, params), _unit_param_views(cfg, params)
     version = step_version()
@@ -225,14 +267,14 @@ def forward(call, x, h0, c0, params):
     for layer in range(cfg.L):
         ps = slice(layer * D, (layer + 1) * D)
         if layer > 0 and call.dropout_active:
-            x_drop = cuda.device_array((T, B, D * P), dtype=dt)
+            x_drop = scratch("x_drop", (T, B, D * P), dt)
             n = T * B * D * P
             log(jit(make_dropout_forward, str(dt)), "dropout_forward", (blocks(n, threads(n, 256)),),
                 threads(n, 256), flat(x_l), *_dropout_args(cfg, layer, T, B), scale,
                 flat(saved[f"keep{layer}"]), flat(x_drop))
             x_l = x_drop
         I_l = cfg.layer_input_size(layer)
-        gx = cuda.device_array((D, T, B, G * H), dtype=dt)         # [D, T, B, G*H] W x for all steps
+        gx = scratch("gx", (D, T, B, G * H), dt)                   # [D, T, B, G*H] W x for all steps
         for d in range(D):
             lp = layers[layer * D + d]
             if T * B == 0:
@@ -244,10 +286,10 @@ def forward(call, x, h0, c0, params):
                 n = T * B * G * H
                 log(jit(make_tile_gates, str(dt)), "tile_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
                     x_l.reshape(T * B, H), gx[d].reshape(T * B, G * H))
-        h_in = cuda.device_array((D, B, P), dtype=a)               # [D, B, P] state, double-buffered
-        h_out = cuda.device_array((D, B, P), dtype=a)
+        h_in = scratch("h_a", (D, B, P), a)                        # [D, B, P] state, double-buffered
+        h_out = scratch("h_b", (D, B, P), a)
         cast_into(part(h0, ps), h_in, log)
-        c = cuda.device_array((D, B, H), dtype=a) if cfg.has_cell_state else None   # [D, B, H] in place
+        c = scratch("c", (D, B, H), a) if cfg.has_cell_state else None   # [D, B, H] in place
         if c is not None:
             cast_into(part(c0, ps), c, log)
         y_l = saved[f"y{layer}"]                                   # [T, B, D*P] (zeros past the lengths)
@@ -295,7 +337,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     TB, GH = T * B, G * H
     log = LaunchLog()
     saved = reserve_views(call, reserve)
-    lens = cuda.to_device(call.lengths_array())
+    lens = device_lengths(call)
     steps = max(call.lengths, default=0)
     layers, dparams = unpack(cfg, params), device_zeros((params.shape[0],), dt, log)
     dlayers, dunit_params = unpack(cfg, dparams), _unit_param_views(cfg, dparams)
@@ -319,9 +361,9 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     dc0 = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
     V = cfg.V
 
-    def masked(src, layer):
-        """src * keep_layer * scale into a new array (dropout backward, and x_l for dW)."""
-        out = cuda.device_array(src.shape, dtype=dt)
+    def masked(src, layer, name):
+        """src * keep_layer * scale into scratch `name` (dropout backward, and x_l for dW)."""
+        out = scratch(name, src.shape, dt)
         n = int(np.prod(src.shape, dtype=np.int64))
         log(jit(make_apply_mask, str(dt)), "apply_mask", (blocks(n, threads(n, 256)),), threads(n, 256),
             flat(src), flat(saved[f"keep{layer}"]), scale, flat(out))
@@ -335,16 +377,17 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         if layer == 0:
             x_l = x
         else:
-            x_l = masked(saved[f"y{layer - 1}"], layer) if call.dropout_active else saved[f"y{layer - 1}"]
-        dgx = device_zeros((D, T, B, GH), dt, log)                 # [D, T, B, G*H] zeros at padded steps
-        dgh = device_zeros((D, T, B, GH), dt, log)                 # [D, T, B, G*H]
-        dvec = device_zeros((D, T, B, V * H), dt, log) if V else None   # [D, T, B, V*H]
-        h_prev = device_zeros((D, T, B, P), dt, log)               # [D, T, B, P]
-        dh_total = device_zeros((D, T, B, P), dt, log) if cfg.has_proj else None
-        dh_in = cuda.device_array((D, B, P), dtype=a)
-        dh_out = cuda.device_array((D, B, P), dtype=a)
+            x_l = (masked(saved[f"y{layer - 1}"], layer, "x_masked") if call.dropout_active
+                   else saved[f"y{layer - 1}"])
+        dgx = scratch_zeros("dgx", (D, T, B, GH), dt, log)         # [D, T, B, G*H] zeros at padded steps
+        dgh = scratch_zeros("dgh", (D, T, B, GH), dt, log)         # [D, T, B, G*H]
+        dvec = scratch_zeros("dvec", (D, T, B, V * H), dt, log) if V else None   # [D, T, B, V*H]
+        h_prev = scratch_zeros("h_prev", (D, T, B, P), dt, log)    # [D, T, B, P]
+        dh_total = scratch_zeros("dh_total", (D, T, B, P), dt, log) if cfg.has_proj else None
+        dh_in = scratch("dh_a", (D, B, P), a)
+        dh_out = scratch("dh_b", (D, B, P), a)
         cast_into(part(dhT, ps), dh_in, log)
-        dc = cuda.device_array((D, B, H), dtype=a) if cfg.has_cell_state else None
+        dc = scratch("dc", (D, B, H), a) if cfg.has_cell_state else None
         if dc is not None:
             cast_into(part(dcT, ps), dc, log)
         lp_f, lp_r = layers[layer * D], layers[layer * D + D - 1]
@@ -383,7 +426,10 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             cast_into(dc, part(dc0, ps), log)
 
         # weight gradients and dx as big GEMMs after the time loop
-        dx_l = cuda.device_array((T, B, I_l), dtype=dt)
+        # [T, B, I_l]: returned for layer 0; else the next layer's dy (scratch named by parity: layer l reads
+        # dy_l, layer l+1's dx, while it writes its own)
+        dx_l = (cuda.device_array((T, B, I_l), dtype=dt) if layer == 0
+                else scratch(f"dx{layer % 2}", (T, B, I_l), dt))
         for d in range(D):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
@@ -408,7 +454,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             log(jit(make_sum_gates, str(dt)), "sum_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
                 dgx.reshape(D, TB, GH), dx_l.reshape(TB, H))
         if layer > 0:
-            dy_l = masked(dx_l, layer) if call.dropout_active else dx_l
+            dy_l = masked(dx_l, layer, "dy_masked") if call.dropout_active else dx_l
     record("backward", log)
     return dx_l, dh0, dc0, dparams
 
