@@ -8,11 +8,12 @@
     numbarnn.testing          hypothesis strategies and gradient checks
     set_default_backend       "cpu" (numba.njit + BLAS; the default without a GPU), "cuda" (numba.cuda kernels)
                               or "reference" (the float64 NumPy oracle)
+    release_workspaces        free the scratch the cpu and cuda backends keep between calls (this thread)
 """
 from . import cells, layers, models, ops
-from .backends import get_default_backend, set_default_backend
+from .backends import get_default_backend, release_workspaces, set_default_backend
 from .layers import CudnnGRU, CudnnLSTM, CudnnRNN, CudnnRNNRelu, CudnnRNNTanh
 
 __version__ = "0.1.0"
 __all__ = ["ops", "cells", "layers", "models", "CudnnRNN", "CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu",
-           "set_default_backend", "get_default_backend"]
+           "set_default_backend", "get_default_backend", "release_workspaces"]

@@ -461,3 +461,16 @@ def test_workspace_is_per_thread_and_released():
     assert workspace.release() > 0 and workspace.held_bytes() == 0
     assert_close(named(run_forward(cases[0], "cpu")), named(run_forward(cases[0], "reference")), np.float32,
                  describe(cases[0]) + " [after release]")
+
+
+def test_release_workspaces_frees_what_the_backends_hold():
+    """numbarnn.release_workspaces(): the public way to give the scratch back (cpu here; cuda's pool too when
+    the kernels are imported), and the backend works after it."""
+    import numbarnn
+    from numbarnn.cpu import workspace
+    case = make_rnn_case(rnn_config(1, 4, 3, "gru"), 4, 2, None, seed=6, dtype=np.float32)
+    run_forward(case, "cpu")
+    held = workspace.held_bytes()
+    assert held > 0 and numbarnn.release_workspaces() >= held and workspace.held_bytes() == 0
+    assert numbarnn.release_workspaces() == 0
+    compare(case)
