@@ -446,9 +446,9 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                      trans_a=True)
                 log.count("gemm")
             dbias = dunit_params[layer][d].reshape(-1)              # [(2G+V)*H]: bW, bR, vectors
-            column_sums(log, gx2, gh2, dbias[:2 * GH].reshape(2, GH))
+            column_sums(log, gx2, gh2, dbias[:2 * GH].reshape(2, GH), scratch)
             if V and TB:
-                column_sums(log, part(dvec, d).reshape(TB, V * H), None, dbias[2 * GH:].reshape(1, V * H))
+                column_sums(log, part(dvec, d).reshape(TB, V * H), None, dbias[2 * GH:].reshape(1, V * H), scratch)
         if layers[layer * D].W is None and TB:
             n = TB * H
             log(jit(make_sum_gates, str(dt)), "sum_gates", (blocks(n, threads(n, 256)),), threads(n, 256),

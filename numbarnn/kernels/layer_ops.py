@@ -239,11 +239,12 @@ def column_sums_launches(N: int, C: int, S: int, simulator: bool | None = None) 
             ("column_totals", (blocks(S * C, t),), t)]
 
 
-def column_sums(launch, a, b, out):
+def column_sums(launch, a, b, out, scratch=None):
     """out[0] = sum over rows of a, out[1] = of b (b None: out[0] only), deterministic (v2, two stages).
 
     launch(kernel, name, grid, block, *args): the driver's LaunchLog (or any launcher with that call).
     a, b: device arrays [N, C] of one dtype; out: device array [S, C] (S = 2, or 1 without b), same dtype.
+    scratch(name, shape, dtype) -> the partial sums' buffer (the driver's workspace); None: a new array.
     """
     dt = str(np.dtype(a.dtype))
     S = 1 if b is None else 2
@@ -251,7 +252,9 @@ def column_sums(launch, a, b, out):
     if tuple(out.shape) != (S, C):
         raise ValueError(f"out: expected shape {(S, C)}, got {tuple(out.shape)}")
     (name1, grid1, block1), (name2, grid2, block2) = column_sums_launches(N, C, S)
-    partial = cuda.device_array((S, grid1[1], C), dtype=acc_dtype(dt))   # [S, R, C]
+    shape = (S, grid1[1], C)                                               # [S, R, C] partial sums
+    partial = (cuda.device_array(shape, dtype=acc_dtype(dt)) if scratch is None
+               else scratch("column_partials", shape, acc_dtype(dt)))
     launch(jit(make_column_partials, dt, *column_sums_config()), name1, grid1, block1,
            a, a if b is None else b, partial)
     launch(jit(make_column_totals, dt), name2, grid2, block2, partial, out)
