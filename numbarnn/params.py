@@ -16,6 +16,8 @@ them ``[H]`` each right after the pseudo-layer's biases, so one layer's per-unit
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +41,7 @@ class Region:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def is_bias(self) -> bool:
@@ -54,8 +56,9 @@ class Region:
         return f"layer {self.layer} {way} {self.kind}{gate}"
 
 
-def param_regions(cfg: RNNConfig) -> list[Region]:
-    """Every region of the opaque buffer, in buffer order."""
+@functools.lru_cache(maxsize=256)
+def param_regions(cfg: RNNConfig) -> tuple[Region, ...]:
+    """Every region of the opaque buffer, in buffer order (cached per config: every op call asks)."""
     G, H, P, V = cfg.G, cfg.H, cfg.P, cfg.V
     regions, offset = [], 0
 
@@ -79,7 +82,7 @@ def param_regions(cfg: RNNConfig) -> list[Region]:
             add("bR", p, layer, d, g, G + g, (H,))
         for k in range(V):
             add("V", p, layer, d, k, 2 * G + 1 + k, (H,))
-    return regions
+    return tuple(regions)
 
 
 def canonical_weight_shapes(cfg: RNNConfig) -> list[tuple]:
@@ -158,7 +161,7 @@ def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
         r = first.get((p, kind))
         if r is None:
             return None
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         return params[r.offset:r.offset + n].reshape(shape)
 
     out = []
