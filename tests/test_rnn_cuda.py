@@ -557,7 +557,7 @@ def test_workspace_is_never_read_before_it_is_written(version, monkeypatch):
     bigger call): outputs and gradients still equal the reference's, so nothing reads a stale buffer; results
     never alias the scratch (a later call and another poisoning leave them as they were)."""
     monkeypatch.setenv(driver.STEP_VERSION_VAR, str(version))
-    big = make_rnn_case(rnn_config(2, 5, 4, "lstm", direction="bidirectional", num_proj=3, dropout=0.5), 5, 4,
+    big = make_rnn_case(rnn_config(2, 4, 3, "lstm", direction="bidirectional", num_proj=3, dropout=0.5), 3, 3,
                         None, seed=1)
     run_backward(big, run_forward(big, "cuda"), "cuda")
     run_forward(replace(big, is_training=False), "cuda")           # an inference call's reserve is scratch too
@@ -593,10 +593,10 @@ def test_workspace_lengths_follow_the_call():
 def test_a_call_of_a_known_shape_allocates_only_its_results(monkeypatch):
     """After the first call of a shape, forward (training), backward and inference each allocate exactly the
     arrays they return (y, hT, cT, reserve; dparams, dh0, dc0, dx): scratch, partial sums and the lengths come
-    from the workspace.  (Before it: 14, 24 and 14 device allocations per call for this configuration.)"""
+    from the workspace.  (Before it: 14, 24 and 14 device allocations per call for such a configuration.)"""
     from numba import cuda
-    cfg = rnn_config(2, 4, 3, "lstm", direction="bidirectional", dropout=0.3)
-    case = make_rnn_case(cfg, 4, 3, [4, 2, 3], seed=1, dtype=np.float32)
+    cfg = rnn_config(2, 3, 2, "lstm", direction="bidirectional", dropout=0.3)
+    case = make_rnn_case(cfg, 3, 2, [3, 2], seed=1, dtype=np.float32)
     dev = replace(case, **{k: cuda.to_device(getattr(case, k)) for k in ("x", "h0", "c0", "params", "dy", "dhT",
                                                                           "dcT")})
     counted = []
@@ -612,5 +612,5 @@ def test_a_call_of_a_known_shape_allocates_only_its_results(monkeypatch):
         run_forward(replace(dev, is_training=False), "cuda")
         n_inf = len(counted) - n_fwd - n_bwd
     assert (n_fwd, n_bwd, n_inf) == (4, 4, 4), (n_fwd, n_bwd, n_inf)
-    compare_backends(case)                       # and the answers are still the reference's
-    assert all(host(g).size for g in bwd if g is not None)
+    assert_close(backward_named(bwd), backward_named(run_backward(case, run_forward(case, "reference"),
+                                                                   "reference")), case.dtype, describe(case))
