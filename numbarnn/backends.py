@@ -58,10 +58,5 @@ def release_workspaces() -> int:
     """Free the scratch the cpu and cuda backends keep across calls in this thread (numbarnn/workspace.py: the
     arrays a call needs but does not return, kept so the next call of its size allocates nothing); returns the
     bytes released.  Backends not imported yet hold nothing and are not imported."""
-    import sys
-    freed = 0
-    for module in ("numbarnn.cpu.workspace", "numbarnn.kernels.driver"):
-        loaded = sys.modules.get(module)
-        if loaded is not None:
-            freed += (loaded.POOL if module.endswith("workspace") else loaded.SCRATCH).release()
-    return freed
+    from .workspace import release_all
+    return release_all()

@@ -14,15 +14,20 @@ when a larger call needs one and handed out as views.  No call after the first o
 
 Rules for callers: a name holds one live array at a time (ask again only when the old contents are dead);
 contents are garbage on entry (fill what you read: tests poison the pool with NaN to prove it); results that
-leave the call are allocated fresh, never taken from the pool.  `release()` frees this thread's buffers.
+leave the call are allocated fresh, never taken from the pool.  `release()` frees this thread's buffers;
+`release_all()` those of every pool created so far (a backend not imported has none).
 """
 from __future__ import annotations
 
 import math
 import threading
+import weakref
 from typing import Callable
 
 import numpy as np
+
+
+_POOLS: weakref.WeakSet = weakref.WeakSet()     # every ScratchPool, for release_all
 
 
 class ScratchPool:
@@ -34,6 +39,7 @@ class ScratchPool:
     def __init__(self, allocate: Callable, fill: Callable, where: Callable = lambda: None):
         self._allocate, self._fill, self._where = allocate, fill, where
         self._local = threading.local()
+        _POOLS.add(self)
 
     def _buffers(self) -> dict:
         pools = getattr(self._local, "pools", None)
@@ -69,3 +75,9 @@ class ScratchPool:
         held = self.held_bytes()
         self._buffers().clear()
         return held
+
+
+def release_all() -> int:
+    """Free this thread's scratch in every pool (the cpu backend's, the cuda driver's: those imported so far);
+    returns the bytes released."""
+    return sum(pool.release() for pool in list(_POOLS))

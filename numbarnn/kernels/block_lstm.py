@@ -47,8 +47,8 @@ from numba import cuda
 
 from ..block_lstm_config import GATE_ORDER
 from . import driver
-from .common import DTYPES, acc_dtype, activations, arr, blocks, jit, make_fill, nb, threads
-from .driver import LaunchLog, cast_into, device_zeros, flat
+from .common import DTYPES, acc_dtype, activations, arr, blocks, jit, nb, threads
+from .driver import LaunchLog, cast_into, device_zeros, fill
 from .gemm import gemm
 
 LAYOUTS = tuple(GATE_ORDER)          # ('icfo', 'ifco')
@@ -286,14 +286,6 @@ def make_peephole_grads(dtype, layout: str):
 last_launch_count = driver.last_launch_count
 
 
-def _zero(a, log: LaunchLog) -> None:
-    """a[...] = 0 (contiguous device array; nothing to do when empty)."""
-    n = int(np.prod(a.shape, dtype=np.int64))
-    if n:
-        log(jit(make_fill, str(np.dtype(a.dtype))), "fill", (blocks(n, threads(n, 256)),), threads(n, 256),
-            flat(a), 0.0)
-
-
 def _in_dtype(a, dtype, log: LaunchLog):
     """a itself if it already has `dtype`, else a new converted copy (half GEMM operands -> float32)."""
     if np.dtype(a.dtype) == np.dtype(dtype):
@@ -316,14 +308,14 @@ def forward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b):
     log = LaunchLog()
     outs = [cuda.device_array((T, B, C), dtype=dt) for _ in range(7)]      # i, cs, f, o, ci, co, h
     for out in outs:
-        _zero(out[S:], log)                                                 # past seq_len_max: 0
+        fill(out[S:], 0.0, log)                                            # past seq_len_max: 0
     if S == 0 or B == 0 or C == 0:
         driver.record("forward", log)
         return tuple(outs)
 
     gx = cuda.device_array((S, B, 4 * C), dtype=a)                          # [S, B, 4C] x_t @ w[:I]
     if I == 0:
-        _zero(gx, log)
+        fill(gx, 0.0, log)
     else:
         x_a = _in_dtype(x[:S], a, log)                                      # [S, B, I]
         w_a = _in_dtype(w[:I], a, log)                                      # [I, 4C]
@@ -361,7 +353,7 @@ def backward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
         driver.record("backward", log)
         return tuple(grads)
     x_grad = cuda.device_array((T, B, I), dtype=dt)                         # [T, B, I]
-    _zero(x_grad[S:], log)                                                  # 0 at t >= seq_len_max
+    fill(x_grad[S:], 0.0, log)                                             # 0 at t >= seq_len_max
 
     dgates = cuda.device_array((S, B, 4 * C), dtype=a)                      # [S, B, 4C] every step's dgates
     dh_next = device_zeros((B, C), a, log)                                  # [B, C] acc
@@ -413,7 +405,7 @@ def backward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
             (blocks(n, threads(n)),), threads(n), dgates, cs_prev, cs, *peep)
     else:
         for g in peep:
-            _zero(g, log)
+            fill(g, 0.0, log)
 
     w_grad = _in_dtype(w_grad_a, dt, log)
     cs_prev_grad = _in_dtype(dcs_next, dt, log)

@@ -136,13 +136,15 @@ def record(phase: str, log: LaunchLog) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 def fill(a, value, log: LaunchLog | None = None):
-    """Every element of the contiguous device array `a` = value (one launch)."""
+    """Every element of the contiguous device array `a` = value (one launch, recorded in `log` if given;
+    nothing to do when `a` is empty)."""
     n = int(np.prod(a.shape, dtype=np.int64))
     if n:
-        k = jit(make_fill, str(np.dtype(a.dtype)))
-        k[blocks(n, threads(n, 256)), threads(n, 256)](a.reshape(n), value)
-        if log is not None:
-            log.count("fill")
+        k, grid, block = jit(make_fill, str(np.dtype(a.dtype))), blocks(n, threads(n, 256)), threads(n, 256)
+        if log is None:
+            k[grid, block](flat(a), value)
+        else:
+            log(k, "fill", (grid,), block, flat(a), value)
     return a
 
 
@@ -157,12 +159,11 @@ SCRATCH = ScratchPool(allocate=lambda n, dtype: cuda.device_array(n, dtype=dtype
                       where=lambda: cuda.get_current_device().uuid)
 
 
-def scratch(name, shape, dtype):
-    return SCRATCH.get(name, shape, np.dtype(dtype))
+scratch = SCRATCH.get
 
 
 def scratch_zeros(name, shape, dtype, log: LaunchLog | None = None):
-    return fill(SCRATCH.get(name, shape, np.dtype(dtype)), 0.0, log)
+    return fill(scratch(name, shape, dtype), 0.0, log)
 
 
 _lengths = threading.local()
