@@ -18,3 +18,51 @@ settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True
 settings.register_profile("thorough", max_examples=300, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("NUMBARNN_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Simulator state: every test leaves it as it found it
+# ---------------------------------------------------------------------------------------------------------
+# The simulator keeps process-wide state (the module swapped into a kernel's globals while it runs, the
+# kernel context of a launch), and the profiler patches simulator classes and numbarnn's launch geometry
+# while it records.  A test that leaks any of it makes a later test in the same xdist worker compute
+# wrong numbers (an order-dependent failure).  This check names the test that leaked, at its teardown.
+
+def _simulator_state() -> dict:
+    import sys
+    if "numba" not in sys.modules or os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        return {}
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+    state = {
+        "kernel context": sim_kernel._kernel_context,
+        "FakeCUDAKernel.__call__": sim_kernel.FakeCUDAKernel.__dict__["__call__"],
+        "FakeCUDAShared.array": kernelapi.FakeCUDAShared.__dict__["array"],
+        "FakeCUDAAtomic": dict(vars(kernelapi.FakeCUDAAtomic)),
+        "swapped cuda modules": {k: v for k, v in kernelapi._swap_refcount.items() if v},
+    }
+    kernels = sys.modules.get("numbarnn.kernels.common"), sys.modules.get("numbarnn.kernels.gemm")
+    if kernels[0] is not None:
+        state["common.SIMULATOR"] = kernels[0].SIMULATOR
+    if kernels[1] is not None:
+        state["GemmVersion.default_config"] = kernels[1].GemmVersion.__dict__["default_config"]
+    profiler = sys.modules.get("numbarnn.kernels.profiler")
+    if profiler is not None:
+        state["profiler recording"] = profiler._RECORDER
+    return state
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _simulator_state_is_restored():
+    before = _simulator_state()
+    yield
+    after = _simulator_state()
+    changed = [k for k in before if k in after and after[k] is not before[k] and after[k] != before[k]]
+    # and what must hold between tests whatever the test imported
+    expected = {"kernel context": None, "swapped cuda modules": {}, "common.SIMULATOR": True,
+                "profiler recording": None}
+    changed += [k for k, v in expected.items() if k in after and after[k] != v and k not in changed]
+    assert not changed, f"this test left the CUDA simulator's state changed: {changed}"
