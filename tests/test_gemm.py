@@ -191,11 +191,18 @@ def test_every_version_says_what_changed():
 def test_kernel_specs_cover_all_specialisations():
     specs = G.kernel_specs()
     keys = {(name, dtype) for name, dtype, *_ in specs}
-    assert len(specs) == len(keys) == len(G.VERSIONS) * 3 * 2 * 2 * 2
+    # every version x dtype x trans_a x trans_b x batched, plus split-K: v4 stage 1 per trans pair and the
+    # stage 2 sum, for float32 and float64
+    assert len(specs) == len(keys) == len(G.VERSIONS) * 3 * 2 * 2 * 2 + 2 * (4 + 1)
     assert len(G.VERSIONS) == 4
     for name, dtype, pyfunc, sig, block in specs:
         assert inspect.isfunction(pyfunc)  # the plain Python function, nothing compiled
-        assert len(sig) == 8 and block == G.VERSIONS[int(name[6])].threads(G.VERSIONS[int(name[6])].gpu_config)
+        if name == "split_k_sum":
+            assert len(sig) == 3 and block == G.SPLIT_SUM_THREADS
+        else:
+            assert len(sig) == 8 and block == G.VERSIONS[int(name[6])].threads(G.VERSIONS[int(name[6])].gpu_config)
+    assert {n for n, *_ in specs if n.endswith("_splitk")} == {"gemm_v4_nn_splitk", "gemm_v4_nt_splitk",
+                                                              "gemm_v4_tn_splitk", "gemm_v4_tt_splitk"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,3 +260,89 @@ def test_bad_arguments():
 def test_empty_output_is_a_no_op():
     c = dev(0, 3)
     assert G.gemm(dev(0, 4), dev(4, 3), c) is c
+
+
+# ------------------------------------------------------------------------------------------------
+# split-K (v4 stage 1 over K slices + the fixed-order stage 2 sum)
+# ------------------------------------------------------------------------------------------------
+class Counter:
+    def __init__(self):
+        self.by_kernel = {}
+
+    def count(self, name):
+        self.by_kernel[name] = self.by_kernel.get(name, 0) + 1
+
+
+@given(dtype=st.sampled_from(G.SPLIT_DTYPES), trans_a=st.booleans(), trans_b=st.booleans(),
+       M=dims, N=dims, K=st.integers(1, 40), split=st.integers(2, 9), alpha=scalars, beta=scalars,
+       seed=st.integers(0, 2**16))
+def test_split_k_matches_numpy(dtype, trans_a, trans_b, M, N, K, split, alpha, beta, seed):
+    """Any number of slices, also more than K has k-tiles (empty slices add zeros), any alpha and beta."""
+    rng = np.random.default_rng(seed)
+    a, b, c = operands(rng, dtype, 0, M, N, K, trans_a, trans_b)
+    d_c, log = cuda.to_device(c), Counter()
+    G.gemm(cuda.to_device(a), cuda.to_device(b), d_c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+           split_k=split, log=log)
+    assert log.by_kernel == {"gemm": 1, "split_k_sum": 1}
+    assert_close(d_c.copy_to_host(), reference(a, b, c, alpha, beta, trans_a, trans_b), dtype)
+
+
+def test_split_k_is_deterministic_and_uses_the_given_scratch():
+    rng = np.random.default_rng(4)
+    a, b, c = operands(rng, "float32", 0, 9, 5, 33, True, False)
+    d_a, d_b = cuda.to_device(a), cuda.to_device(b)
+    asked = []
+
+    def scratch(name, shape, dtype):
+        asked.append((name, shape, str(np.dtype(dtype))))
+        return cuda.to_device(np.full(shape, np.nan, dtype))     # garbage: stage 1 writes every element
+
+    runs = []
+    for _ in range(2):
+        d_c = cuda.to_device(c)
+        G.gemm(d_a, d_b, d_c, beta=1.0, trans_a=True, split_k=4, scratch=scratch)
+        runs.append(d_c.copy_to_host())
+    assert runs[0].tobytes() == runs[1].tobytes()
+    assert asked == [("split_k_partials", (4, 9, 5), "float32")] * 2
+    assert_close(runs[0], reference(a, b, c, 1.0, 1.0, True, False), "float32")
+
+
+def test_split_k_for_known_answers():
+    gpu = G.VERSIONS[4].gpu_config                   # 128 x 128 tiles, BK = 4
+    # H100 (132 SMs), LSTM H=768 B=16 T=8: dx = dgx W is M = 128, N = 768, K = 3072: 6 tiles -> 22 slices
+    assert G.split_k_for(128, 768, 3072, gpu, 132) == 22
+    # enough tiles already (the input projection at T*B = 16384): no split
+    assert G.split_k_for(16384, 3072, 768, gpu, 132) == 1
+    # a short K keeps SPLIT_MIN_K_TILES k-tiles per slice: K = 256 is 64 k-tiles -> at most 4 slices
+    assert G.split_k_for(128, 128, 256, gpu, 132) == 4
+    assert G.split_k_for(128, 128, 60, gpu, 132) == 1
+    assert G.sm_count(simulator=True) == G.SIM_SMS and G.sm_count(simulator=False) == G.MODEL_SMS
+
+
+def test_split_k_automatic_only_where_it_applies(monkeypatch):
+    """split_k=None splits v4 2-D float32/float64 products with few tiles and a long K; never float16 (its
+    partials would round to half), batched products or other versions."""
+    monkeypatch.setattr(G, "SPLIT_MIN_K_TILES", 1)
+    rng = np.random.default_rng(5)
+    for dtype, version, Z, splits in (("float32", 4, 0, True), ("float64", 4, 0, True), ("float16", 4, 0, False),
+                                      ("float32", 3, 0, False), ("float32", 4, 2, False)):
+        a, b, c = operands(rng, dtype, Z, 5, 3, 16, False, False)
+        d_c, log = cuda.to_device(c), Counter()
+        G.gemm(cuda.to_device(a), cuda.to_device(b), d_c, beta=0.5, version=version, log=log)
+        assert ("split_k_sum" in log.by_kernel) == splits, (dtype, version, Z)
+        assert_close(d_c.copy_to_host(), reference(a, b, c, 1.0, 0.5, False, False), dtype)
+
+
+def test_split_k_bad_arguments():
+    a, b, c = dev(3, 4), dev(4, 2), dev(3, 2)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="split_k: expected None or an integer >= 1"):
+            G.gemm(a, b, c, split_k=bad)
+    with pytest.raises(ValueError, match="split_k: split-K runs with version 4, 2-D operands and float32/float64"):
+        G.gemm(dev(3, 4, dtype=np.float16), dev(4, 2, dtype=np.float16), dev(3, 2, dtype=np.float16), split_k=2)
+    with pytest.raises(ValueError, match="split_k: split-K runs with version 4"):
+        G.gemm(a, b, c, split_k=2, version=3)
+    with pytest.raises(ValueError, match="split_k: split-K runs with version 4.*batched"):
+        G.gemm(dev(2, 3, 4), dev(2, 4, 2), dev(2, 3, 2), split_k=2)
+    with pytest.raises(ValueError, match="split: split-K uses grid dimension z"):
+        G.make_gemm_v4_pyfunc("float32", False, False, True, 8, 4, 2, 4, 2, split=True)

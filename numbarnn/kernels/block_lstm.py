@@ -319,8 +319,7 @@ def forward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b):
     else:
         x_a = _in_dtype(x[:S], a, log)                                      # [S, B, I]
         w_a = _in_dtype(w[:I], a, log)                                      # [I, 4C]
-        gemm(x_a.reshape(S * B, I), w_a, gx.reshape(S * B, 4 * C))
-        log.count("gemm")
+        gemm(x_a.reshape(S * B, I), w_a, gx.reshape(S * B, 4 * C), log=log, scratch=driver.scratch)
 
     step = jit(make_forward_step, str(dt), call.layout, call.use_peephole, call.clip_enabled)
     grid, block = _step_grid(call)
@@ -379,20 +378,19 @@ def backward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
         w_a = _in_dtype(w[:I], a, log)                                      # [I, 4C]
         x_a = _in_dtype(x[:S], a, log)                                      # [S, B, I]
         x_grad_a = x_grad[:S] if a == dt else cuda.device_array((S, B, I), dtype=a)
-        gemm(dg2, w_a, x_grad_a.reshape(SB, I), trans_b=True)              # x_grad = dgates @ w[:I]ᵀ
-        gemm(x_a.reshape(SB, I), dg2, w_grad_a[:I], trans_a=True)           # w_grad[:I] = xᵀ @ dgates
-        log.count("gemm")
-        log.count("gemm")
+        gemm(dg2, w_a, x_grad_a.reshape(SB, I), trans_b=True, log=log,      # x_grad = dgates @ w[:I]ᵀ
+             scratch=driver.scratch)
+        gemm(x_a.reshape(SB, I), dg2, w_grad_a[:I], trans_a=True, log=log,  # w_grad[:I] = xᵀ @ dgates
+             scratch=driver.scratch)
         if a != dt:
             cast_into(x_grad_a, x_grad[:S], log)
     h_prev_a = _in_dtype(h_prev, a, log)                                    # [B, C]
-    gemm(h_prev_a, dgates[0], w_grad_a[I:], trans_a=True)                   # h_p of step 0 is h_prev
-    log.count("gemm")
+    gemm(h_prev_a, dgates[0], w_grad_a[I:], trans_a=True, log=log,          # h_p of step 0 is h_prev
+         scratch=driver.scratch)
     if S > 1:
         h_a = _in_dtype(h[:S - 1], a, log)                                  # [S-1, B, C] h_p of steps 1..S-1
         gemm(h_a.reshape((S - 1) * B, C), dgates[1:].reshape((S - 1) * B, 4 * C), w_grad_a[I:],
-             trans_a=True, beta=1.0)
-        log.count("gemm")
+             trans_a=True, beta=1.0, log=log, scratch=driver.scratch)
 
     b_grad = cuda.device_array((4 * C,), dtype=dt)
     n = 4 * C

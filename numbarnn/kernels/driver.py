@@ -281,8 +281,8 @@ def forward(call, x, h0, c0, params):
             if T * B == 0:
                 break
             if lp.W is not None:
-                gemm(x_l.reshape(T * B, I_l), lp.W, gx[d].reshape(T * B, G * H), trans_b=True)
-                log.count("gemm")
+                gemm(x_l.reshape(T * B, I_l), lp.W, gx[d].reshape(T * B, G * H), trans_b=True, log=log,
+                     scratch=scratch)
             else:
                 n = T * B * G * H
                 log(jit(make_tile_gates, str(dt)), "tile_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
@@ -436,16 +436,12 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             lp, dlp = layers[p], dlayers[p]
             gx2, gh2 = part(dgx, d).reshape(TB, GH), part(dgh, d).reshape(TB, GH)
             if lp.W is not None:
-                gemm(gx2, x_l.reshape(TB, I_l), dlp.W, trans_a=True)
-                gemm(gx2, lp.W, dx_l.reshape(TB, I_l), beta=0.0 if d == 0 else 1.0)
-                log.count("gemm")
-                log.count("gemm")
-            gemm(gh2, part(h_prev, d).reshape(TB, P), dlp.R, trans_a=True)
-            log.count("gemm")
+                gemm(gx2, x_l.reshape(TB, I_l), dlp.W, trans_a=True, log=log, scratch=scratch)
+                gemm(gx2, lp.W, dx_l.reshape(TB, I_l), beta=0.0 if d == 0 else 1.0, log=log, scratch=scratch)
+            gemm(gh2, part(h_prev, d).reshape(TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
             if cfg.has_proj:
                 gemm(part(dh_total, d).reshape(TB, P), part(saved[f"m{layer}"], d).reshape(TB, H), dlp.W_proj,
-                     trans_a=True)
-                log.count("gemm")
+                     trans_a=True, log=log, scratch=scratch)
             dbias = dunit_params[layer][d].reshape(-1)              # [(2G+V)*H]: bW, bR, vectors
             column_sums(log, gx2, gh2, dbias[:2 * GH].reshape(2, GH), scratch)
             if V and TB:
@@ -471,7 +467,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
     GEMM grids come from the GEMM launcher's tiles; the step kernels are step_version(simulator=not gpu)'s.
     """
-    from .gemm import DEFAULT_VERSION, VERSIONS
+    from .gemm import DEFAULT_VERSION, SPLIT_DTYPES, VERSIONS, sm_count, split_k_for
     sim = None if not gpu else False
     v_gemm = VERSIONS[DEFAULT_VERSION]
     gemm_cfg = v_gemm.gpu_config if gpu else v_gemm.default_config()
@@ -501,9 +497,13 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         return (blocks(n, t),), t
 
     def gemm_row(phase, what, launches, M, N, K):
-        grid, block = v_gemm.launch(M, N, 1, gemm_cfg)
-        add(phase, f"gemm v{DEFAULT_VERSION} ({what})", launches, tuple(grid), int(np.prod(block)), 2 * M * N * K,
-            (M * K + K * N + M * N) * sz)
+        split = (split_k_for(M, N, K, gemm_cfg, sm_count(simulator=not gpu))
+                 if DEFAULT_VERSION == 4 and str(np.dtype(call.dtype)) in SPLIT_DTYPES and M * N else 1)
+        grid, block = v_gemm.launch(M, N, split, gemm_cfg)
+        add(phase, f"gemm v{DEFAULT_VERSION} ({what})" + (f", split-K {split}" if split > 1 else ""), launches,
+            tuple(grid), int(np.prod(block)), 2 * M * N * K, (M * K + K * N + split * M * N) * sz)
+        if split > 1:                                  # stage 2: read the partials, read C (beta) and write it
+            add(phase, f"split_k_sum ({what})", launches, *flat(M * N), split * M * N, (split + 2) * M * N * sz)
 
     def steps_grid(n):
         t = threads(n, simulator=sim)

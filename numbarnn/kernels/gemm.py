@@ -19,6 +19,10 @@ Versions (one line each at the top of its factory, the "what changed and why"):
                             this tile's FMAs and into the other buffer after them (numba has no async
                             copy), one barrier per k-tile; the version the rest of numbarnn uses
                             (``DEFAULT_VERSION``; ``version=3`` still selects v3).
+    v4 split-K              for outputs of fewer block tiles than the GPU has SMs and a long K: blockIdx.z
+                            takes a slice of K, each slice's partial tile goes to a workspace, and
+                            ``split_k_sum`` adds the slices in a fixed order (``gemm(split_k=...)``,
+                            automatic by ``split_k_for``; float32/float64).
 
 Tile sizes (compile-time constants of the factories; ``GemmVersion.gpu_config`` / ``sim_config``):
     on a GPU   v1 16 x 16 threads; v2 TILE=16 (256 threads); v3 BM=BN=64, BK=8, TM=TN=4
@@ -63,7 +67,7 @@ operand's contiguous axis); with BK = 4 a k-contiguous operand gives a warp 16 b
 half a 32-byte sector, whose other half the next k-tile reads (BK = 8 kept whole sectors but cost 148
 registers, one block per SM).
 
-Why one file (~650 lines): the four versions side by side are the lesson (llm.c style); they share the
+Why one file (~800 lines): the four versions side by side are the lesson (llm.c style); they share the
 operand accessors, the launcher and the cache, which would otherwise be imported back and forth.
 """
 from __future__ import annotations
@@ -78,6 +82,8 @@ from numba import config as numba_config
 from numba import cuda, types
 
 from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
+
+from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 
 DTYPES = ("float16", "float32", "float64")
 
@@ -141,15 +147,17 @@ def _c_updater(dtype: str, batched: bool):
     return cuda.jit(device=True, inline="always")(update)
 
 
-def kernel_signature(dtype: str, batched: bool) -> tuple:
+def kernel_signature(dtype: str, batched: bool, split: bool = False) -> tuple:
     """numba argument types of every GEMM kernel: (M, N, K, alpha, a, b, beta, c).
 
     Layout 'A' (any strides): transposed views and slices run through the same compiled kernel.
+    split (v4 split-K, stage 1): a and b 2-D, c the partials [Z, M, N].
     """
     nd = 3 if batched else 2
     array = types.Array(_numba_type(dtype), nd, "A")
+    c = types.Array(_numba_type(dtype), 3, "A") if split else array
     acc = _numba_type(ACCUMULATE[dtype])
-    return (types.int64, types.int64, types.int64, acc, array, array, acc, array)
+    return (types.int64, types.int64, types.int64, acc, array, array, acc, c)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,8 +358,11 @@ def launch_v3(M: int, N: int, Z: int, config: tuple) -> tuple:
 # v4
 # --------------------------------------------------------------------------------------------------
 def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
-                        BM: int, BN: int, BK: int, TM: int, TN: int):
+                        BM: int, BN: int, BK: int, TM: int, TN: int, split: bool = False):
     # v4 8x8 micro-tiles, double-buffered: 4 FMAs per shared load (v3: 2), and the next k-tile's global loads are in flight while this one is computed.
+    # split (split-K, stage 1): blockIdx.z takes slice z of K and writes its partial tile to c[z] (stage 2: split_k_sum).
+    if split and batched:
+        raise ValueError("split: split-K uses grid dimension z for the K slices; it has no batched form")
     if BM % TM or BN % TN:
         raise ValueError(f"config: BM={BM} must be a multiple of TM={TM} and BN={BN} of TN={TN}")
     ACC = _numpy_scalar(ACCUMULATE[dtype])
@@ -362,7 +373,8 @@ def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
     ACC_T = _numba_type(ACCUMULATE[dtype])
     op_a = _op_loader(trans_a, batched)
     op_b = _op_loader(trans_b, batched)
-    update_c = _c_updater(dtype, batched)
+    update_c = _c_updater(dtype, batched or split)   # split: c is the partials [Z, M, N]
+    SPLIT = split
     TX = BN // TN            # threads along x (columns of C)
     TY = BM // TM            # threads along y (rows of C)
     THREADS = TX * TY
@@ -390,8 +402,8 @@ def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
         alpha,  # scalar (accumulation dtype)
         a,      # [M, K] ([K, M] if trans_a), [Z, ...] if batched
         b,      # [K, N] ([N, K] if trans_b), [Z, ...] if batched
-        beta,   # scalar (accumulation dtype)
-        c,      # [M, N], [Z, M, N] if batched (read unless beta == 0, written)
+        beta,   # scalar (accumulation dtype; 0 when split)
+        c,      # [M, N], [Z, M, N] if batched (read unless beta == 0, written); split: [Z, M, N] partials
     ):
         a_tile = cuda.shared.array((2, BK, SA), ACC_T)  # [2, BK, BM+pad]: buffer, op(A)[row0 + i, k0 + kk] at [kk, i]
         b_tile = cuda.shared.array((2, BK, SB), ACC_T)  # [2, BK, BN+pad]: buffer, op(B)[k0 + kk, col0 + j] at [kk, j]
@@ -406,6 +418,14 @@ def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
         z = cuda.blockIdx.z
+        if SPLIT:                       # this block's slice of K: [k_lo, k_hi), whole k-tiles
+            kc = (K + cuda.gridDim.z - 1) // cuda.gridDim.z
+            kc = (kc + BK - 1) // BK * BK
+            k_lo = z * kc
+            k_hi = min(K, k_lo + kc)
+        else:
+            k_lo = 0
+            k_hi = K
         for m in range(TM):
             for n in range(TN):
                 acc[m, n] = ACC(0)
@@ -415,32 +435,32 @@ def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
             e = tid + load * THREADS   # element of the [BM, BK] tile
             i = e // BK if A_K_FASTEST else e % BM
             kk = e % BK if A_K_FASTEST else e // BM
-            inside = row0 + i < M and kk < K
-            a_tile[U(0), U(kk), U(i)] = ACC(op_a(a, z, row0 + i, kk)) if inside else ACC(0)
+            inside = row0 + i < M and k_lo + kk < k_hi
+            a_tile[U(0), U(kk), U(i)] = ACC(op_a(a, z, row0 + i, k_lo + kk)) if inside else ACC(0)
         for load in range(LOADS_B):
             e = tid + load * THREADS   # element of the [BK, BN] tile
             kk = e // BN if B_N_FASTEST else e % BK
             j = e % BN if B_N_FASTEST else e // BK
-            inside = kk < K and col0 + j < N
-            b_tile[U(0), U(kk), U(j)] = ACC(op_b(b, z, kk, col0 + j)) if inside else ACC(0)
+            inside = k_lo + kk < k_hi and col0 + j < N
+            b_tile[U(0), U(kk), U(j)] = ACC(op_b(b, z, k_lo + kk, col0 + j)) if inside else ACC(0)
         cuda.syncthreads()
 
         buf = 0
-        for k0 in range(0, K, BK):
+        for k0 in range(k_lo, k_hi, BK):
             k1 = k0 + BK                # the next k-tile
-            more = k1 < K
+            more = k1 < k_hi
             if more:                    # 1. issue its global loads (registers; nothing waits on them yet)
                 for load in range(LOADS_A):
                     e = tid + load * THREADS
                     i = e // BK if A_K_FASTEST else e % BM
                     kk = e % BK if A_K_FASTEST else e // BM
-                    inside = row0 + i < M and k1 + kk < K
+                    inside = row0 + i < M and k1 + kk < k_hi
                     a_next[load] = ACC(op_a(a, z, row0 + i, k1 + kk)) if inside else ACC(0)
                 for load in range(LOADS_B):
                     e = tid + load * THREADS
                     kk = e // BN if B_N_FASTEST else e % BK
                     j = e % BN if B_N_FASTEST else e // BK
-                    inside = k1 + kk < K and col0 + j < N
+                    inside = k1 + kk < k_hi and col0 + j < N
                     b_next[load] = ACC(op_b(b, z, k1 + kk, col0 + j)) if inside else ACC(0)
             for kk in range(BK):        # 2. compute this k-tile from shared buffer `buf`
                 for m in range(TM):
@@ -481,6 +501,91 @@ def launch_v4(M: int, N: int, Z: int, config: tuple) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------------
+# v4 split-K: for outputs of few tiles with a long K (the backward's dx = dgx W at small T*B)
+# --------------------------------------------------------------------------------------------------
+# A C of M x N has ceil(M/BM) * ceil(N/BN) block tiles; when that is below the number of SMs most of the GPU
+# idles while each block walks all of K alone (measured on an H100, LSTM H=768 B=16 T=8: dx = dgx W, M = 128,
+# N = 768, K = 3072, ran as 6 blocks for 752 us, 3.5x the input projection's 215 us).  Split-K cuts K into
+# Z slices: stage 1 is v4 with blockIdx.z choosing the slice (partials[z] = alpha * op(A)[:, slice] op(B)[slice, :]),
+# stage 2 sums the Z partials of each element in a fixed order (deterministic) and adds beta * C.
+
+#: a K slice keeps at least this many k-tiles, so the double-buffered loop still has a pipeline to run
+SPLIT_MIN_K_TILES = 16
+
+
+def split_k_for(M: int, N: int, K: int, config: tuple, sms: int) -> int:
+    """How many K slices v4 (tiles `config`) should use for an M x N x K product on `sms` multiprocessors:
+    1 when the output already has a block tile per SM, else enough slices for about one block per SM, as long
+    as each slice keeps SPLIT_MIN_K_TILES k-tiles."""
+    BM, BN, BK = config[:3]
+    tiles = -(-M // BM) * -(-N // BN)
+    if tiles >= sms:
+        return 1
+    return max(1, min(-(-sms // tiles), K // BK // SPLIT_MIN_K_TILES))
+
+
+def make_split_k_sum_pyfunc(dtype: str):
+    # split-K stage 2: c = sum over the slices' partials in order + beta * c (one thread per element of C, coalesced along rows).
+    ACC = _numpy_scalar(ACCUMULATE[dtype])
+
+    def split_k_sum(
+        partials,  # [Z, M, N] stage 1: alpha * op(A)[:, slice z] @ op(B)[slice z, :]
+        beta,      # scalar (accumulation dtype)
+        c,         # [M, N] out (read unless beta == 0)
+    ):
+        e = cuda.grid(1)
+        M, N = c.shape[0], c.shape[1]
+        if e < M * N:
+            row = e // N
+            col = e - row * N
+            total = ACC(0)
+            for z in range(partials.shape[0]):     # fixed order: deterministic
+                total += ACC(partials[z, row, col])
+            if beta == 0:
+                c[row, col] = total
+            else:
+                c[row, col] = total + beta * ACC(c[row, col])
+
+    return split_k_sum
+
+
+def split_k_sum_signature(dtype: str) -> tuple:
+    t = _numba_type(dtype)
+    return (types.Array(t, 3, "A"), _numba_type(ACCUMULATE[dtype]), types.Array(t, 2, "A"))
+
+
+#: threads per block of stage 2 (GPU; the simulator uses 8)
+SPLIT_SUM_THREADS = 256
+
+
+@functools.cache
+def get_split_k_sum(dtype: str):
+    return cuda.jit(split_k_sum_signature(dtype))(make_split_k_sum_pyfunc(dtype))
+
+
+#: the simulator's nominal SM count: small, yet with SPLIT_MIN_K_TILES the tiny shapes of the tests split
+#: only where a test asks for it (explicitly, or by lowering SPLIT_MIN_K_TILES)
+SIM_SMS = 4
+#: GPU-shaped launches planned or profiled in the simulator: the H100 SXM of the roofline model (132 SMs)
+MODEL_SMS = 132
+
+
+def sm_count(simulator: bool | None = None) -> int:
+    """Multiprocessors split-K plans for: the current GPU's; SIM_SMS for simulator launch sizes; MODEL_SMS
+    for GPU launch sizes in a process without a GPU (launch_plan(gpu=True), the profiler's GPU geometry)."""
+    if common.SIMULATOR if simulator is None else simulator:
+        return SIM_SMS
+    if numba_config.ENABLE_CUDASIM:
+        return MODEL_SMS
+    return _device_sms()
+
+
+@functools.cache
+def _device_sms() -> int:
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+# --------------------------------------------------------------------------------------------------
 # versions, cached kernels, specs for the kernel report
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -512,6 +617,10 @@ VERSIONS = {
 #: the version ``gemm`` / ``matmul`` (and so the RNN and BlockLSTM drivers) use unless told otherwise
 DEFAULT_VERSION = 4
 
+#: dtypes split-K runs in: those that accumulate in their own dtype (float16 partials would round each
+#: slice's sum to half precision before the sum of the slices)
+SPLIT_DTYPES = ("float32", "float64")
+
 
 def kernel_name(version: int, trans_a: bool, trans_b: bool, batched: bool) -> str:
     """e.g. gemm_v3_nt_batched: n/t = op of A, op of B (BLAS letters)."""
@@ -521,12 +630,13 @@ def kernel_name(version: int, trans_a: bool, trans_b: bool, batched: bool) -> st
 
 @functools.cache
 def get_kernel(version: int, dtype: str, trans_a: bool = False, trans_b: bool = False,
-               batched: bool = False, config: tuple | None = None):
+               batched: bool = False, config: tuple | None = None, split: bool = False):
     """The compiled kernel of one specialisation (cached: each one is compiled once per process)."""
     v = VERSIONS[version]
     config = v.default_config() if config is None else tuple(config)
-    pyfunc = v.make_pyfunc(dtype, bool(trans_a), bool(trans_b), bool(batched), *config)
-    return cuda.jit(kernel_signature(dtype, batched))(pyfunc)
+    extra = {"split": True} if split else {}
+    pyfunc = v.make_pyfunc(dtype, bool(trans_a), bool(trans_b), bool(batched), *config, **extra)
+    return cuda.jit(kernel_signature(dtype, batched, split))(pyfunc)
 
 
 def kernel_specs() -> list:
@@ -541,6 +651,15 @@ def kernel_specs() -> list:
                         pyfunc = v.make_pyfunc(dtype, trans_a, trans_b, batched, *v.gpu_config)
                         specs.append((kernel_name(number, trans_a, trans_b, batched), dtype, pyfunc,
                                       kernel_signature(dtype, batched), v.threads(v.gpu_config)))
+    v4 = VERSIONS[4]
+    for dtype in SPLIT_DTYPES:                  # split-K: v4 stage 1 and the stage 2 sum
+        for trans_a in (False, True):
+            for trans_b in (False, True):
+                pyfunc = v4.make_pyfunc(dtype, trans_a, trans_b, False, *v4.gpu_config, split=True)
+                specs.append((kernel_name(4, trans_a, trans_b, False) + "_splitk", dtype, pyfunc,
+                              kernel_signature(dtype, False, split=True), v4.threads(v4.gpu_config)))
+        specs.append(("split_k_sum", dtype, make_split_k_sum_pyfunc(dtype), split_k_sum_signature(dtype),
+                      SPLIT_SUM_THREADS))
     return specs
 
 
@@ -606,7 +725,8 @@ def gemm_shapes(a_shape: tuple, b_shape: tuple, c_shape: tuple, trans_a: bool, t
     return Z, expected[-2], expected[-1], K
 
 
-def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=None, stream=0, config=None):
+def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=None, stream=0, config=None,
+         split_k=None, scratch=None, log=None):
     """C = alpha * op(A) @ op(B) + beta * C on the device, in place; returns c.
 
     a, b, c: numba device arrays (or any CUDA array), 2-D, or 3-D with a leading batch dimension Z;
@@ -616,6 +736,12 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
     version: 1, 2, 3 or 4 (see VERSIONS; default DEFAULT_VERSION = 4); config: tile sizes of that
              version (default: the GPU or the simulator tiles of VERSIONS[version]).
     stream: a CUDA stream or 0 (the default stream).
+    split_k: slices of K (v4 split-K, two launches): None = automatic where it applies (v4, not batched,
+             float32/float64: ``split_k_for`` on this GPU's SMs), 1 = never, n > 1 = n slices.
+    scratch: ``scratch(name, shape, dtype)`` -> a device array for split-K's partials (the RNN driver's
+             workspace); default a new array per call.
+    log: an object with ``count(name)`` (the driver's LaunchLog): each launch is counted there, as "gemm"
+         or "split_k_sum".
     """
     for name, x in (("a", a), ("b", b), ("c", c)):
         if not _is_device_array(x):
@@ -636,12 +762,35 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
         return c  # nothing to write
     v = VERSIONS[version]
     config = v.default_config() if config is None else tuple(config)
-    grid, block = v.launch(M, N, Z, config)
+    splittable = version == 4 and not batched and dtype in SPLIT_DTYPES
+    if split_k is None:
+        split_k = split_k_for(M, N, K, config, sm_count()) if splittable else 1
+    elif isinstance(split_k, (bool, np.bool_)) or not isinstance(split_k, (int, np.integer)) or split_k < 1:
+        raise ValueError(f"split_k: expected None or an integer >= 1, got {split_k!r}")
+    elif split_k > 1 and not splittable:
+        raise ValueError(f"split_k: split-K runs with version 4, 2-D operands and float32/float64; got version "
+                         f"{version}, {'batched' if batched else '2-D'}, {dtype}")
+    split_k = int(split_k)
+    grid, block = v.launch(M, N, Z if split_k == 1 else split_k, config)
     if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
-        raise ValueError(f"a: M = {M} and batch Z = {Z} need a grid of {grid}, over the CUDA limit of "
-                         f"{_MAX_GRID_YZ} blocks in y and z")
-    kernel = get_kernel(version, dtype, trans_a, trans_b, batched, config)
-    kernel[grid, block, stream](M, N, K, alpha, a, b, beta, c)
+        raise ValueError(f"a: M = {M} and batch Z = {Z} (split_k {split_k}) need a grid of {grid}, over the "
+                         f"CUDA limit of {_MAX_GRID_YZ} blocks in y and z")
+    if split_k == 1:
+        get_kernel(version, dtype, trans_a, trans_b, batched, config)[grid, block, stream](
+            M, N, K, alpha, a, b, beta, c)
+        if log is not None:
+            log.count("gemm")
+        return c
+    # split-K: stage 1 writes each slice's partial product, stage 2 sums them in order and adds beta * C
+    partials = (cuda.device_array((split_k, M, N), dtype=dtype) if scratch is None   # [Z, M, N]
+                else scratch("split_k_partials", (split_k, M, N), dtype))
+    get_kernel(4, dtype, trans_a, trans_b, False, config, split=True)[grid, block, stream](
+        M, N, K, alpha, a, b, 0.0, partials)
+    t = common.threads(M * N, SPLIT_SUM_THREADS)
+    get_split_k_sum(dtype)[common.blocks(M * N, t), t, stream](partials, beta, c)
+    if log is not None:
+        log.count("gemm")
+        log.count("split_k_sum")
     return c
 
 
