@@ -66,3 +66,16 @@ def _simulator_state_is_restored():
                 "profiler recording": None}
     changed += [k for k, v in expected.items() if k in after and after[k] != v and k not in changed]
     assert not changed, f"this test left the CUDA simulator's state changed: {changed}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Order: the longest tests first
+# ---------------------------------------------------------------------------------------------------------
+# The kernel report test compiles every kernel for sm_80 and sm_90 (~5 minutes of one xdist worker on 2 cores).
+# Collected in file order it started mid-run, and the other worker ran out of tests while it finished; started
+# first, the rest of the suite runs beside it.
+LONGEST_FIRST = ("test_every_kernel_compiles_for_sm80_and_sm90_without_spills",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.originalname not in LONGEST_FIRST)   # stable: the rest keep their order

@@ -46,9 +46,9 @@ def test_plan_matches_the_launches_the_driver_makes(mode, direction, proj, input
     assert log["backward"].by_kernel["column_partials"] == log["backward"].by_kernel["column_totals"] == sums * L * cfg.D
 
 
-@pytest.mark.parametrize("mode,direction,input_mode,dtype", [("lstm", "bidirectional", "linear_input", "float64"),
-                                                             ("gru", "unidirectional", "linear_input", "float32")])
-def test_split_k_in_the_driver_is_planned_and_correct(monkeypatch, mode, direction, input_mode, dtype):
+@pytest.mark.parametrize("mode,direction,L,dtype", [("lstm", "bidirectional", 1, "float64"),
+                                                     ("gru", "unidirectional", 2, "float32")])
+def test_split_k_in_the_driver_is_planned_and_correct(monkeypatch, mode, direction, L, dtype):
     """With split-K allowed at the simulator's tiny shapes (a k-tile per slice is enough), the backward's thin
     products (dx = dgx W, dR = dgh^T h_prev) run in two stages: the plan lists both, the log counts both, the
     results still agree with the reference, and the partials come from the workspace."""
@@ -59,7 +59,7 @@ def test_split_k_in_the_driver_is_planned_and_correct(monkeypatch, mode, directi
     real_scratch = driver.scratch
     monkeypatch.setattr(driver, "scratch", lambda name, shape, dt: asked.add(name) or real_scratch(name, shape, dt))
     H, T, B = 3, 3, 4
-    cfg = rnn_config(2, H, 4, mode, input_mode, direction, 0, 0.0, 5, 7)
+    cfg = rnn_config(L, H, 4, mode, "linear_input", direction, 0, 0.0, 5, 7)
     case = make_rnn_case(cfg, T, B, lengths=[3, 1, 0, 2], seed=1, dtype=np.dtype(dtype))
     got_f = run_forward(case, "cuda")
     got_b = run_backward(case, got_f, "cuda")
