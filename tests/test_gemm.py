@@ -317,6 +317,14 @@ def test_split_k_for_known_answers():
     assert G.split_k_for(128, 128, 256, gpu, 132) == 4
     assert G.split_k_for(128, 128, 60, gpu, 132) == 1
     assert G.sm_count(simulator=True) == G.SIM_SMS and G.sm_count(simulator=False) == G.MODEL_SMS
+    # a process without the simulator and maybe without a GPU: the device's count, or the model's without one
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", "from numbarnn.kernels import gemm; print(gemm.sm_count())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and int(out.stdout) > 0, out.stderr
 
 
 def test_split_k_automatic_only_where_it_applies(monkeypatch):

@@ -572,17 +572,16 @@ MODEL_SMS = 132
 
 def sm_count(simulator: bool | None = None) -> int:
     """Multiprocessors split-K plans for: the current GPU's; SIM_SMS for simulator launch sizes; MODEL_SMS
-    for GPU launch sizes in a process without a GPU (launch_plan(gpu=True), the profiler's GPU geometry)."""
+    for GPU launch sizes where there is no GPU (launch_plan(gpu=True), the profiler's GPU geometry)."""
     if common.SIMULATOR if simulator is None else simulator:
         return SIM_SMS
     if numba_config.ENABLE_CUDASIM:
         return MODEL_SMS
-    return _device_sms()
+    try:
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)    # numba caches device attributes
+    except Exception:                  # no GPU here (a GPU-shaped launch plan): the model's GPU  # noqa: BLE001
+        return MODEL_SMS
 
-
-@functools.cache
-def _device_sms() -> int:
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 # --------------------------------------------------------------------------------------------------
