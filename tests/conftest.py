@@ -52,7 +52,7 @@ def _simulator_state() -> dict:
     return state
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(autouse=True)

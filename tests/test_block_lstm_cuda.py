@@ -27,7 +27,7 @@ from numbarnn.kernels import backend as cuda_backend
 from numbarnn.kernels import block_lstm as kernels
 from numbarnn.kernels import driver
 from numbarnn.reference import backend as ref_backend
-from numbarnn.verify import TOLERANCES as TOL      # (outputs, gradients): SPEC 10
+from numbarnn.verify import TOLERANCES as TOL  # (outputs, gradients): SPEC 10
 
 FORWARD_ARGS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 SAVED = ("i", "cs", "f", "o", "ci", "co", "h")

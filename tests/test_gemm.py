@@ -323,7 +323,7 @@ def test_split_k_for_known_answers():
     import sys
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     out = subprocess.run([sys.executable, "-c", "from numbarnn.kernels import gemm; print(gemm.sm_count())"],
-                         env=env, capture_output=True, text=True, timeout=120)
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and int(out.stdout) > 0, out.stderr
 
 

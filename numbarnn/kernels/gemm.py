@@ -83,7 +83,8 @@ from numba import cuda, types
 
 from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
 
-from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+# common.SIMULATOR is read at call time (the profiler's GPU geometry sets it)
+from . import common
 
 DTYPES = ("float16", "float32", "float64")
 
@@ -581,7 +582,6 @@ def sm_count(simulator: bool | None = None) -> int:
         return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)    # numba caches device attributes
     except Exception:                  # no GPU here (a GPU-shaped launch plan): the model's GPU  # noqa: BLE001
         return MODEL_SMS
-
 
 
 # --------------------------------------------------------------------------------------------------
