@@ -361,7 +361,7 @@ def launch_v3(M: int, N: int, Z: int, config: tuple) -> tuple:
 def make_gemm_v4_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
                         BM: int, BN: int, BK: int, TM: int, TN: int, split: bool = False):
     # v4 8x8 micro-tiles, double-buffered: 4 FMAs per shared load (v3: 2), and the next k-tile's global loads are in flight while this one is computed.
-    # split (split-K, stage 1): blockIdx.z takes slice z of K and writes its partial tile to c[z] (stage 2: split_k_sum).
+    # split (split-K stage 1): blockIdx.z takes slice z of K, its partial tile goes to c[z] (stage 2: split_k_sum).
     if split and batched:
         raise ValueError("split: split-K uses grid dimension z for the K slices; it has no batched form")
     if BM % TM or BN % TN:
@@ -526,7 +526,7 @@ def split_k_for(M: int, N: int, K: int, config: tuple, sms: int) -> int:
 
 
 def make_split_k_sum_pyfunc(dtype: str):
-    # split-K stage 2: c = sum over the slices' partials in order + beta * c (one thread per element of C, coalesced along rows).
+    # split-K stage 2: c = the slices' partials summed in order + beta * c (a thread per element, coalesced).
     ACC = _numpy_scalar(ACCUMULATE[dtype])
 
     def split_k_sum(
