@@ -239,7 +239,8 @@ def split_k(quick: bool, rng):
                             ("LSTM H=768 B=16 T=8, gx = x W^T", (128, 3072, 768)),
                             ("LSTM H=512 B=32 T=100, dx = dgx W", (3200, 512, 2048)),
                             ("LSTM H=1024 B=64 T=100, dx = dgx W", (6400, 1024, 4096))):
-        tiles = -(-M // v4.gpu_config[0]) * -(-N // v4.gpu_config[1])
+        grid, _ = v4.launch(M, N, 1, v4.gpu_config)          # one block per output tile
+        tiles = grid[0] * grid[1]
         n = G.split_k_for(M, N, K, v4.gpu_config, sms)
         print(f"    {what:<36} {M:>5} x {N:>4} x {K:>4}: {tiles:>4} tiles -> split_k {n:>2}: {tiles * n:>4} blocks")
     # a thin product with a long K, split and not split: the same numbers, the same bits on every run

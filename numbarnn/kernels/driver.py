@@ -467,7 +467,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
     GEMM grids come from the GEMM launcher's tiles; the step kernels are step_version(simulator=not gpu)'s.
     """
-    from .gemm import DEFAULT_VERSION, SPLIT_DTYPES, VERSIONS, sm_count, split_k_for
+    from .gemm import DEFAULT_VERSION, VERSIONS, auto_split_k
     sim = None if not gpu else False
     v_gemm = VERSIONS[DEFAULT_VERSION]
     gemm_cfg = v_gemm.gpu_config if gpu else v_gemm.default_config()
@@ -497,8 +497,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         return (blocks(n, t),), t
 
     def gemm_row(phase, what, launches, M, N, K):
-        split = (split_k_for(M, N, K, gemm_cfg, sm_count(simulator=not gpu))
-                 if DEFAULT_VERSION == 4 and str(np.dtype(call.dtype)) in SPLIT_DTYPES and M * N else 1)
+        split = auto_split_k(DEFAULT_VERSION, np.dtype(call.dtype), False, M, N, K, gemm_cfg, simulator=not gpu)
         grid, block = v_gemm.launch(M, N, split, gemm_cfg)
         add(phase, f"gemm v{DEFAULT_VERSION} ({what})" + (f", split-K {split}" if split > 1 else ""), launches,
             tuple(grid), int(np.prod(block)), 2 * M * N * K, (M * K + K * N + split * M * N) * sz)

@@ -564,6 +564,19 @@ def get_split_k_sum(dtype: str):
     return cuda.jit(split_k_sum_signature(dtype))(make_split_k_sum_pyfunc(dtype))
 
 
+def splittable(version: int, dtype: str, batched: bool) -> bool:
+    """Whether split-K runs for this product: v4, 2-D operands, a dtype of SPLIT_DTYPES."""
+    return version == 4 and not batched and str(dtype) in SPLIT_DTYPES
+
+
+def auto_split_k(version: int, dtype: str, batched: bool, M: int, N: int, K: int, config: tuple,
+                 simulator: bool | None = None) -> int:
+    """The slices ``gemm(split_k=None)`` uses (1: no split); launch_plan asks the same."""
+    if not splittable(version, dtype, batched) or M * N == 0:
+        return 1
+    return split_k_for(M, N, K, config, sm_count(simulator))
+
+
 #: the simulator's nominal SM count: small, yet with SPLIT_MIN_K_TILES the tiny shapes of the tests split
 #: only where a test asks for it (explicitly, or by lowering SPLIT_MIN_K_TILES)
 SIM_SMS = 4
@@ -761,12 +774,11 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
         return c  # nothing to write
     v = VERSIONS[version]
     config = v.default_config() if config is None else tuple(config)
-    splittable = version == 4 and not batched and dtype in SPLIT_DTYPES
     if split_k is None:
-        split_k = split_k_for(M, N, K, config, sm_count()) if splittable else 1
+        split_k = auto_split_k(version, dtype, batched, M, N, K, config)
     elif isinstance(split_k, (bool, np.bool_)) or not isinstance(split_k, (int, np.integer)) or split_k < 1:
         raise ValueError(f"split_k: expected None or an integer >= 1, got {split_k!r}")
-    elif split_k > 1 and not splittable:
+    elif split_k > 1 and not splittable(version, dtype, batched):
         raise ValueError(f"split_k: split-K runs with version 4, 2-D operands and float32/float64; got version "
                          f"{version}, {'batched' if batched else '2-D'}, {dtype}")
     split_k = int(split_k)
