@@ -175,6 +175,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     assert by_key[("gemm_v4_nn", "float32", "80")]["shared"] == 2 * 2 * 4 * (128 + 8) * 4
     # the roofline model's v3 co-residency uses this register count: it must follow the kernel
     assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_REGISTERS
+    assert by_key[("lstm_backward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_BACKWARD_REGISTERS
     print(f"\nkernel report: {len(rows)} rows in {result['seconds']} s")
 
 

@@ -358,6 +358,16 @@ def test_measured_v3_step_is_the_models():
     assert f["shared_wavefronts"] == t["slice"]["smem_wavefronts"] + t["step"]["smem_wavefronts"]
     assert t["step"]["wf_h"] == 1 and t["step"]["wf_R"] == 1
     assert roofline.v3_traffic(4, 4, 2, sl, P=32, h_pitch=32)["step"]["wf_h"] == 16
+    # the backward at H = P = 32: R's columns once (a warp covers 16 rows x 2 floats: 16 sectors a request,
+    # each block touches 4x the bytes it uses, |R| from DRAM), every block stages all of dgh_{s+1} (G x h)
+    b = roofline.v3_backward_traffic(32, 32, 2, sl)
+    R_bytes = 4 * 32 * 32 * 4
+    assert f["backward_R_l2"] == b["slice"]["l2"] == 4 * R_bytes and b["slice"]["dram"] == R_bytes
+    assert f["backward_R_l1"] == b["slice"]["l1"] and f["backward_R_sectors_per_request"] == 16
+    assert f["backward_dgh_l2"] == b["step"]["dgh_l2"] == 16 * 2 * 4 * 32 * 4
+    assert f["backward_dgh_sectors_per_request"] == 4
+    assert f["backward_shared_wavefronts"] == b["slice"]["smem_wavefronts"] + b["step"]["smem_wavefronts"]
+    assert b["slice"]["wf_slice"] == 2 and b["step"]["wf_R"] == b["step"]["wf_h"] == 1
 
 
 def test_deepbench_model_of_v1_v2_v3():
@@ -371,11 +381,15 @@ def test_deepbench_model_of_v1_v2_v3():
         assert r["R_bytes_per_step_forward"] == step_v2.r_bytes_per_step(4, r["H"], r["H"], r["B"], 1, 4)
     h100 = roofline.deepbench_model("H100 SXM", version=3)
     assert all(r["runs"] == 3 for r in h100)                            # 226 registers: 4 blocks of 64 per SM
+    assert all(r["backward_runs"] == 3 for r in h100)                   # the persistent backward as well
+    assert all(r["backward_runs"] == 2 for r in roofline.deepbench_model("H100 SXM", version=2))
     a100 = {(r["H"], r["B"], r["T"]): r for r in roofline.deepbench_model("A100 SXM", version=3)}
     r = a100[(1024, 64, 100)]                                           # 512 blocks > 4 x 108: v2 instead
     assert r["runs"] == 2 and "v2 runs" in r["note"]
     v2 = {(r["H"], r["B"], r["T"]): r for r in roofline.deepbench_model("A100 SXM", version=2)}
     assert r["forward_ms"] == v2[(1024, 64, 100)]["forward_ms"]
+    if r["backward_runs"] == 2:                                         # v2's backward too: the same time
+        assert r["forward_backward_ms"] == v2[(1024, 64, 100)]["forward_backward_ms"]
     # v3: one launch and one R slice load per layer; each step costs its traffic + a grid barrier, no launch
     one, two = roofline.deepbench_model(shapes=((256, 4, 1000), (256, 4, 2000)), version=3)
     gemm_1000 = roofline._gemm_ms(roofline.GPUS["H100 SXM"], 1000, 4, 256, 256)[0]

@@ -1,11 +1,13 @@
-"""Step kernel v3 (numbarnn/kernels/step_v3.py): the persistent forward and its per-step variant.
+"""Step kernel v3 (numbarnn/kernels/step_v3.py): the persistent forward and backward and their per-step
+variants.
 
 The simulator runs cooperative grids of one block only, so (as the issue plans it):
-- the step body runs on many blocks through the per-step variant `forward_step_v3`, against v1's
-  `forward_step` on the same inputs, step by step (every cell, both directions, ragged lengths with 0,
-  partial unit and row tiles, float16/32/64);
-- the persistent loop runs on one block through the whole op (NUMBARNN_STEP_VERSION=3, H <= TJ, one
-  direction) against the reference, forward and backward (the backward is v2's);
+- the step bodies run on many blocks through the per-step variants: `forward_step_v3` against v1's
+  `forward_step`, `backward_step_v3` against v2's `backward_step_v2` (the same arguments), on the same
+  inputs, step by step (every cell, both directions, ragged lengths with 0, partial unit and row tiles,
+  float16/32/64);
+- the persistent loops run on one block through the whole op (NUMBARNN_STEP_VERSION=3, H <= TJ, one
+  direction) against the reference, forward and backward;
 - the driver says which version ran and why (v3 falls back to v2 with a projection or too many blocks).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn.cells import get_cell
 from numbarnn.config import rnn_config
-from numbarnn.kernels import driver, step_v3
+from numbarnn.kernels import driver, step_v2, step_v3
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
 from numbarnn.kernels.common import acc_dtype, jit
 from numbarnn.testing import make_rnn_case
@@ -71,6 +73,52 @@ def test_per_step_body_on_many_blocks_equals_v1(name, dtype):
                                    atol=TOL[dtype], err_msg=f"{key} ({name}, {dtype})")
 
 
+def _run_backward_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
+    """Run a layer's fused backward (s = max(len)-1 .. 0, then -1) with v2's step kernel or v3's per-step
+    variant on random inputs (the same arguments: BACKWARD_V2_ARGS); -> every output."""
+    rng = np.random.default_rng(seed)
+    G, S, V, acc = cell.G, cell.S, cell.V, acc_dtype(dtype)
+    to = numba_cuda.to_device
+
+    def rand(*shape, of=dtype):
+        return to((0.5 * rng.standard_normal(shape)).astype(of))
+
+    args = dict(lens=to(np.asarray(lens, np.int32)), dy=rand(T, B, D * H), y=rand(T, B, D * H), h0=rand(D, B, H),
+                c0=rand(D, B, H) if cell.cell_state else None, acts=rand(D, T, B, S * H),
+                cs=rand(D, T, B, H) if cell.cell_state else None,
+                unit_params=rand(D, 2 * G + V, H), R_fwd=rand(G * H, H), R_rev=rand(G * H, H),
+                dh=rand(D, B, H, of=acc), dc=rand(D, B, H, of=acc) if cell.cell_state else None,
+                dgx=to(np.zeros((D, T, B, G * H), dtype)), dgh=to(np.zeros((D, T, B, G * H), dtype)),
+                dvec=to(np.zeros((D, T, B, V * H), dtype)) if V else None, h_prev=to(np.zeros((D, T, B, H), dtype)))
+    if version == 2:
+        t = step_v2.SIM_TILES
+        kernel, grid, block = jit(step_v2.make_backward_step_v2, cell, dtype, t), step_v2.grid(H, B, D, t), t.threads
+    else:
+        kernel, grid, block = jit(step_v3.make_backward_step_v3, cell, dtype, SL), (-(-H // SL.TJ), 1, D), SL.threads
+    names = step_v2.backward_v2_args(cell)
+    for s in range(max(lens) - 1, -2, -1):
+        args.update(s=s)
+        kernel[grid, block](*[args[n] for n in names])
+    return {k: args[k].copy_to_host() for k in ("dh", "dc", "dgx", "dgh", "dvec", "h_prev") if args[k] is not None}
+
+
+@pytest.mark.parametrize("name,dtype", [(c, "float64") for c in CELLS] + [("lstm", "float32"),
+                                                                          ("gru", "float16")])
+def test_backward_per_step_body_on_many_blocks_equals_v2(name, dtype):
+    """H = 5 units over TJ = 3 (2 blocks, the last partial), B = 5 rows over TB = 4, both directions: the v3
+    backward body (R's columns kept in shared memory, dgh staged per gate) gives v2's dgx, dgh, dvec, h_prev,
+    dh0 and dc0."""
+    cell = get_cell(name)
+    H, B, D, T, lens = 5, 5, 2, 3, [3, 0, 2, 1, 3]
+    assert H % SL.TJ and B % SL.TB and H > SL.TJ and H <= SL.KMAX
+    want = _run_backward_steps(2, cell, dtype, H, B, D, T, lens)
+    got = _run_backward_steps(3, cell, dtype, H, B, D, T, lens)
+    assert np.abs(want["dgh"]).max() > 0 and np.abs(want["dh"]).max() > 0
+    for key, w in want.items():
+        np.testing.assert_allclose(got[key].astype(np.float64), w.astype(np.float64), rtol=TOL[dtype],
+                                   atol=TOL[dtype], err_msg=f"{key} ({name}, {dtype})")
+
+
 @pytest.mark.parametrize("mode,dtype,lengths", [("lstm", "float64", [3, 0, 2, 1, 3]),
                                                 ("gru", "float64", [2, 2, 1, 0, 2]),
                                                 ("rnn_relu", "float32", [1, 3, 3, 0, 2]),
@@ -88,6 +136,10 @@ def test_persistent_on_one_block_against_reference(mode, dtype, lengths, monkeyp
     assert fwd.step_version == 3 and "co-resident" in fwd.note, fwd
     assert fwd.by_kernel.get("forward_persistent_v3", 0) == (cfg.L if steps else 0), fwd
     assert fwd.per_step == 0 and "forward_step" not in fwd.by_kernel, fwd
+    bwd = driver.last_launch_count()["backward"]
+    assert bwd.step_version == 3 and "co-resident" in bwd.note, bwd
+    assert bwd.by_kernel.get("backward_persistent_v3", 0) == (cfg.L if steps else 0), bwd
+    assert bwd.per_step == 0 and not any("step" in name for name in bwd.by_kernel), bwd
 
 
 #: the simulator runs a cooperative grid of one block only; a GPU holds these small grids co-resident (and runs v3:
@@ -102,24 +154,28 @@ def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(1, H, 2, "lstm", direction=direction, num_proj=proj)
     case = make_rnn_case(cfg, 2, 3, [2, 1, 0], seed=6)
-    compare_backends(case, backward=False, context=" [step v3 -> v2]")
-    fwd = driver.last_launch_count()["forward"]
+    compare_backends(case, context=" [step v3 -> v2]")
+    fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
     assert fwd.step_version == 2 and why in fwd.note, fwd
     assert fwd.by_kernel["forward_step_v2"] == 2 and "forward_persistent_v3" not in fwd.by_kernel, fwd
+    assert bwd.step_version == 2 and why in bwd.note and "backward_persistent_v3" not in bwd.by_kernel, bwd
+    assert bwd.by_kernel.get("backward_step_v2", 0) + bwd.by_kernel.get("recurrent_backward_v2", 0) > 0, bwd
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the simulator runs cooperative grids of one block only "
                     "(test_persistent_on_one_block_against_reference)")
 @pytest.mark.parametrize("mode,direction,H", [("lstm", "bidirectional", 100), ("gru", "unidirectional", 70)])
 def test_persistent_on_many_blocks_on_a_gpu(mode, direction, H, monkeypatch):
-    """On a GPU v3 runs grids of many blocks (H / TJ per direction, a partial last slice): the grid barrier
-    between steps must hold, for ragged lengths with a 0, two layers, against the reference."""
+    """On a GPU v3 runs grids of many blocks (H / TJ per direction, a partial last slice), forward and
+    backward: the grid barrier between steps must hold, for ragged lengths with a 0, two layers, against the
+    reference."""
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(2, H, 7, mode, direction=direction)
     case = make_rnn_case(cfg, 9, 6, [9, 4, 0, 1, 9, 6], seed=8)
     compare_backends(case, context=" [step v3, many blocks]")
-    fwd = driver.last_launch_count()["forward"]
+    fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
     assert fwd.step_version == 3 and fwd.by_kernel["forward_persistent_v3"] == cfg.L, fwd
+    assert bwd.step_version == 3 and bwd.by_kernel["backward_persistent_v3"] == cfg.L, bwd
 
 
 def test_gpu_slices_and_plan():
@@ -130,3 +186,29 @@ def test_gpu_slices_and_plan():
         assert sl.KMAX >= H and step_v3.slice_bytes(4, sl, "float32") <= step_v3.SMEM_BUDGET
         assert sl.threads == step_v3.THREADS
     assert step_v3.plan(4, 8, 7, "float64", simulator=True) is None       # P > the simulator's KMAX
+
+
+@pytest.mark.parametrize("mode,proj,H,lengths", [("lstm", 0, SL.TJ, [3, 1, 0, 2, 3]),
+                                                 ("gru", 0, SL.TJ, [0, 0, 0, 0, 0]),
+                                                 ("lstm", 2, SL.TJ, [3, 1, 0, 2, 3])])
+def test_launch_plan_matches_v3(mode, proj, H, lengths, monkeypatch):
+    """driver.launch_plan lists the persistent launches (forward and backward, one per layer) the driver makes
+    under NUMBARNN_STEP_VERSION=3, and v2's where v3 cannot run (a projection)."""
+    from numbarnn.config import RNNCall
+    from numbarnn.testing import run_backward, run_forward
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    cfg = rnn_config(2, H, 2, mode, num_proj=proj)
+    T, B = 3, 5
+    case = make_rnn_case(cfg, T, B, lengths, seed=2)
+    run_backward(case, run_forward(case, "cuda"), "cuda")
+    log = driver.last_launch_count()
+    call = RNNCall(cfg, T, B, np.dtype(np.float64), True, True, tuple(lengths))
+    plan = driver.launch_plan(call, gpu=False)
+    for phase in ("forward", "backward"):
+        assert sum(r["launches"] for r in plan if r["phase"] == phase) == log[phase].total, (plan, log[phase])
+    persistent = {r["kernel"]: r["launches"] for r in plan if "persistent" in r["kernel"]}
+    if proj or not max(lengths):
+        assert persistent == {}
+    else:
+        assert persistent == {f"{mode}_forward_persistent_v3": 1, f"{mode}_backward_persistent_v3": 1}
+        assert len([r for r in plan if "persistent" in r["kernel"]]) == 2 * cfg.L

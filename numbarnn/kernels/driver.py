@@ -19,7 +19,8 @@ Step kernels: v1 (`cell_steps.py`: one thread per (row, unit), R re-read by ever
 tiled product that reads R once per step for all rows, the cell in its epilogue; backward one fused launch
 per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
 the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
-memory and all its blocks are co-resident; else v2; the backward is v2's).  `step_version()` picks:
+memory and all its blocks are co-resident, else v2; its backward likewise, one persistent launch per layer
+that keeps the columns of R in shared memory, else v2's).  `step_version()` picks:
 NUMBARNN_STEP_VERSION=1|2|3, else 3 on a GPU (v3 where it can run, v2 where not: faster than v2 at every
 shape measured on an H100, bench/results/gpu_h100.md) and 1 in the simulator; the LaunchLog records the
 version that ran and, for v3, why (`LaunchLog.note`).
@@ -61,7 +62,7 @@ from .recurrent import make_recurrent_backward
 from . import step_v2, step_v3
 
 #: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
-#: the persistent forward; its backward is v2's)
+#: the persistent forward and backward)
 STEP_VERSIONS = (1, 2, 3)
 STEP_VERSION_VAR = "NUMBARNN_STEP_VERSION"
 
@@ -345,11 +346,16 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     unit_params = _unit_param_views(cfg, params)
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
     version = step_version()
-    if version == 3:
-        version, log.note = 2, "v3 is the forward only; the backward runs v2"
+    persistent = None
+    if version == 3:                                   # v3 when it can, else v2, saying why
+        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, phase="backward")
+        if slice_ is not None:
+            persistent = jit(step_v3.make_backward_persistent_v3, cfg.cell, str(dt), slice_)
+        else:
+            version = 2
     log.step_version = version
     tiles = step_v2.tiles(dt)
-    fused = version == 2 and not cfg.has_proj          # v2: one launch per step (+1 to finish dh0)
+    fused = version in (2, 3) and not cfg.has_proj     # v2: one launch per step (+1 to finish dh0); v3: one
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
     else:
@@ -398,7 +404,12 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                     Wp_fwd=lp_f.W_proj, Wp_rev=lp_r.W_proj, dc=dc, dgx=dgx, dgh=dgh, dvec=dvec, h_prev=h_prev,
                     dh_total=dh_total)
         log.steps, before = steps, log.total
-        if fused:                                      # dh in place: dh_in is the one buffer
+        if persistent is not None and steps:           # v3: one launch for all steps, dh0 included
+            args.update(R_fwd=lp_f.R, R_rev=lp_r.R, dh=dh_in, steps=steps)
+            log(persistent, "backward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads,
+                *[args[name] for name in used_args(step_v3.PERSISTENT_BACKWARD_ARGS, cfg.cell, False)])
+            log.per_step = 0
+        elif fused:                                    # dh in place: dh_in is the one buffer
             args.update(R_fwd=lp_f.R, R_rev=lp_r.R, dh=dh_in)
             for s in reversed(range(steps)):
                 args.update(s=s)
@@ -475,10 +486,12 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
     version = step_version(simulator=not gpu)
-    slice_ = None
-    if version == 3:                                               # as forward() decides (v2 when v3 cannot)
+    slice_ = bslice = None
+    if version == 3:                                               # as forward() and backward() decide
         slice_, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu)
-        version = 2
+        bslice, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu,
+                                   phase="backward")
+        version = 2                                                # (v2 where v3 cannot)
     tiles = step_v2.tiles(call.dtype, simulator=not gpu)
     row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
@@ -556,7 +569,11 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
             add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
         cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
-        if version == 2 and not cfg.has_proj:          # fused: steps + 1 launches (the last finishes dh0)
+        if bslice is not None:                         # persistent: one launch, steps + 1 products (dh0)
+            add("backward", f"{cell}_backward_persistent_v3", int(steps > 0 and B > 0),
+                (blocks(H, bslice.TJ), 1, D), bslice.threads, D * B * (steps * 20 * H + (steps + 1) * 2 * GH * P),
+                D * (GH * P + steps * B * (3 * GH + cfg.cell.S * H + 3 * P)) * sz)
+        elif version == 2 and not cfg.has_proj:        # fused: steps + 1 launches (the last finishes dh0)
             add("backward", f"{cell}_backward_step_v2", steps + 1 if B and steps else 0,
                 step_v2.grid(H, B, D, tiles), tiles.threads, D * B * (20 * H + 2 * GH * P),
                 D * (row_tiles * GH * P + B * (3 * GH + cfg.cell.S * H + 3 * P)) * sz)

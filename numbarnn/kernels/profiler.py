@@ -690,7 +690,7 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
     gpu: the roofline model's GPU (numbarnn.kernels.roofline.GPUS).  lines: source lines kept per kernel.
     step_version: the step kernels, 1 or 2 (PROFILED_STEP_VERSIONS); None = NUMBARNN_STEP_VERSION if set, else
     2: a GPU's default v3 needs a real grid sync over many blocks, which the simulator cannot run, so the
-    profiler runs v2 (v3's backward, and its forward wherever v3 cannot run).
+    profiler runs v2 (what v3 runs wherever its persistent kernels cannot).
     Returns a JSON-able dict: the configuration, per phase the launches, per-kernel memory figures, per step
     figures and bytes of R per step, and the model's predicted times.  Runs in a subprocess with the
     simulator when this process has numba loaded without it.
@@ -933,17 +933,18 @@ def measure_v2_figures(H: int = 32, B: int = 10) -> dict:
                 H=H, B=B)
 
 
-def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2) -> dict:
-    """Measure, now, one step of the v3 step body (step_v3's per-step variant: the simulator runs cooperative
+def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2, backward_H: int = 32) -> dict:
+    """Measure, now, one step of the v3 step bodies (step_v3's per-step variants: the simulator runs cooperative
     grids of one block only) with a GPU-shaped slice of TJ units (64 threads, KC = 32, KMAX = P) at a tiny
     shape: the R slice load and the h staging (bytes, sectors per request) and the shared wavefronts, which
-    roofline.v3_traffic predicts (slice + one step), bank conflicts of the h tile included."""
+    roofline.v3_traffic predicts (slice + one step), bank conflicts of the h tile included; and the same of
+    the backward at H = P = backward_H (its columns of R, the dgh staging: roofline.v3_backward_traffic)."""
     if not simulator_active():
         return _measure_in_subprocess("--measure-v3")
     from numba import cuda
 
     from .cell_steps import FORWARD_ARGS, used_args
-    from . import step_v3
+    from . import step_v2, step_v3
     sl = step_v3.Slice(TJ=TJ, RG=step_v3.THREADS // TJ, RB=1, KC=32, KMAX=P)
     a = _lstm_step_arrays(H, P, B)
     cell = a["cell"]
@@ -954,10 +955,26 @@ def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2) -> dict
             *[a[n] for n in used_args(FORWARD_ARGS, cell, False)])
     st = rec.launches[0]
     staged = max((r for r in st["lines"] if r["tag"] == "h" and r["kind"] == "load"), key=lambda r: r["requests"])
+    Hb = backward_H
+    sl_b = sl._replace(KMAX=Hb)
+    b = _lstm_step_arrays(Hb, Hb, B, T=2, lens=2)
+    GH = cell.G * Hb
+    with recording() as rec_b:
+        rec_b.tag("R", b["R_fwd"])
+        rec_b.tag("dgh_next", b["dgh"], B * GH * 4, 2 * B * GH * 4)         # dgh of step s+1 = 1, staged
+        cuda.jit(step_v3.make_backward_step_v3(cell, "float32", sl_b))[(-(-Hb // TJ), 1, 1), sl.threads](
+            *[b[n] for n in step_v2.backward_v2_args(cell)])
+    bt = rec_b.launches[0]
+    staged_b = max((r for r in bt["lines"] if r["tag"] == "dgh_next" and r["kind"] == "load"),
+                   key=lambda r: r["requests"])
     return dict(R_l2=st["tags"]["R"]["l2_bytes"], R_sectors_per_request=st["tags"]["R"]["sectors_per_request"],
                 h_l2=st["tags"]["h"]["l2_bytes"], h_sectors_per_request=staged["sectors_per_request"],
                 shared_wavefronts=st["shared"]["wavefronts"], shared_requests=st["shared"]["requests"],
-                H=H, P=P, B=B, TJ=TJ)
+                backward_R_l2=bt["tags"]["R"]["l2_bytes"], backward_R_l1=bt["tags"]["R"]["l1_bytes"],
+                backward_R_sectors_per_request=bt["tags"]["R"]["sectors_per_request"],
+                backward_dgh_l2=bt["tags"]["dgh_next"]["l2_bytes"],
+                backward_dgh_sectors_per_request=staged_b["sectors_per_request"],
+                backward_shared_wavefronts=bt["shared"]["wavefronts"], H=H, P=P, B=B, TJ=TJ, backward_H=Hb)
 
 
 def model_report(gpu: str = "H100 SXM", shapes=None, measure: bool = True) -> str:

@@ -16,14 +16,15 @@ on a real GPU), so it is optimistic for small shapes; it is a ranking and an ord
 formulas whose per-request figures (sectors per request of R, broadcast reads, shared-memory wavefronts) are
 the ones the profiler measures on the simulator at a small shape (tests/test_profiler.py checks formula ==
 measurement there: `v1_step_traffic` against measure_v1_figures, `v2_step_traffic` against measure_v2_figures,
-`v3_traffic` against measure_v3_figures):
+`v3_traffic` and `v3_backward_traffic` against measure_v3_figures):
 
     v1  thread per (unit, row): R read B times per step, 32 sectors per forward request (uncoalesced)
     v2  tiles of 32 units x 8 rows: R read ceil(B/8) times per step (step_v2.r_bytes_per_step), coalesced,
         staged through shared memory (which shares the L1 pipe: counted in the L1 term)
     v3  persistent: the R slices loaded into shared memory once per layer; per step every block stages all of h,
         runs v2's epilogue, and waits at one grid barrier (GPU.grid_sync_us, approximate); when the blocks
-        cannot all be co-resident on the GPU (`v3_co_residency`, step_v3.plan's slice) v2 runs instead
+        cannot all be co-resident on the GPU (`v3_co_residency`, step_v3.plan's slice) v2 runs instead.  The
+        backward the same way with R's columns (`v3_backward_traffic`: it stages all of dgh, G times h)
 `format_deepbench_model` prints the three side by side with issue 8's comparison points (cuDNN's and haste's
 published times) and says whether the model meets them.  Nothing in here is tuned to meet them.
 """
@@ -213,6 +214,8 @@ SM_LIMITS_EXTRA = {
 #: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice; the loops are not unrolled,
 #: so other slices allocate about the same).  The co-residency estimate below uses it for every GPU.
 V3_REGISTERS = 168
+#: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`)
+V3_BACKWARD_REGISTERS = 112
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(
@@ -372,6 +375,49 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     return {"slice": slice_, "step": step}
 
 
+def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1) -> dict:
+    """The persistent v3 backward (step_v3.make_backward_body) of one layer (no projection: P = H) with slice
+    `sl`: {"slice": loading R's columns (once per layer), "step": one step}.
+
+    slice  every block loads the TJ columns j0 .. j0+TJ-1 of R: a warp request covers 32/TJ rows of TJ
+           consecutive floats, ceil(TJ*s/32) sectors each (aligned: j0 is a multiple of TJ), so each block
+           touches G*H rows x that many sectors (L2), |R| from DRAM once; stored into R_slice[g*TJ+jj, k]
+           32 words a request, whose banks (jj*(KMAX+1) + k) collide `wf_slice`-way (2-way at TJ = 2).
+    step   every block stages ALL B rows of dgh_{s+1}, all G gates: ceil(H/TJ) x B x G*H x s of L2 traffic,
+           coalesced (G times the forward's h); the epilogue's compulsory bytes (launch plan: B(3GH + SH + 3P)s)
+           spread like the forward's; smem: per row tile, gate and K chunk TB*KC dgh words stored; per (gate,
+           column k) each warp loads one word of the R slice and RB of the dgh tile; one grid barrier.
+    """
+    TJ, RB, KC, KMAX, TB, NT = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB, sl.threads
+    assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
+    P = H
+    GH = G * H
+    nb = -(-H // TJ) * D
+    warps = -(-NT // WARP)
+    row_tiles = -(-B // TB)
+    lanes = range(min(WARP, NT))
+    from . import step_v3
+    h_pitch = step_v3.h_pitch(sl)
+    wf_R = bank_wavefronts((lane % TJ) * (KMAX + 1) for lane in lanes)
+    wf_h = bank_wavefronts((lane // TJ * RB) * h_pitch for lane in lanes)
+    wf_slice = bank_wavefronts((e % TJ) * (KMAX + 1) + e // TJ for e in range(WARP))
+    R_bytes = D * GH * P * s
+    run = -(-TJ * s // SECTOR)                      # sectors of one row's TJ columns
+    requests = nb * (-(-GH * TJ // WARP))
+    slice_l2 = nb * GH * run * SECTOR
+    slice_ = dict(dram=R_bytes, l2=slice_l2, l1=requests * (WARP // TJ) * run * SECTOR, wf_slice=wf_slice,
+                  smem_wavefronts=requests * wf_slice, smem=requests * wf_slice * WAVEFRONT, flops=0, blocks=nb,
+                  sectors_per_request=(WARP // TJ) * run)
+    dgh_l2 = nb * B * GH * s
+    spread = max(1.0, SECTOR / (TJ * s))
+    other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
+    step_wf = nb * row_tiles * G * (-(-H // KC) * (TB * KC // WARP) + warps * H * (wf_R + RB * wf_h))
+    step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
+                smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
+                flops=2 * GH * nb * TJ * row_tiles * TB + 20 * D * B * H, blocks=nb)
+    return {"slice": slice_, "step": step}
+
+
 def _gemm_ms(gpu: GPU, T: int, B: int, H: int, I: int, G: int = 4) -> tuple[float, float]:
     """(forward, backward) GEMMs outside the time loop, ms: at half of fp32 peak (GEMM v3 reaches at most ~50%
     of it: issue 8), 1 GEMM forward (gx = x W^T), 3 backward (dW, dx, dR)."""
@@ -387,7 +433,8 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
     version 1: cell_steps.py + recurrent.py (2 launches per backward step); 2: step_v2.py (1 launch per
     forward step, T + 1 fused backward launches); 3: the persistent forward (1 launch per layer: the R slices
     once, then per step the traffic of `v3_traffic` + one grid barrier) when v3_co_residency says it can run,
-    else v2's forward (row["runs"] says which); v3's backward is v2's.
+    else v2's forward (row["runs"] says which); its backward likewise (`v3_backward_traffic`, one launch: the
+    columns of R once, then T + 1 steps of traffic + a grid barrier each; row["backward_runs"]).
     """
     gpu = GPUS[gpu_name]
     out = []
@@ -428,6 +475,16 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     fwd_ms = (gpu.launch_us + load_us + T * f_us) / 1e3 + gemm_f
                     row.update(runs=3, R_bytes_per_step_forward=tr3["slice"]["l2"] / T, slice_TJ=sl.TJ,
                                v3_bank_conflict=tr3["step"]["wf_h"])
+                bsl, bn, _, bwhy = v3_co_residency(gpu, H, H, G, registers=V3_BACKWARD_REGISTERS)
+                row.update(backward_note=bwhy)
+                if bsl is not None:
+                    tb3 = v3_backward_traffic(H, I, B, bsl, G, s)
+                    load_us, _ = step_time(gpu, tb3["slice"], bn)
+                    b_us, b_bound = step_time(gpu, tb3["step"], bn)
+                    b_us += gpu.grid_sync_us
+                    bwd_ms = (gpu.launch_us + load_us + (T + 1) * b_us) / 1e3 + gemm_b
+                    row.update(backward_runs=3)
+        row.setdefault("backward_runs", min(version, 2))
         row.update(forward_step_us=f_us, forward_bound=f_bound, backward_step_us=b_us, forward_ms=fwd_ms,
                    forward_backward_ms=fwd_ms + bwd_ms)
         row.update({f"published_{k}_ms": v for k, v in PUBLISHED.get((H, B, T), {}).items()})
@@ -449,23 +506,25 @@ def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measure
              f"of traffic formulas checked against the simulator's per-request figures, + {gpu.launch_us} us per "
              f"launch and {gpu.grid_sync_us} us per v3 grid barrier, both approximate; L1 includes shared "
              f"memory; fp32 LSTM, one layer, H = I; input GEMMs at 50% of fp32 peak)")
-    header = (f"{'H':>5} {'B':>4} {'T':>5} {'ver':>4}  {'R/step fwd':>11} {'fwd step us':>11} {'bound':>5} "
+    header = (f"{'H':>5} {'B':>4} {'T':>5} {'ver':>6}  {'R/step fwd':>11} {'fwd step us':>11} {'bound':>5} "
               f"{'bwd step us':>11} {'fwd ms':>9} {'fwd+bwd ms':>10}  notes")
     lines = [title, header]
     for i, (H, B, T) in enumerate(shapes):
         for v in (1, 2, 3):
             r = rows[v][i]
             ver = f"v{v}" if r["runs"] == v else f"v{v}>{r['runs']}"
+            if r["backward_runs"] != r["runs"]:
+                ver += f"/{r['backward_runs']}"
             note = r["note"]
             if v == 3 and r["runs"] == 3:
                 conflict = r["v3_bank_conflict"]
                 note = (f"TJ={r['slice_TJ']}, {r['v3_blocks']} blocks, h tile "
                         + (f"{conflict}-way bank conflict" if conflict > 1 else "conflict-free"))
-            lines.append(f"{H:>5} {B:>4} {T:>5} {ver:>4}  {r['R_bytes_per_step_forward'] / 1e6:>8.2f} MB "
+            lines.append(f"{H:>5} {B:>4} {T:>5} {ver:>6}  {r['R_bytes_per_step_forward'] / 1e6:>8.2f} MB "
                          f"{r['forward_step_us']:>11.2f} {r['forward_bound']:>5} {r['backward_step_us']:>11.2f} "
                          f"{r['forward_ms']:>9.2f} {r['forward_backward_ms']:>10.2f}  {note}")
-    lines.append("(v3>2: v3 cannot run there, v2 does; v3's backward is v2's; R/step of v3 = |R| / T: the slices "
-                 "are loaded once per layer)")
+    lines.append("(v3>2: v3 cannot run there, v2 does; v3/2: v3's forward runs, its backward cannot, v2's does; "
+                 "R/step of v3 = |R| / T: the slices are loaded once per layer)")
     lines += comparison_lines(rows[3], shapes)
     return "\n".join(lines)
 

@@ -205,6 +205,37 @@ def make_stage_rows(dtype, TB: int, RS: int):
 
 
 @functools.lru_cache(maxsize=None)
+def make_stage_steps(dtype, TB: int, RS: int):
+    """Device function: tile[bb, kc] = dgh[d, t_b, b0 + bb, col] of step `s_src` for this thread's rows
+    bb = r0, r0 + RS, ... < TB, where t_b is row b's time index at that step (s_src, or len[b]-1-s_src in
+    reverse); zeros for rows past B, rows not active at s_src (s_src < 0 or >= len[b]) and `ok` False (a
+    column past the product's width).  LOADS_IN_FLIGHT loads before the stores, constant trip counts.
+    The dgh tile of v2's backward product and of v3's backward step body."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    U = LOADS_IN_FLIGHT
+    RH = -(-TB // RS)                           # a thread's rows of the tile
+
+    @cuda.jit(device=True, inline="always")
+    def stage_steps(s_src, lens, dgh, tile, buf, d, b0, col, ok, kc, r0):
+        B = lens.shape[0]
+        for i0 in range(0, RH, U):
+            for u in range(U):
+                bb = r0 + (i0 + u) * RS
+                b = b0 + bb
+                buf[u] = zero
+                if ok and bb < TB and b < B and s_src >= 0 and s_src < lens[b]:
+                    t_ = s_src if d == 0 else lens[b] - 1 - s_src
+                    buf[u] = acc(dgh[d, t_, b, col])
+            for u in range(U):
+                bb = r0 + (i0 + u) * RS
+                if bb < TB:
+                    tile[bb, kc] = buf[u]
+
+    return stage_steps
+
+
+@functools.lru_cache(maxsize=None)
 def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     """Tiled recurrent product for TJ units x G gates x TB rows, then the cell's pointwise forward."""
     acc = acc_dtype(dtype).type
@@ -287,8 +318,9 @@ def make_dgh_R(dtype, t: Tiles):
     zero = acc(0.0)
     TJ, RB, KC, TB, NT, U, RG = t.TJ, t.RB, t.KC, t.TB, t.threads, LOADS_IN_FLIGHT, t.RG
     GS = NT // KC                                       # staging dgh: rows apart of one thread's elements
-    RR, RD = -(-KC // RG), -(-TB // GS)                 # a thread's rows of the R tile, of the dgh tile
+    RR = -(-KC // RG)                                   # a thread's rows of the R tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
+    stage_dgh = make_stage_steps(dtype, TB, GS)
 
     @cuda.jit(device=True, inline="always")
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):
@@ -298,7 +330,6 @@ def make_dgh_R(dtype, t: Tiles):
         k0 = cuda.blockIdx.x * TJ
         b0 = cuda.blockIdx.y * TB
         d = cuda.blockIdx.z
-        B = lens.shape[0]
         GH = R.shape[0]
         P = R.shape[1]
         buf = cuda.local.array(U, acc)                  # staged loads in flight (see LOADS_IN_FLIGHT)
@@ -319,20 +350,7 @@ def make_dgh_R(dtype, t: Tiles):
                     row = rg + (i0 + u) * RG
                     if row < KC:
                         R_tile[row, kx] = buf[u]
-            # stage dgh of step s_src: TB rows x KC columns, coalesced along gj
-            gj = gj0 + cg
-            for i0 in range(0, RD, U):
-                for u in range(U):
-                    bb = rb0 + (i0 + u) * GS
-                    b = b0 + bb
-                    buf[u] = zero
-                    if bb < TB and b < B and gj < GH and s_src >= 0 and s_src < lens[b]:
-                        t_ = s_src if d == 0 else lens[b] - 1 - s_src
-                        buf[u] = acc(dgh[d, t_, b, gj])
-                for u in range(U):
-                    bb = rb0 + (i0 + u) * GS
-                    if bb < TB:
-                        g_tile[bb, cg] = buf[u]
+            stage_dgh(s_src, lens, dgh, g_tile, buf, d, b0, gj0 + cg, gj0 + cg < GH, cg, rb0)  # coalesced along gj
             cuda.syncthreads()
             for kk in range(min(KC, GH - gj0)):
                 rk = R_tile[kk, kx]                     # consecutive threads, consecutive banks
@@ -382,31 +400,23 @@ def make_recurrent_backward_v2(dtype, t: Tiles = GPU_TILES):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_step_v2(cell, dtype, t: Tiles = GPU_TILES):
-    """Cells without a projection: one launch per step, dh = direct + dgh_{s+1} R, then the cell backward."""
+def make_backward_epilogue(cell, dtype, RB: int):
+    """Device function: the cell's pointwise backward at step s, unit j, rows b_first .. b_first+RB-1 (those
+    < B), given from_R[r] = (dgh_{s+1} R)[b, j].  dh[d, b, j] holds the direct term (or the carry) and leaves
+    with the next one.  Shared by v2 and v3 (cells without a projection: P == H)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G, S, V = cell.G, cell.S, cell.V
     VL = max(V, 1)
     SPLIT = cell.split_mask
-    TJ, RB, KC, TB = t.TJ, t.RB, t.KC, t.TB
     pointwise = device_function(cell.backward, dtype)
-    dgh_R = make_dgh_R(dtype, t)
 
     @cuda.jit(device=True, inline="always")
-    def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
-                      h_prev):
-        R_tile = cuda.shared.array((KC, TJ), acc)
-        g_tile = cuda.shared.array((TB, KC), acc)
-        from_R = cuda.local.array(RB, acc)
-        d = cuda.blockIdx.z
-        dgh_R(s + 1, lens, dgh, R_fwd if d == 0 else R_rev, R_tile, g_tile, from_R)   # 0 where s+1 >= len
-        j = cuda.blockIdx.x * TJ + cuda.threadIdx.x % TJ
+    def epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R, d, j,
+                 b_first):
         H = dgx.shape[3] // G
         P = h0.shape[2]                         # == H: no projection here
         B = lens.shape[0]
-        if j >= H:
-            return
         step = int64(1) if d == 0 else int64(-1)
         saved = cuda.local.array(S, acc)
         v = cuda.local.array(VL, acc)
@@ -417,7 +427,7 @@ def make_backward_step_v2(cell, dtype, t: Tiles = GPU_TILES):
             for k in range(V):
                 v[k] = acc(unit_params[d, 2 * G + k, j])
         for r in range(RB):
-            b = cuda.blockIdx.y * TB + cuda.threadIdx.x // TJ * RB + r
+            b = b_first + r
             if b >= B:
                 break
             dh_now = dh[d, b, j] + from_R[r]    # dh reaching step s (the direct term + R's part, or the carry)
@@ -448,6 +458,30 @@ def make_backward_step_v2(cell, dtype, t: Tiles = GPU_TILES):
             if dc is not None:
                 dc[d, b, j] = dc_prev
             dh[d, b, j] = acc(dh_direct)
+
+    return epilogue
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_step_v2(cell, dtype, t: Tiles = GPU_TILES):
+    """Cells without a projection: one launch per step, dh = direct + dgh_{s+1} R, then the cell backward."""
+    acc = acc_dtype(dtype).type
+    G, TJ, RB, KC, TB = cell.G, t.TJ, t.RB, t.KC, t.TB
+    dgh_R = make_dgh_R(dtype, t)
+    epilogue = make_backward_epilogue(cell, dtype, RB)
+
+    @cuda.jit(device=True, inline="always")
+    def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
+                      h_prev):
+        R_tile = cuda.shared.array((KC, TJ), acc)
+        g_tile = cuda.shared.array((TB, KC), acc)
+        from_R = cuda.local.array(RB, acc)
+        d = cuda.blockIdx.z
+        dgh_R(s + 1, lens, dgh, R_fwd if d == 0 else R_rev, R_tile, g_tile, from_R)   # 0 where s+1 >= len
+        j = cuda.blockIdx.x * TJ + cuda.threadIdx.x % TJ
+        if j < dgx.shape[3] // G:
+            epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R, d,
+                     j, cuda.blockIdx.y * TB + cuda.threadIdx.x // TJ * RB)
 
     return _wrap(f"{cell.name}_backward_step_v2", backward_body, BACKWARD_V2_ARGS, cell, False)
 

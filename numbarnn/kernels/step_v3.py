@@ -1,4 +1,4 @@
-"""Step kernel v3: persistent forward, one launch per layer for all T steps (issue 8 item 3).
+"""Step kernel v3: persistent forward and backward, one launch per layer for all T steps (issue 8 item 3).
 
 What changed from v2 and why: v2 reads R from global memory once per step (ceil(B/TB) x |R|) and pays a launch
 per step.  v3 gives each block a fixed slice of TJ hidden units (x all G gates, x every batch row, one
@@ -18,6 +18,16 @@ flight: `step_v2.make_stage_rows`), the product comes from the R slice in shared
 column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
 (`step_v2.make_forward_epilogue`).
 
+The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
+kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
+block before the barrier) is staged like h (`step_v2.make_stage_steps`), and the cell's backward is v2's
+epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1 finishes dh0.
+
+    backward_persistent_v3    grid (ceil(H/TJ), 1, D), one launch per layer, v2's arguments with steps for s
+        R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj]                           once
+        for s in steps-1 .. -1:  step_body(s) ; grid.sync() (not after -1)
+    backward_step_v3          the same body, one launch per step (the many-block test)
+
 On an H100 (bench/results/gpu_h100.md) v3 ran correctly from the first launch (384 co-resident blocks at
 H=768) and was faster than v2 at every measured shape (768x16x1024 forward: 80 ms, v2 184 ms, cuDNN 21 ms), so
 the driver runs it by default on a GPU.  What limits it now: ~95 us per step at H=768 B=16, each thread's
@@ -26,7 +36,8 @@ serial K loop and the h staging of every step (a split of K over more threads is
 The slice must fit: G*TJ*(KMAX+1) compute-dtype values of static shared memory (at most 48 KiB, 40 KiB
 used here), and every block must be resident at once (a cooperative launch of more blocks fails).
 `plan(...)` picks TJ for a shape; the driver asks the device how many blocks can be co-resident and falls
-back to v2 otherwise, saying why.  No projection (h' = W_proj m would need a second barrier per step): v2.
+back to v2 otherwise, saying why (per phase: the backward kernel has its own registers).  No projection
+(h' = W_proj m would need a second barrier per step): v2.
 """
 from __future__ import annotations
 
@@ -39,7 +50,8 @@ from ..cells import get_cell
 from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, acc_dtype
-from .step_v2 import LOADS_IN_FLIGHT, make_forward_epilogue, make_stage_rows
+from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, make_backward_epilogue, make_forward_epilogue,
+                      make_stage_rows, make_stage_steps)
 
 
 if SIMULATOR:
@@ -228,13 +240,144 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
     return _wrap(f"{cell.name}_forward_persistent_v3", persistent_body, PERSISTENT_ARGS, cell, False)
 
 
+# ---------------------------------------------------------------------------------------------------
+# backward: the same slices, the columns of R instead of its rows
+# ---------------------------------------------------------------------------------------------------
+
+PERSISTENT_BACKWARD_ARGS = tuple(
+    ("steps", "i64", 0, "steps to run: max(len); the kernel runs s = steps-1 .. 0, then -1 (dh0)", row[4])
+    if row[0] == "s" else row for row in BACKWARD_V2_ARGS)
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_body(cell, dtype, sl: Slice):
+    """Device functions (load_columns, step_body) of the backward, shared by its per-step and persistent
+    kernels.  A block owns the same TJ units as in the forward, but the backward's product runs the other
+    way: dh[b, j] = sum_{g,k} dgh_{s+1}[b, g*H+k] R[g*H+k, j] needs the COLUMNS j0 .. j0+TJ-1 of R, again
+    G*TJ*H values, kept as R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj] (the forward slice's layout, so the
+    product loop and its bank pattern are the forward's).  Then the cell's backward for those units is v2's
+    epilogue (`step_v2.make_backward_epilogue`)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    G = cell.G
+    TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
+    RS = NT // KC                                       # staging dgh: rows apart of one thread's elements
+    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
+    stage_dgh = make_stage_steps(dtype, TB, RS)
+    epilogue = make_backward_epilogue(cell, dtype, RB)
+
+    @cuda.jit(device=True, inline="always")
+    def load_columns(R, R_slice, j0, H):
+        """R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj]: consecutive threads read runs of TJ consecutive j (a
+        one-off per launch: sector efficiency TJ*size/32 at worst, against T steps that read no R at all)."""
+        tid = cuda.threadIdx.x
+        buf = cuda.local.array(U, acc)
+        n = G * H * TJ
+        for e0 in range(tid, n, NT * U):                # U loads in flight, then U stores
+            for u in range(U):
+                e = e0 + u * NT
+                j = j0 + e % TJ
+                buf[u] = acc(R[e // TJ, j]) if e < n and j < H else zero
+            for u in range(U):
+                e = e0 + u * NT
+                if e < n:
+                    gk = e // TJ                        # the row of R: gate gk // H, unit k = gk % H
+                    R_slice[gk // H * TJ + e % TJ, gk % H] = buf[u]
+        cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
+    def step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
+                  g_tile, from_R, j0, d):
+        tid = cuda.threadIdx.x
+        jj = tid % TJ
+        rg = tid // TJ
+        H = dgx.shape[3] // G
+        B = lens.shape[0]
+        buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
+        kc = tid % KC                                   # this thread's column of each staged dgh chunk
+        r0 = tid // KC                                  # and its first row, then every RS-th row
+        j = j0 + jj
+        for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
+            for r in range(RB):
+                from_R[r] = zero
+            for g in range(G):
+                for k0 in range(0, H, KC):
+                    k = k0 + kc
+                    # dgh of step s+1 (zeros where s+1 >= len[b]): written by every block before the barrier
+                    stage_dgh(s + 1, lens, dgh, g_tile, buf, d, b0, g * H + k, k < H, kc, r0)
+                    cuda.syncthreads()
+                    for kk in range(min(KC, H - k0)):
+                        rk = R_slice[g * TJ + jj, k0 + kk]
+                        for r in range(RB):
+                            from_R[r] += rk * g_tile[rg * RB + r, kk]   # a broadcast within the row group
+                    cuda.syncthreads()
+            if j < H:
+                epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R,
+                         d, j, b0 + rg * RB)
+
+    return load_columns, step_body
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
+    """The v3 backward body as one launch per step (grid (ceil(H/TJ), 1, D)), v2's arguments: the many-block
+    test of the body (s = T-1 .. 0, then -1 to finish dh0, as v2's fused backward)."""
+    acc = acc_dtype(dtype).type
+    G = cell.G
+    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    load_columns, step_body = make_backward_body(cell, dtype, sl)
+
+    @cuda.jit(device=True, inline="always")
+    def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
+                      h_prev):
+        R_slice = cuda.shared.array((GJ, KMAX1), acc)
+        g_tile = cuda.shared.array((TB, HP), acc)
+        from_R = cuda.local.array(RB, acc)
+        d = cuda.blockIdx.z
+        j0 = cuda.blockIdx.x * sl.TJ
+        load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, dgx.shape[3] // G)
+        step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice, g_tile,
+                  from_R, j0, d)
+
+    return _wrap(f"{cell.name}_backward_step_v3", backward_body, BACKWARD_V2_ARGS, cell, False)
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
+    """All steps of a layer's backward in one cooperative launch: s = steps-1 .. 0 with a grid barrier after
+    each (step s reads every block's dgh of step s+1), then s = -1 finishes dh0.  dh stays in one buffer:
+    the thread of (b, j) alone reads and writes it (v2's convention)."""
+    acc = acc_dtype(dtype).type
+    G = cell.G
+    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    load_columns, step_body = make_backward_body(cell, dtype, sl)
+
+    @cuda.jit(device=True, inline="always")
+    def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
+                        h_prev):
+        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R, kept for all steps
+        g_tile = cuda.shared.array((TB, HP), acc)
+        from_R = cuda.local.array(RB, acc)
+        d = cuda.blockIdx.z
+        j0 = cuda.blockIdx.x * sl.TJ
+        load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, dgx.shape[3] // G)
+        for i in range(steps + 1):
+            s = steps - 1 - i
+            step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
+                      g_tile, from_R, j0, d)
+            if s >= 0:
+                grid_sync()                             # every unit's dgh of step s is written before s-1
+
+    return _wrap(f"{cell.name}_backward_persistent_v3", persistent_body, PERSISTENT_BACKWARD_ARGS, cell, False)
+
+
 def gpu_slices(G: int, dtype) -> dict:
     """{H: Slice} of the report's shapes (H = P = 256, 512, 1024)."""
     return {H: plan(G, H, H, dtype, simulator=False) for H in (256, 512, 1024)}
 
 
 def kernel_specs():
-    """The persistent kernel and its per-step variant for REPORTED_CELLS (no projection) at the slice of
+    """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS (no projection) at the slice of
     H = P = 512 (block = 64 threads).  The persistent one links libcudadevrt.a (the report does that for
     every kernel with a grid barrier)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
@@ -247,22 +390,37 @@ def kernel_specs():
                           signature(FORWARD_ARGS, cell, dt, False), sl.threads))
             specs.append((f"{cell.name}_forward_persistent_v3", dt, make_forward_persistent_v3(cell, dt, sl),
                           signature(PERSISTENT_ARGS, cell, dt, False), sl.threads))
+            specs.append((f"{cell.name}_backward_step_v3", dt, make_backward_step_v3(cell, dt, sl),
+                          signature(BACKWARD_V2_ARGS, cell, dt, False), sl.threads))
+            specs.append((f"{cell.name}_backward_persistent_v3", dt, make_backward_persistent_v3(cell, dt, sl),
+                          signature(PERSISTENT_BACKWARD_ARGS, cell, dt, False), sl.threads))
     return specs
 
 
 __all__ = ["Slice", "SIM_SLICE", "plan", "blocks_needed", "slice_bytes", "make_forward_step_v3",
-           "make_forward_persistent_v3", "PERSISTENT_ARGS", "gpu_slices", "kernel_specs"]
+           "make_forward_persistent_v3", "make_backward_step_v3", "make_backward_persistent_v3", "PERSISTENT_ARGS",
+           "PERSISTENT_BACKWARD_ARGS", "gpu_slices", "kernel_specs", "choose"]
 
 
-def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None):
-    """(Slice, why) when the persistent kernel can run this layer, else (None, why not).
+#: the persistent kernel of each phase and its argument table
+PERSISTENT = {"forward": (make_forward_persistent_v3, PERSISTENT_ARGS),
+              "backward": (make_backward_persistent_v3, PERSISTENT_BACKWARD_ARGS)}
 
-    It can when there is no projection, the R slice fits (`plan`) and every block is co-resident: on a GPU
-    the device says how many blocks of the compiled kernel fit at once (max_cooperative_grid_blocks, from its
-    registers and shared memory and the SM count); the simulator runs cooperative grids of one block only."""
+
+def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
+           phase: str = "forward"):
+    """(Slice, why) when the persistent kernel of `phase` ("forward" or "backward") can run this layer, else
+    (None, why not).
+
+    It can when there is no projection, the R slice fits (`plan`; the backward's column slice has the same
+    size) and every block is co-resident: on a GPU the device says how many blocks of the compiled kernel fit
+    at once (max_cooperative_grid_blocks, from its registers and shared memory and the SM count: the two
+    phases' kernels differ in registers); the simulator runs cooperative grids of one block only."""
     sim = common.SIMULATOR if simulator is None else simulator
+    factory, table = PERSISTENT[phase]
     if has_proj:
-        return None, "v3 has no projection step (h' = W_proj m would need a second grid barrier per step)"
+        return None, (f"v3 has no projection step (h' = W_proj m would need a second grid barrier per step); "
+                      f"the {phase} runs v2")
     sl = plan(cell.G, H, P, dtype, simulator=sim)
     if sl is None:
         return None, f"the R slice for P={P} does not fit {SMEM_BUDGET} bytes of shared memory"
@@ -272,8 +430,8 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     else:
         try:
             from .common import jit
-            kernel = jit(make_forward_persistent_v3, cell, str(dtype), sl)
-            compiled = kernel.compile(signature(PERSISTENT_ARGS, cell, dtype, False))
+            kernel = jit(factory, cell, str(dtype), sl)
+            compiled = kernel.compile(signature(table, cell, dtype, False))
             limit = compiled.max_cooperative_grid_blocks(sl.threads)
         except Exception as exc:           # no cooperative launch here: say why and run v2
             return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
