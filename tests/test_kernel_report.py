@@ -176,7 +176,32 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     # the roofline model's v3 co-residency uses this register count: it must follow the kernel
     assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_REGISTERS
     assert by_key[("lstm_backward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_BACKWARD_REGISTERS
+    # the report states the persistent kernels' co-residency at H = 256, 512, 1024 (issue 8 item 3)
+    co = result["co_residency"]
+    assert {(e["kernel"], e["cc"], e["H"], e["D"]) for e in co} == {
+        (k, cc, H, D) for k in ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3") for cc in ("80", "90")
+        for H in report.CO_RESIDENCY_H for D in (1, 2)}
     print(f"\nkernel report: {len(rows)} rows in {result['seconds']} s")
+
+
+def test_persistent_co_residency_from_the_compiled_registers():
+    """At 168 registers (the forward, sm_90) an H100 holds 6 blocks of 64 threads per SM (792): v3 fits up to
+    H = 1024 one direction (512 blocks of TJ = 2), not bidirectional (1024); an A100 at 218 registers holds 4
+    per SM (432): H = 1024 does not fit at all.  Other kernels and dtypes are not rows of this statement."""
+    rows = [{"kernel": "lstm_forward_persistent_v3", "dtype": "float32", "cc": "90", "registers": 168},
+            {"kernel": "lstm_backward_persistent_v3", "dtype": "float32", "cc": "80", "registers": 218},
+            {"kernel": "lstm_backward_persistent_v3", "dtype": "float64", "cc": "80", "registers": 175},
+            {"kernel": "gemm_v4_nn", "dtype": "float32", "cc": "90", "registers": 128}]
+    co = report.persistent_co_residency(rows)
+    assert len(co) == 2 * len(report.CO_RESIDENCY_H) * 2
+    by = {(e["cc"], e["H"], e["D"]): e for e in co}
+    assert by[("90", 1024, 1)]["co_resident"] and by[("90", 1024, 1)]["blocks"] == 512
+    assert not by[("90", 1024, 2)]["co_resident"] and by[("90", 1024, 2)]["limit"] == 6 * 132
+    assert by[("90", 256, 1)]["TJ"] == 8 and by[("90", 256, 1)]["blocks"] == 32
+    assert by[("80", 512, 2)]["co_resident"] and by[("80", 512, 2)]["limit"] == 4 * 108
+    assert not by[("80", 1024, 1)]["co_resident"]
+    text = report.format_co_residency(co)
+    assert "H100 SXM" in text and "A100 SXM" in text and "H=1024 bidir: 1024/792 NO, v2 runs" in text
 
 
 @pytest.mark.compile

@@ -359,9 +359,54 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: the layer widths at which the report states whether the persistent v3 kernels' blocks are all co-resident
+CO_RESIDENCY_H = (256, 512, 1024)
+
+
+def persistent_co_residency(rows: list[dict]) -> list[dict]:
+    """Whether every block of the persistent v3 kernels (step_v3: one cooperative launch per layer, which
+    fails unless all its blocks are resident at once) fits on the reference GPU of each compiled compute
+    capability (roofline.GPUS: A100 for sm_80, H100 for sm_90), LSTM float32 at H = P = CO_RESIDENCY_H, one
+    and two directions: the slice step_v3.plan picks (its shared memory) and the registers compiled here (the
+    kernels are compiled at the H = 512 slice; their loops are not unrolled, so other slices allocate about the
+    same).  The driver asks the device itself (max_cooperative_grid_blocks) and runs v2 where this says no."""
+    from . import roofline
+    gpus = {tuple(g.cc): g for g in reversed(list(roofline.GPUS.values()))}     # the first GPU listed per cc
+    out = []
+    for r in rows:
+        if r.get("kernel") not in ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3") or \
+                r.get("dtype") != "float32" or not r.get("registers"):
+            continue
+        gpu = gpus.get((int(r["cc"][0]), int(r["cc"][1:])))
+        if gpu is None:
+            continue
+        for H in CO_RESIDENCY_H:
+            for D in (1, 2):
+                sl, n, limit, _ = roofline.v3_co_residency(gpu, H, H, 4, D, "float32", registers=r["registers"])
+                out.append(dict(kernel=r["kernel"], cc=r["cc"], gpu=gpu.name, sms=gpu.sms, registers=r["registers"],
+                                H=H, D=D, TJ=sl.TJ if sl is not None else None, blocks=n, limit=limit,
+                                co_resident=sl is not None))
+    return out
+
+
+def format_co_residency(entries: list[dict]) -> str:
+    """One line per (kernel, cc): blocks needed / co-resident limit at each H, one and two directions."""
+    lines = []
+    keys = list(dict.fromkeys((e["kernel"], e["cc"]) for e in entries))
+    for kernel, cc in keys:
+        es = [e for e in entries if (e["kernel"], e["cc"]) == (kernel, cc)]
+        parts = [f"H={e['H']}{' bidir' if e['D'] == 2 else ''}: {e['blocks']}/{e['limit']} "
+                 + ("ok" if e["co_resident"] else "NO, v2 runs") for e in es]
+        lines.append(f"{kernel} float32 sm_{cc} on {es[0]['gpu']} ({es[0]['sms']} SMs, {es[0]['registers']} "
+                     f"registers): " + ", ".join(parts))
+    if lines:
+        lines.insert(0, "persistent v3 co-residency (blocks needed / blocks that fit at once; LSTM, P = H):")
+    return "\n".join(lines)
+
+
 def _parse_args(argv):
     p = argparse.ArgumentParser(prog="numbarnn kernels", description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", action="store_true", help="print {rows, problems, seconds} as JSON")
+    p.add_argument("--json", action="store_true", help="print {rows, problems, seconds, co_residency} as JSON")
     p.add_argument("--cc", nargs="+", default=["80", "90"], help="compute capabilities, e.g. 80 90")
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="threads per block for the occupancy of kernels that declare none")
@@ -413,11 +458,15 @@ def main(argv=None) -> int:
               f"names in the table of a plain `numbarnn kernels`)", file=sys.stderr)
         return 2
     found = problems(rows)
+    co_residency = persistent_co_residency(rows)
     if args.json:
-        print(json.dumps({"rows": rows, "problems": found, "seconds": round(seconds, 2)}, indent=1))
+        print(json.dumps({"rows": rows, "problems": found, "seconds": round(seconds, 2),
+                          "co_residency": co_residency}, indent=1))
         sys.stdout.flush()
     else:
         print(format_table(rows))
+        if co_residency:
+            print("\n" + format_co_residency(co_residency))
         print(f"\n{len(rows)} rows in {seconds:.1f} s ({args.jobs or default_jobs()} processes)")
         if found:
             print(f"\n{len(found)} problem(s):")
