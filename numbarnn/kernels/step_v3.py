@@ -437,4 +437,5 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
             return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
     if n > limit:
         return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
-    return sl, f"{n} blocks of {sl.threads} threads, TJ={sl.TJ} units each, all co-resident (limit {limit})"
+    return sl, (f"{n} block{'s' if n != 1 else ''} of {sl.threads} threads, TJ={sl.TJ} units each, all "
+                f"co-resident (limit {limit})")
