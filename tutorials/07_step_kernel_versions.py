@@ -267,8 +267,8 @@ def benchmark(quick: bool):
         for label, backend, version in [("reference", "reference", None)] + [(f"cuda v{v}", "cuda", v)
                                                                              for v in driver.STEP_VERSIONS]:
             with driver.pinned_step_version(version):
-                fwd_ms = timed_ms(lambda: run_forward(case, backend), reps)
-                both_ms = timed_ms(lambda: run_backward(case, run_forward(case, backend), backend), reps)
+                fwd_ms = timed_ms(lambda c=case, b=backend: run_forward(c, b), reps)
+                both_ms = timed_ms(lambda c=case, b=backend: run_backward(c, run_forward(c, b), b), reps)
                 ran = driver.last_launch_count()["forward"].step_version if backend == "cuda" else None
             rows.append((label + (f" (ran v{ran})" if ran not in (None, version) else ""), fwd_ms, both_ms))
         for label, f, fb in rows:
