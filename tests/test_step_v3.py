@@ -102,12 +102,14 @@ def _run_backward_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
     return {k: args[k].copy_to_host() for k in ("dh", "dc", "dgx", "dgh", "dvec", "h_prev") if args[k] is not None}
 
 
-@pytest.mark.parametrize("name,dtype", [(c, "float64") for c in CELLS] + [("lstm", "float32"),
-                                                                          ("gru", "float16")])
+@pytest.mark.parametrize("name,dtype", [("lstm", "float32"), ("gru", "float16"), ("rnn_tanh", "float64"),
+                                        ("peephole_lstm", "float64")])
 def test_backward_per_step_body_on_many_blocks_equals_v2(name, dtype):
     """H = 5 units over TJ = 3 (2 blocks, the last partial), B = 5 rows over TB = 4, both directions: the v3
     backward body (R's columns kept in shared memory, dgh staged per gate) gives v2's dgx, dgh, dvec, h_prev,
-    dh0 and dc0."""
+    dh0 and dc0.  What v3 adds to v2's (shared, cell-generic) epilogue is the product over G gates: G = 4, 3
+    (GRU's split recurrent gates), 1, and a cell with vectors; the whole op runs every cell through it in
+    test_persistent_on_one_block_against_reference."""
     cell = get_cell(name)
     H, B, D, T, lens = 5, 5, 2, 3, [3, 0, 2, 1, 3]
     assert H % SL.TJ and B % SL.TB and H > SL.TJ and H <= SL.KMAX
@@ -123,10 +125,12 @@ def test_backward_per_step_body_on_many_blocks_equals_v2(name, dtype):
                                                 ("gru", "float64", [2, 2, 1, 0, 2]),
                                                 ("rnn_relu", "float32", [1, 3, 3, 0, 2]),
                                                 ("peephole_lstm", "float16", [3, 1, 0, 2, 2]),
-                                                ("cifg_lstm", "float64", [0, 0, 0, 0, 0])])
+                                                ("cifg_lstm", "float64", [2, 0, 1, 2, 2]),
+                                                ("rnn_tanh", "float64", [0, 0, 0, 0, 0])])
 def test_persistent_on_one_block_against_reference(mode, dtype, lengths, monkeypatch):
-    """The whole op under NUMBARNN_STEP_VERSION=3: forward = one persistent launch per layer (odd and even
-    step counts: h ends in either ping-pong buffer), backward = v2; every output against the reference."""
+    """The whole op under NUMBARNN_STEP_VERSION=3: forward and backward = one persistent launch per layer each
+    (odd and even step counts: h ends in either ping-pong buffer; no steps: no launch); every output and
+    gradient against the reference."""
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(2, SL.TJ, 2, mode, dropout=0.3, seed=3, seed2=4)
     case = make_rnn_case(cfg, 3, 5, lengths, seed=5, dtype=np.dtype(dtype))

@@ -475,6 +475,8 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
 
+    from .simulator import shared_array_for
+
     rec = Recorder() if recorder is None else recorder
     GlobalProxy = _make_global_proxy_class()
     rec._skip = {devicearray.__file__, kernelapi.__file__, __file__, sim_kernel.__file__}
@@ -512,12 +514,9 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
             # The simulator keys a static shared array by the line that asks for it; through this wrapper that
             # would be one line for every array of a kernel (all aliased), so key by the kernel's line here.
             caller = sys._getframe(1)
-            key = (caller.f_code.co_filename, caller.f_lineno)
-            ary = self._allocations.get(key)
-            if ary is None:
-                if isinstance(dtype, kernelapi.types.Type):
-                    dtype = kernelapi.numpy_support.as_dtype(dtype)
-                ary = self._allocations[key] = np.empty(shape, dtype)
+            if isinstance(dtype, kernelapi.types.Type):
+                dtype = kernelapi.numpy_support.as_dtype(dtype)
+            ary = shared_array_for(self, (caller.f_code.co_filename, caller.f_lineno), shape, dtype)  # locked
         if rec._shared is None:
             return ary
         return rec.shared_array(ary)

@@ -1,0 +1,147 @@
+"""numbarnn's fix to numba's CUDA simulator (numbarnn/kernels/simulator.py): static shared arrays are shared.
+
+The simulator creates a block's shared array for a source line on the first thread's request, with no lock
+between its lookup and its store; two threads inside that window get different arrays.  These tests widen the
+window (a slow ``np.empty``) so that the race happens every time without the lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import pytest
+from test_rnn_cuda import SIMULATOR
+
+pytestmark = pytest.mark.skipif(not SIMULATOR, reason="a fix to the CUDA simulator: nothing to test on a GPU")
+
+from numba import cuda  # noqa: E402
+
+from numbarnn.kernels import simulator  # noqa: E402
+
+
+class SlowEmpty:
+    """numpy, except that np.empty takes 50 ms: every thread of a block arrives inside the lookup's window
+    (even on a loaded machine, where starting a thread can take milliseconds)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        time.sleep(0.05)
+        return np.empty(*args, **kwargs)
+
+
+@cuda.jit
+def reverse_through_shared(out):
+    a = cuda.shared.array(8, np.float32)      # two arrays on two lines: they must not alias either
+    b = cuda.shared.array(8, np.float32)
+    t = cuda.threadIdx.x
+    a[t] = t
+    b[t] = 10 * t
+    cuda.syncthreads()
+    out[cuda.blockIdx.x, t] = a[7 - t] + b[t]
+
+
+def run():
+    out = np.zeros((2, 8), np.float32)
+    reverse_through_shared[2, 8](out)
+    return out
+
+
+WANT = np.tile(np.arange(7, -1, -1, dtype=np.float32) + 10 * np.arange(8, dtype=np.float32), (2, 1))
+
+
+def test_the_fix_is_installed_with_the_simulator():
+    from numba.cuda.simulator import kernelapi
+    assert kernelapi.FakeCUDAShared.array is simulator._shared_array
+
+
+def test_every_thread_of_a_block_gets_the_same_shared_array(monkeypatch):
+    monkeypatch.setattr(simulator, "np", SlowEmpty())
+    np.testing.assert_array_equal(run(), WANT)
+
+
+def test_without_the_lock_the_race_shows(monkeypatch):
+    """The same kernel with the lock taken out: threads get arrays of their own (so the test above can fail)."""
+    monkeypatch.setattr(simulator, "np", SlowEmpty())
+    monkeypatch.setattr(simulator, "_LOCK", contextlib.nullcontext())
+    assert not np.array_equal(run(), WANT)
+
+
+@cuda.jit
+def dynamic_shared(out):
+    s = cuda.shared.array(0, np.float32)       # dynamic shared memory: the launch's size, one buffer
+    t = cuda.threadIdx.x
+    s[t] = t + 1
+    cuda.syncthreads()
+    out[t] = s[3 - t]
+
+
+def test_dynamic_shared_memory_still_works():
+    """One buffer of the launch's size for every request (np.float32 as the dtype: the simulator's own version
+    asked a NumPy scalar type for its itemsize and raised)."""
+    out = np.zeros(4, np.float32)
+    dynamic_shared[1, 4, 0, 4 * 4](out)
+    np.testing.assert_array_equal(out, [4, 3, 2, 1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# the block barrier (syncthreads as a condition variable, not the simulator's polling loop)
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_barrier_is_installed_with_the_simulator():
+    from numba.cuda.simulator import kernel
+    assert kernel.BlockManager.run is simulator._run_block and kernel.BlockThread.syncthreads is simulator._syncthreads
+
+
+@cuda.jit
+def early_exit(out):
+    s = cuda.shared.array(8, np.float32)
+    t = cuda.threadIdx.x
+    if t >= 5:                 # these threads leave before the barriers: the others must not wait for them
+        return
+    for rep in range(3):       # several barriers in a row (a generation must not release the next one)
+        s[t] = t + rep
+        cuda.syncthreads()
+        out[rep, t] = s[4 - t]
+        cuda.syncthreads()
+
+
+def test_threads_that_return_early_leave_the_barrier():
+    out = np.full((3, 8), -1.0, np.float32)
+    early_exit[1, 8](out)
+    for rep in range(3):
+        np.testing.assert_array_equal(out[rep, :5], np.arange(4, -1, -1) + rep)
+    assert (out[:, 5:] == -1).all()
+
+
+@cuda.jit
+def one_thread_fails(out):
+    t = cuda.threadIdx.x
+    cuda.syncthreads()
+    if t == 3:
+        out[100] = 1.0         # out of bounds: IndexError in this thread, the others wait at the barrier
+    cuda.syncthreads()
+    out[t] = t
+
+
+def test_an_error_in_one_thread_is_raised_from_the_launch_and_nothing_hangs():
+    """Thread 3 of block 0 fails between two barriers: the launch raises its error with its indices (the
+    others, waiting at the barrier, are aborted), and the next launch runs normally."""
+    with pytest.raises(IndexError, match=r"tid=\[3, 0, 0\] ctaid=\[0, 0, 0\]"):
+        one_thread_fails[2, 6](np.zeros(6, np.float32))
+    test_threads_that_return_early_leave_the_barrier()
+
+
+@cuda.jit
+def count_votes(out):
+    t = cuda.threadIdx.x
+    out[t] = cuda.syncthreads_count(t % 3 == 0)
+
+
+def test_syncthreads_count_sees_every_thread():
+    out = np.zeros(10, np.int32)
+    count_votes[1, 10](out)
+    assert (out == 4).all()                  # t = 0, 3, 6, 9
