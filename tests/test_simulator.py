@@ -145,3 +145,51 @@ def test_syncthreads_count_sees_every_thread():
     out = np.zeros(10, np.int32)
     count_votes[1, 10](out)
     assert (out == 4).all()                  # t = 0, 3, 6, 9
+
+
+# ---------------------------------------------------------------------------------------------------
+# cooperative launches of many blocks: all blocks at once, a grid barrier, shared memory per block
+# ---------------------------------------------------------------------------------------------------
+
+def pass_along(a, out, steps):
+    """Each step, every thread takes its right neighbour's value of the step before (across block edges)."""
+    s_mem = cuda.shared.array(4, np.float64)   # per block: blocks running at once must not share it
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * cuda.blockDim.x + t
+    n = cuda.gridDim.x * cuda.blockDim.x
+    for s in range(steps):
+        s_mem[t] = a[s, (i + 1) % n] + 1
+        cuda.syncthreads()
+        a[s + 1, i] = s_mem[t]
+        cuda.cg.this_grid().sync()              # every block's step s is written before any reads it
+
+
+pass_along.cooperative = True
+pass_along_kernel = cuda.jit(pass_along)
+
+
+def test_a_cooperative_launch_runs_its_blocks_at_once_with_a_grid_barrier():
+    blocks, threads, steps = 3, 4, 5
+    n = blocks * threads
+    a = np.zeros((steps + 1, n))
+    a[0] = np.arange(n)
+    pass_along_kernel[blocks, threads](a, np.zeros(n), steps)
+    np.testing.assert_array_equal(a[steps], (np.arange(n) + steps) % n + steps)
+    assert simulator.cooperative_blocks() == simulator.COOPERATIVE_BLOCKS > 1
+
+
+def fails_in_block_one(a):
+    if cuda.blockIdx.x == 1 and cuda.threadIdx.x == 2:
+        a[1000] = 1.0                           # out of bounds, while the other blocks wait at the grid barrier
+    cuda.cg.this_grid().sync()
+    a[cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x] = 1.0
+
+
+fails_in_block_one.cooperative = True
+fails_kernel = cuda.jit(fails_in_block_one)
+
+
+def test_an_error_in_a_cooperative_launch_aborts_every_block():
+    with pytest.raises(IndexError, match=r"tid=\[2, 0, 0\] ctaid=\[1, 0, 0\]"):
+        fails_kernel[3, 4](np.zeros(12))
+    test_a_cooperative_launch_runs_its_blocks_at_once_with_a_grid_barrier()   # and the next one runs

@@ -1,13 +1,13 @@
 """Step kernel v3 (numbarnn/kernels/step_v3.py): the persistent forward and backward and their per-step
 variants.
 
-The simulator runs cooperative grids of one block only, so (as the issue plans it):
+numba's simulator runs cooperative grids of one block only; numbarnn's fix to it (numbarnn/kernels/simulator.py)
+runs all blocks of a cooperative launch at once, with a real grid barrier.  So:
 - the step bodies run on many blocks through the per-step variants: `forward_step_v3` against v1's
   `forward_step`, `backward_step_v3` against v2's `backward_step_v2` (the same arguments), on the same
-  inputs, step by step (every cell, both directions, ragged lengths with 0, partial unit and row tiles,
-  float16/32/64);
-- the persistent loops run on one block through the whole op (NUMBARNN_STEP_VERSION=3, H <= TJ, one
-  direction) against the reference, forward and backward;
+  inputs, step by step (both directions, ragged lengths with 0, partial unit and row tiles, float16/32/64);
+- the persistent loops run through the whole op (NUMBARNN_STEP_VERSION=3) against the reference, forward and
+  backward: on one block (every cell), and on many blocks (the grid barrier: test_persistent_on_many_blocks);
 - the driver says which version ran and why (v3 falls back to v2 with a projection or too many blocks).
 """
 from __future__ import annotations
@@ -102,14 +102,12 @@ def _run_backward_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
     return {k: args[k].copy_to_host() for k in ("dh", "dc", "dgx", "dgh", "dvec", "h_prev") if args[k] is not None}
 
 
-@pytest.mark.parametrize("name,dtype", [("lstm", "float32"), ("gru", "float16"), ("rnn_tanh", "float64"),
-                                        ("peephole_lstm", "float64")])
+@pytest.mark.parametrize("name,dtype", [(c, "float64") for c in CELLS] + [("lstm", "float32"),
+                                                                          ("gru", "float16")])
 def test_backward_per_step_body_on_many_blocks_equals_v2(name, dtype):
     """H = 5 units over TJ = 3 (2 blocks, the last partial), B = 5 rows over TB = 4, both directions: the v3
     backward body (R's columns kept in shared memory, dgh staged per gate) gives v2's dgx, dgh, dvec, h_prev,
-    dh0 and dc0.  What v3 adds to v2's (shared, cell-generic) epilogue is the product over G gates: G = 4, 3
-    (GRU's split recurrent gates), 1, and a cell with vectors; the whole op runs every cell through it in
-    test_persistent_on_one_block_against_reference."""
+    dh0 and dc0."""
     cell = get_cell(name)
     H, B, D, T, lens = 5, 5, 2, 3, [3, 0, 2, 1, 3]
     assert H % SL.TJ and B % SL.TB and H > SL.TJ and H <= SL.KMAX
@@ -146,8 +144,7 @@ def test_persistent_on_one_block_against_reference(mode, dtype, lengths, monkeyp
     assert bwd.per_step == 0 and not any("step" in name for name in bwd.by_kernel), bwd
 
 
-#: the simulator runs a cooperative grid of one block only; a GPU holds these small grids co-resident (and runs v3:
-#: test_persistent_on_many_blocks_on_a_gpu)
+#: on a GPU these small grids are co-resident (v3 runs); in the simulator the cooperative limit is lowered to 1 block
 SIM_ONLY = pytest.mark.skipif(not SIMULATOR, reason="a GPU holds these grids co-resident: v3 runs, not v2")
 
 
@@ -155,7 +152,11 @@ SIM_ONLY = pytest.mark.skipif(not SIMULATOR, reason="a GPU holds these grids co-
                                                   pytest.param(0, 5, "unidirectional", "co-resident", marks=SIM_ONLY),
                                                   pytest.param(0, 3, "bidirectional", "co-resident", marks=SIM_ONLY)])
 def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
+    """A projection: v2 (v3 has no projection step).  More blocks than can be co-resident (here: the simulator's
+    cooperative limit set to one block, as numba's own simulator has it): v2, for both phases, saying why."""
+    from numbarnn.kernels import simulator
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    monkeypatch.setattr(simulator, "COOPERATIVE_BLOCKS", 1)
     cfg = rnn_config(1, H, 2, "lstm", direction=direction, num_proj=proj)
     case = make_rnn_case(cfg, 2, 3, [2, 1, 0], seed=6)
     compare_backends(case, context=" [step v3 -> v2]")
@@ -166,20 +167,27 @@ def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
     assert bwd.by_kernel.get("backward_step_v2", 0) + bwd.by_kernel.get("recurrent_backward_v2", 0) > 0, bwd
 
 
-@pytest.mark.skipif(SIMULATOR, reason="the simulator runs cooperative grids of one block only "
-                    "(test_persistent_on_one_block_against_reference)")
-@pytest.mark.parametrize("mode,direction,H", [("lstm", "bidirectional", 100), ("gru", "unidirectional", 70)])
-def test_persistent_on_many_blocks_on_a_gpu(mode, direction, H, monkeypatch):
-    """On a GPU v3 runs grids of many blocks (H / TJ per direction, a partial last slice), forward and
-    backward: the grid barrier between steps must hold, for ragged lengths with a 0, two layers, against the
-    reference."""
+#: (mode, direction, H): in the simulator (slices of TJ = 3 units, P <= 6) 2 blocks per direction, the last
+#: partial; on a GPU (TJ = 16 at these widths) 5-7 blocks per direction
+MANY_BLOCKS = ([("lstm", "bidirectional", 5), ("gru", "unidirectional", 6), ("peephole_lstm", "bidirectional", 4)]
+               if SIMULATOR else [("lstm", "bidirectional", 100), ("gru", "unidirectional", 70)])
+
+
+@pytest.mark.parametrize("mode,direction,H", MANY_BLOCKS)
+def test_persistent_on_many_blocks(mode, direction, H, monkeypatch):
+    """v3 runs grids of many blocks (H / TJ per direction, a partial last slice), forward and backward: the grid
+    barrier between steps must hold (every block reads every other block's h, or dgh, of the step before), for
+    ragged lengths with a 0, two layers, against the reference.  The simulator runs the blocks of a cooperative
+    launch at once (numbarnn/kernels/simulator.py), so this runs without a GPU too."""
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(2, H, 7, mode, direction=direction)
-    case = make_rnn_case(cfg, 9, 6, [9, 4, 0, 1, 9, 6], seed=8)
+    case = make_rnn_case(cfg, 9 if not SIMULATOR else 5, 6, [9, 4, 0, 1, 9, 6] if not SIMULATOR else
+                         [5, 3, 0, 1, 5, 4], seed=8)
     compare_backends(case, context=" [step v3, many blocks]")
     fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
     assert fwd.step_version == 3 and fwd.by_kernel["forward_persistent_v3"] == cfg.L, fwd
     assert bwd.step_version == 3 and bwd.by_kernel["backward_persistent_v3"] == cfg.L, bwd
+    assert step_v3.blocks_needed(H, cfg.D, step_v3.plan(get_cell(mode).G, H, H, "float64")) > 1
 
 
 def test_gpu_slices_and_plan():

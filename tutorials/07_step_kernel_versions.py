@@ -129,7 +129,7 @@ def count_forward_reads(H, B, T, rng):
             kernel[grid, block](*[a[n] for n in names])
             a["h_in"], a["h_out"] = a["h_out"], a["h_in"]
         out[name] = (a["R_fwd"].reads, a["h_in"].copy_to_host())
-    # the persistent kernel: all T steps in one launch (one block here: the simulator's cooperative limit)
+    # the persistent kernel: all T steps in one cooperative launch
     a = layer_arrays(H, B, T, np.random.default_rng(rng))
     a.update(steps=T, h_a=a["h_in"], h_b=a["h_out"])
     kernel = jit(step_v3.make_forward_persistent_v3, LSTM, "float64", sl)
@@ -174,7 +174,7 @@ def count_reads(quick: bool, rng_seed: int):
               "NUMBARNN_REAL_GPU=0; on a GPU `numbarnn profile --step-version 1|2` measures the same)")
         return
     sl, t2 = step_v3.SIM_SLICE, step_v2.SIM_TILES
-    H, B, T = sl.TJ, 5, 3                     # H <= TJ: one block, so the persistent kernel can run here
+    H, B, T = sl.TJ, 5, 3                     # H = TJ: one block of units, the whole R in one slice
     size = LSTM.G * H * H
     got = count_forward_reads(H, B, T, rng_seed)
     print(f"  LSTM H = P = {H}, B = {B}, T = {T} forward steps, |R| = {size} elements; simulator tiles: v2 TB = "
@@ -208,10 +208,10 @@ def count_reads(quick: bool, rng_seed: int):
 def check_versions(quick: bool):
     """Forward + backward of a 2-layer LSTM with ragged lengths (one of them 0) at each step version, against
     the float64 NumPy reference; the launches per layer each version makes."""
-    H = step_v3.SIM_SLICE.TJ if SIM else 96
-    direction = "unidirectional" if SIM else "bidirectional"   # the simulator's persistent grids: one block
+    H = step_v3.SIM_SLICE.TJ + 2 if SIM else 96      # simulator: 2 blocks of TJ = 3 units per direction
     T, B = (4, 5) if SIM else (20, 7)
     lengths = [T, 1, 0, T - 1, 2][:B] + [T] * max(0, B - 5)
+    direction = "bidirectional"
     cfg = rnn_config(2, H, 4, "lstm", direction=direction)
     case = make_rnn_case(cfg, T, B, lengths, seed=7)
     ref_fwd = run_forward(case, "reference")
@@ -237,14 +237,16 @@ def check_versions(quick: bool):
               + (f"; {lf.note}" if lf.note else ""))
         if v == 3:
             assert step_f == 1 and step_b == cfg.L, "v3: one persistent launch per layer and phase"
-    if SIM:   # where v3 cannot run, the driver says so and runs v2
-        cfg2 = rnn_config(1, H + 2, 4, "lstm")
-        case2 = make_rnn_case(cfg2, 2, 3, [2, 1, 0], seed=8)
-        with driver.pinned_step_version(3):
-            run_forward(case2, "cuda")
-        note = driver.last_launch_count()["forward"]
-        assert note.step_version == 2, note
-        print(f"    v3 at H = {H + 2} in the simulator falls back to v2: {note.note}")
+    # where v3 cannot run, the driver says so and runs v2: here a projection (h' = W_proj m would need a second
+    # grid barrier per step); also when the R slice does not fit in shared memory or the blocks cannot all be
+    # co-resident on the GPU
+    cfg2 = rnn_config(1, H, 4, "lstm", num_proj=2)
+    case2 = make_rnn_case(cfg2, 2, 3, [2, 1, 0], seed=8)
+    with driver.pinned_step_version(3):
+        run_forward(case2, "cuda")
+    note = driver.last_launch_count()["forward"]
+    assert note.step_version == 2, note
+    print(f"    v3 with a projection (num_proj = 2) falls back to v2: {note.note}")
 
 
 # ---------------------------------------------------------------------------------------------------

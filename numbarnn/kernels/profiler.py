@@ -277,6 +277,7 @@ class Recorder:
         self._lines = {}
         self._skip = set()
         self._shared = None
+        self._lock = threading.Lock()   # simulated threads ask for their shared arrays at the same time
 
     # tags ------------------------------------------------------------------------------------------
     def tag(self, name: str, array, start: int = 0, stop: int | None = None) -> None:
@@ -312,14 +313,17 @@ class Recorder:
         b = th.blockIdx
         self._records.append((space, kind, (b.x, b.y, b.z), th.thread_id // WARP, key, n, addr, size, tag))
 
-    def shared_array(self, ary):
-        """Proxy for a shared array of the current launch (offsets assigned in order of first sight)."""
+    def shared_array(self, ary, line):
+        """Proxy for a shared array of the current launch: its offset in the block's shared memory is assigned per
+        requesting source line, in order of first sight, so every block (each has its own arrays) has the same
+        layout, and the bytes per block count each line once."""
         table = self._shared
-        entry = table.get(id(ary))
-        if entry is None:
-            entry = table[id(ary)] = (table["_next"], ary)
-            table["_next"] += -(-ary.nbytes // 16) * 16
-        return SharedProxy(ary, self, entry[0])
+        with self._lock:
+            entry = table.get(line)
+            if entry is None:
+                entry = table[line] = table["_next"]
+                table["_next"] += -(-ary.nbytes // 16) * 16
+        return SharedProxy(ary, self, entry)
 
     # one launch --------------------------------------------------------------------------------------
     def begin(self):
@@ -475,7 +479,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
 
-    from .simulator import shared_array_for
+    from .simulator import shared_array_for, shared_key
 
     rec = Recorder() if recorder is None else recorder
     GlobalProxy = _make_global_proxy_class()
@@ -509,17 +513,18 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
 
     def shared_array(self, shape, dtype, alignment=None):
         if shape == 0 or alignment is not None:
-            ary = orig_shared(self, shape, dtype, alignment)
+            ary, line = orig_shared(self, shape, dtype, alignment), "dynamic"
         else:
             # The simulator keys a static shared array by the line that asks for it; through this wrapper that
             # would be one line for every array of a kernel (all aliased), so key by the kernel's line here.
             caller = sys._getframe(1)
             if isinstance(dtype, kernelapi.types.Type):
                 dtype = kernelapi.numpy_support.as_dtype(dtype)
-            ary = shared_array_for(self, (caller.f_code.co_filename, caller.f_lineno), shape, dtype)  # locked
+            key = shared_key(caller)
+            ary, line = shared_array_for(self, key, shape, dtype), key[:2]   # per block and line, locked
         if rec._shared is None:
             return ary
-        return rec.shared_array(ary)
+        return rec.shared_array(ary, line)
 
     def atomic(name):
         fn = orig_atomics[name]
@@ -933,8 +938,8 @@ def measure_v2_figures(H: int = 32, B: int = 10) -> dict:
 
 
 def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2, backward_H: int = 32) -> dict:
-    """Measure, now, one step of the v3 step bodies (step_v3's per-step variants: the simulator runs cooperative
-    grids of one block only) with a GPU-shaped slice of TJ units (64 threads, KC = 32, KMAX = P) at a tiny
+    """Measure, now, one step of the v3 step bodies (step_v3's per-step variants: one step, not a whole
+    persistent loop) with a GPU-shaped slice of TJ units (64 threads, KC = 32, KMAX = P) at a tiny
     shape: the R slice load and the h staging (bytes, sectors per request) and the shared wavefronts, which
     roofline.v3_traffic predicts (slice + one step), bank conflicts of the h tile included; and the same of
     the backward at H = P = backward_H (its columns of R, the dgh staging: roofline.v3_backward_traffic)."""

@@ -14,7 +14,10 @@ lookup (keyed by the caller's file and line, as the simulator does) under a lock
 24.4/26.0 s before, 22.8/23.3 s after, with the simulator's barrier).  The profiler's recording wrapper
 uses `shared_array_for` too.
 
-2. `syncthreads`: a barrier on a condition variable instead of the simulator's polling loop (below).
+2. `syncthreads`: a barrier on a condition variable instead of the simulator's polling loop (below); and
+with it, cooperative launches of more than one block (the simulator ran blocks one after another, so a grid
+barrier could only work with one): a kernel marked ``cooperative`` runs all its blocks at once, and
+``cuda.cg.this_grid().sync()`` waits for every thread of the grid.
 """
 from __future__ import annotations
 
@@ -24,6 +27,13 @@ import threading
 import numpy as np
 
 _LOCK = threading.Lock()
+
+
+def shared_key(caller) -> tuple:
+    """The key of a static shared array: the requesting source line (as the simulator keys it) and the block.
+    The simulator keeps one set of shared arrays per launch, which its blocks, run one after another, reuse;
+    the blocks of a cooperative launch run at once, and each needs its own (as on a GPU)."""
+    return caller.f_code.co_filename, caller.f_lineno, tuple(threading.current_thread().blockIdx)
 
 
 def shared_array_for(shared, key, shape, dtype):
@@ -45,8 +55,7 @@ def _shared_array(self, shape, dtype, alignment=None):
     if shape == 0:                       # dynamic shared memory: one buffer for every request, as before
         count = self._dynshared_size // dtype.itemsize
         return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-    caller = sys._getframe(1)
-    return shared_array_for(self, (caller.f_code.co_filename, caller.f_lineno), shape, dtype)
+    return shared_array_for(self, shared_key(sys._getframe(1)), shape, dtype)
 
 
 _shared_array.numbarnn_locked = True
@@ -66,6 +75,14 @@ def install() -> None:
         kernel.BlockManager.run = _run_block
         kernel.BlockThread.run = _thread_run
         kernel.BlockThread.syncthreads = _syncthreads
+        kernelapi.GridGroup.sync = _grid_sync
+
+
+def cooperative_blocks() -> int:
+    """Blocks a cooperative launch may have here: COOPERATIVE_BLOCKS with numbarnn's barrier installed, else the
+    simulator's own limit, 1."""
+    from numba.cuda.simulator import kernel
+    return COOPERATIVE_BLOCKS if kernel.BlockManager.run is _run_block else 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,65 +96,135 @@ def install() -> None:
 # and the manager just joins the threads.  Same semantics: an exception in any thread aborts the others
 # (they raise at their next or current barrier) and is raised from the launch with the thread's indices.
 
+class _Barrier:
+    """The threads of a block (or of a cooperative grid) meeting at syncthreads (or a grid sync): the last to
+    arrive, or to leave the kernel, releases the others; `abort` wakes everyone (to raise)."""
+
+    def __init__(self, live: int):
+        self.cond = threading.Condition()
+        self.live = live                # threads that still take part (started or not yet)
+        self.arrived = 0
+        self.generation = 0
+        self.aborted = False
+
+    def _release(self):
+        self.arrived = 0
+        self.generation += 1
+        self.cond.notify_all()
+
+    def wait(self, what: str):
+        with self.cond:
+            if self.aborted:
+                raise RuntimeError(f"abort flag set on {what} call")
+            generation = self.generation
+            self.arrived += 1
+            if self.arrived >= self.live:
+                self._release()
+            else:
+                while self.generation == generation and not self.aborted:
+                    self.cond.wait()
+            if self.aborted:
+                raise RuntimeError(f"abort flag set on {what} clear")
+
+    def leave(self):
+        """A thread returned from the kernel: it no longer takes part; if all the others wait, they go."""
+        with self.cond:
+            self.live -= 1
+            if self.arrived and self.arrived >= self.live:
+                self._release()
+
+    def abort(self):
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+
+class _Grid:
+    """A cooperative launch in the simulator: the threads of all its blocks run at once, with a grid barrier."""
+
+    def __init__(self, threads: int):
+        self.barrier = _Barrier(threads)    # every thread of the grid, started or not yet
+        self.managers = []
+        self.threads = []
+
+
+#: blocks a cooperative launch may have in the simulator (all of them run at once: a Python thread per thread)
+COOPERATIVE_BLOCKS = 64
+_GRID = None                            # the cooperative launch being started (the simulator runs one at a time)
+
+
 def _run_block(self, grid_point, *args):
-    """BlockManager.run: the block's threads share a barrier; wait for all of them; raise the first error."""
+    """BlockManager.run: the block's threads share a barrier; wait for all of them; raise the first error.
+    A kernel marked ``cooperative`` (its Python function has ``cooperative = True``: a grid-wide barrier) runs
+    all its blocks at once instead: each block's threads are started here, and the last block joins them all."""
+    global _GRID
     from numba.cuda.simulator.kernel import BlockThread
-    self._cond = threading.Condition()
-    self._arrived = 0
-    self._generation = 0
-    self._abort = False
-    self._errors = []
     threads = []
     for block_point in np.ndindex(*self._block_dim):
         def target(args=args):
             self._f(*args)
         threads.append(BlockThread(target, self, grid_point, block_point, self._debug))
-    self._live = len(threads)
-    for t in threads:
-        t.start()
+    self._barrier = _Barrier(len(threads))
+    self._errors = []
+    self._grid = None
+    if getattr(self._f, "cooperative", False):
+        if not any(grid_point):         # the first block: a new grid
+            _GRID = _Grid(int(np.prod(self._grid_dim)) * len(threads))
+        self._grid = grid = _GRID
+        grid.managers.append(self)
+        grid.threads += threads
+        if grid.barrier.aborted:        # an earlier block failed: this one's threads abort at their first barrier
+            self._barrier.abort()
+        for t in threads:
+            t.start()
+        if tuple(grid_point) != tuple(d - 1 for d in self._grid_dim):
+            return                      # not the last block: its threads run on, the last block waits
+        _GRID = None
+        threads = grid.threads
+    else:
+        for t in threads:
+            t.start()
     for t in threads:
         t.join()
-    if self._errors:
-        error, tb = self._errors[0]
+    errors = [e for m in (self._grid.managers if self._grid else [self]) for e in m._errors]
+    if errors:
+        error, tb = errors[0]
         raise error.with_traceback(tb)
 
 
 def _thread_run(self):
-    """BlockThread.run: run the kernel; on leaving, no longer count for the barrier; record an error."""
+    """BlockThread.run: run the kernel; on leaving, no longer take part in the barriers; on an error, record it
+    (the first one) and abort every other thread of the block, or of the grid."""
     m = self._manager
+    grid = m._grid
     try:
         threading.Thread.run(self)
     except Exception as e:  # noqa: BLE001  (as the simulator: any error of a thread is the launch's error)
         tid, ctaid = f"tid={list(self.threadIdx)}", f"ctaid={list(self.blockIdx)}"
         msg = f"{tid} {ctaid}" if str(e) == "" else f"{tid} {ctaid}: {e}"
-        with m._cond:
-            if not m._abort:                  # the first error; the others are the aborts it causes
+        barriers = [grid.barrier] + [other._barrier for other in grid.managers] if grid else [m._barrier]
+        with barriers[0].cond:
+            if not barriers[0].aborted:       # the first error; the others are the aborts it causes
                 m._errors.append((type(e)(msg), sys.exc_info()[2]))
-            m._abort = True
-            m._cond.notify_all()
+        for barrier in barriers:
+            barrier.abort()
     finally:
-        with m._cond:
-            m._live -= 1
-            if m._arrived and m._arrived >= m._live:        # the rest are all waiting: let them go
-                m._arrived = 0
-                m._generation += 1
-                m._cond.notify_all()
+        m._barrier.leave()
+        if grid is not None:
+            grid.barrier.leave()
 
 
 def _syncthreads(self):
     """BlockThread.syncthreads: wait until every live thread of the block has arrived."""
-    m = self._manager
-    with m._cond:
-        if m._abort:
-            raise RuntimeError("abort flag set on syncthreads call")
-        generation = m._generation
-        m._arrived += 1
-        if m._arrived >= m._live:
-            m._arrived = 0
-            m._generation += 1
-            m._cond.notify_all()
-        else:
-            while m._generation == generation and not m._abort:
-                m._cond.wait()
-        if m._abort:
-            raise RuntimeError("abort flag set on syncthreads clear")
+    self._manager._barrier.wait("syncthreads")
+
+
+def _grid_sync(group):
+    """GridGroup.sync: wait until every live thread of the cooperative grid has arrived (a kernel not marked
+    cooperative, launched as one block: the block's barrier, as the simulator does)."""
+    t = threading.current_thread()
+    grid = getattr(t._manager, "_grid", None)
+    if grid is None:
+        t.syncthreads()
+    else:
+        grid.barrier.wait("grid sync")

@@ -10,8 +10,10 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
         R_slice = R[g*H + j0 .. j0+TJ-1, :] for every gate g               once, coalesced along k
         for s in 0 .. steps-1:  step_body(s, h_a or h_b -> h_b or h_a) ; grid.sync()
     forward_step_v3           the same step body, one launch per step (loads its slice every launch): the
-                              simulator runs cooperative grids of one block only, so this variant is how the
-                              body is tested on many blocks; the persistent loop is tested on one block.
+                              body tested step by step against v1 on many blocks.  (numba's simulator runs
+                              cooperative grids of one block only; numbarnn's fix to it, kernels/simulator.py,
+                              runs all blocks of a cooperative launch at once, so the persistent loop is
+                              tested on many blocks too.)
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced, loads in
 flight: `step_v2.make_stage_rows`), the product comes from the R slice in shared memory (rows padded by one
@@ -66,6 +68,13 @@ else:
     @cuda.jit(device=True, inline="always")
     def grid_sync():
         _grid_group_sync(_this_grid())
+
+
+def _cooperative(kernel):
+    """Mark a kernel function as a cooperative launch (a grid barrier): numba's CUDA simulator, with numbarnn's
+    fix (numbarnn/kernels/simulator.py), then runs all its blocks at once.  Nothing changes on a GPU."""
+    kernel.cooperative = True
+    return kernel
 
 
 class Slice(NamedTuple):
@@ -237,7 +246,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
             step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d)
             grid_sync()                                # every unit's h' is written before step s+1 reads it
 
-    return _wrap(f"{cell.name}_forward_persistent_v3", persistent_body, PERSISTENT_ARGS, cell, False)
+    return _cooperative(_wrap(f"{cell.name}_forward_persistent_v3", persistent_body, PERSISTENT_ARGS, cell, False))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -368,7 +377,8 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
             if s >= 0:
                 grid_sync()                             # every unit's dgh of step s is written before s-1
 
-    return _wrap(f"{cell.name}_backward_persistent_v3", persistent_body, PERSISTENT_BACKWARD_ARGS, cell, False)
+    return _cooperative(_wrap(f"{cell.name}_backward_persistent_v3", persistent_body, PERSISTENT_BACKWARD_ARGS, cell,
+                              False))
 
 
 def gpu_slices(G: int, dtype) -> dict:
@@ -415,7 +425,8 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     It can when there is no projection, the R slice fits (`plan`; the backward's column slice has the same
     size) and every block is co-resident: on a GPU the device says how many blocks of the compiled kernel fit
     at once (max_cooperative_grid_blocks, from its registers and shared memory and the SM count: the two
-    phases' kernels differ in registers); the simulator runs cooperative grids of one block only."""
+    phases' kernels differ in registers); the simulator runs cooperative grids of up to
+    simulator.COOPERATIVE_BLOCKS blocks (with numbarnn's fix installed; one block without it)."""
     sim = common.SIMULATOR if simulator is None else simulator
     factory, table = PERSISTENT[phase]
     if has_proj:
@@ -425,8 +436,9 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     if sl is None:
         return None, f"the R slice for P={P} does not fit {SMEM_BUDGET} bytes of shared memory"
     n = blocks_needed(H, D, sl)
-    if sim:
-        limit = 1
+    if sim:                                # all blocks at once: numbarnn's simulator fix, else one block
+        from .simulator import cooperative_blocks
+        limit = cooperative_blocks()
     else:
         try:
             from .common import jit
