@@ -24,18 +24,28 @@ def _totals(plan, phase):
     return sum(r["launches"] for r in plan if r["phase"] == phase)
 
 
+def planned_and_launched(case):
+    """Run `case` forward and backward on the cuda backend -> (the launch plan of that call at this process's
+    launch sizes, the launch logs, forward outputs, backward outputs), after checking that the plan's launches
+    per phase are exactly the ones the driver made."""
+    fwd = run_forward(case, "cuda")
+    bwd = run_backward(case, fwd, "cuda")
+    log = driver.last_launch_count()
+    lengths = tuple(int(n) for n in case.lengths) if case.lengths is not None else (case.T,) * case.B
+    call = RNNCall(case.cfg, case.T, case.B, np.dtype(case.dtype), True, True, lengths)
+    plan = driver.launch_plan(call, gpu=False)
+    for phase in ("forward", "backward"):
+        assert _totals(plan, phase) == log[phase].total, (phase, plan, log[phase])
+    return plan, log, fwd, bwd
+
+
 @pytest.mark.parametrize("mode,direction,proj,input_mode,L,p,lengths", CASES)
 def test_plan_matches_the_launches_the_driver_makes(mode, direction, proj, input_mode, L, p, lengths):
     H, T, B = 3, 3, 4
     cfg = rnn_config(L, H, 3 if input_mode == "skip_input" else 4, mode, input_mode, direction, proj, p, 5, 7)
     case = make_rnn_case(cfg, T, B, lengths=lengths, seed=1)
-    run_backward(case, run_forward(case, "cuda"), "cuda")
-    log = driver.last_launch_count()
-    call = RNNCall(cfg, T, B, np.dtype(np.float64), True, True, tuple(lengths) if lengths else (T,) * B)
-    plan = driver.launch_plan(call, gpu=False)
-    assert _totals(plan, "forward") == log["forward"].total
-    assert _totals(plan, "backward") == log["backward"].total
-    steps = max(call.lengths)
+    plan, log, _, _ = planned_and_launched(case)
+    steps = max(lengths) if lengths else T
     step_kernels = [r for r in plan if r["kernel"].endswith(("_step", "project", "recurrent_backward"))]
     assert sum(r["launches"] for r in step_kernels if r["phase"] == "forward") == steps * L * (2 if proj else 1)
     assert sum(r["launches"] for r in step_kernels if r["phase"] == "backward") == steps * L * 2
@@ -61,13 +71,7 @@ def test_split_k_in_the_driver_is_planned_and_correct(monkeypatch, mode, directi
     H, T, B = 3, 3, 4
     cfg = rnn_config(L, H, 4, mode, "linear_input", direction, 0, 0.0, 5, 7)
     case = make_rnn_case(cfg, T, B, lengths=[3, 1, 0, 2], seed=1, dtype=np.dtype(dtype))
-    got_f = run_forward(case, "cuda")
-    got_b = run_backward(case, got_f, "cuda")
-    log = driver.last_launch_count()
-    call = RNNCall(cfg, T, B, np.dtype(dtype), True, True, (3, 1, 0, 2))
-    plan = driver.launch_plan(call, gpu=False)
-    assert _totals(plan, "forward") == log["forward"].total
-    assert _totals(plan, "backward") == log["backward"].total
+    plan, log, got_f, got_b = planned_and_launched(case)
     planned = sum(r["launches"] for r in plan if r["kernel"].startswith("split_k_sum"))
     assert planned == log["backward"].by_kernel.get("split_k_sum", 0) + log["forward"].by_kernel.get("split_k_sum", 0)
     assert planned >= 2 * cfg.L * cfg.D                     # dx and dR of every layer and direction at least

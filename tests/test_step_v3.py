@@ -206,18 +206,10 @@ def test_gpu_slices_and_plan():
 def test_launch_plan_matches_v3(mode, proj, H, lengths, monkeypatch):
     """driver.launch_plan lists the persistent launches (forward and backward, one per layer) the driver makes
     under NUMBARNN_STEP_VERSION=3, and v2's where v3 cannot run (a projection)."""
-    from numbarnn.config import RNNCall
-    from numbarnn.testing import run_backward, run_forward
+    from test_launch_plan import planned_and_launched
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(2, H, 2, mode, num_proj=proj)
-    T, B = 3, 5
-    case = make_rnn_case(cfg, T, B, lengths, seed=2)
-    run_backward(case, run_forward(case, "cuda"), "cuda")
-    log = driver.last_launch_count()
-    call = RNNCall(cfg, T, B, np.dtype(np.float64), True, True, tuple(lengths))
-    plan = driver.launch_plan(call, gpu=False)
-    for phase in ("forward", "backward"):
-        assert sum(r["launches"] for r in plan if r["phase"] == phase) == log[phase].total, (plan, log[phase])
+    plan, _, _, _ = planned_and_launched(make_rnn_case(cfg, 3, 5, lengths, seed=2))
     persistent = {r["kernel"]: r["launches"] for r in plan if "persistent" in r["kernel"]}
     if proj or not max(lengths):
         assert persistent == {}

@@ -99,14 +99,13 @@ class CountingMatrix:
         return self.a[index]
 
 
-def layer_arrays(H, B, T, rng, counting=True):
+def layer_arrays(H, B, T, rng):
     """Device arrays of one LSTM layer's forward (one direction, every row T steps long), R counted."""
     G, dt, acc = LSTM.G, "float64", acc_dtype("float64")
     to = cuda.to_device
     R = rng.standard_normal((G * H, H)) * 0.5                                   # [G*H, P]
-    wrap = CountingMatrix if counting else to
     return dict(lens=to(np.full(B, T, np.int32)), gx=to(rng.standard_normal((1, T, B, G * H))),
-                unit_params=to(0.1 * rng.standard_normal((1, 2 * G, H))), R_fwd=wrap(R), R_rev=wrap(R),
+                unit_params=to(0.1 * rng.standard_normal((1, 2 * G, H))), R_fwd=CountingMatrix(R), R_rev=CountingMatrix(R),
                 h_in=to(rng.standard_normal((1, B, H)).astype(acc)), h_out=to(np.zeros((1, B, H), acc)),
                 c=to(rng.standard_normal((1, B, H)).astype(acc)), y=to(np.zeros((T, B, H), dt)),
                 acts=to(np.zeros((1, T, B, LSTM.S * H), dt)), cs=to(np.zeros((1, T, B, H), dt)), ms=None)
@@ -143,12 +142,13 @@ def count_backward_reads(H, B, T, rng):
     one launch per step, and v3's persistent kernel, one launch; and the dh0 each leaves."""
     G, S, acc = LSTM.G, LSTM.S, acc_dtype("float64")
     t2, sl = step_v2.SIM_TILES, step_v3.SIM_SLICE
+    to = cuda.to_device
     out = {}
     for name in ("v2", "v3 persistent"):
         r = np.random.default_rng(rng)
-        to = cuda.to_device
         R = CountingMatrix(r.standard_normal((G * H, H)) * 0.5)
-        a = dict(lens=to(np.full(B, T, np.int32)), dy=to(r.standard_normal((T, B, H))), y=to(r.standard_normal((T, B, H))),
+        a = dict(lens=to(np.full(B, T, np.int32)), dy=to(r.standard_normal((T, B, H))),
+                 y=to(r.standard_normal((T, B, H))),
                  h0=to(r.standard_normal((1, B, H))), c0=to(r.standard_normal((1, B, H))),
                  acts=to(r.uniform(0.1, 0.9, (1, T, B, S * H))), cs=to(r.standard_normal((1, T, B, H))),
                  unit_params=None, R_fwd=R, R_rev=R, dh=to(np.zeros((1, B, H), acc)), dc=to(np.zeros((1, B, H), acc)),

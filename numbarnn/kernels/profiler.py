@@ -479,7 +479,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
 
-    from .simulator import shared_array_for, shared_key
+    from .simulator import static_shared_array
 
     rec = Recorder() if recorder is None else recorder
     GlobalProxy = _make_global_proxy_class()
@@ -517,11 +517,8 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
         else:
             # The simulator keys a static shared array by the line that asks for it; through this wrapper that
             # would be one line for every array of a kernel (all aliased), so key by the kernel's line here.
-            caller = sys._getframe(1)
-            if isinstance(dtype, kernelapi.types.Type):
-                dtype = kernelapi.numpy_support.as_dtype(dtype)
-            key = shared_key(caller)
-            ary, line = shared_array_for(self, key, shape, dtype), key[:2]   # per block and line, locked
+            ary, key = static_shared_array(self, sys._getframe(1), shape, dtype)   # per block and line, locked
+            line = key[:2]
         if rec._shared is None:
             return ary
         return rec.shared_array(ary, line)

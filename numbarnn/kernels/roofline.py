@@ -331,6 +331,21 @@ def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="flo
     return sl, n, limit, f"v3: {n} blocks (TJ={sl.TJ}) co-resident, limit {per_sm} per SM x {gpu.sms} = {limit}"
 
 
+def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None) -> tuple:
+    """What the v3 forward and backward share, for slice `sl`: (blocks, warps per block, row tiles, wavefronts of
+    a warp's R-slice load R_slice[g*TJ + jj, k] (rows KMAX+1 words apart), of its staged-tile load
+    tile[rg*RB + r, kk] (rows h_pitch words apart, default step_v3.h_pitch), how much more than its useful bytes
+    an epilogue row's sector carries (TJ consecutive units per row)."""
+    TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
+    if h_pitch is None:
+        from . import step_v3
+        h_pitch = step_v3.h_pitch(sl)
+    lanes = range(min(WARP, NT))
+    wf_R = bank_wavefronts((lane % TJ) * (KMAX + 1) for lane in lanes)
+    wf_h = bank_wavefronts((lane // TJ * RB) * h_pitch for lane in lanes)
+    return -(-H // TJ) * D, -(-NT // WARP), -(-B // TB), wf_R, wf_h, max(1.0, SECTOR / (TJ * s))
+
+
 def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P: int | None = None,
                h_pitch: int | None = None) -> dict:
     """The persistent v3 forward (step_v3.py) of one layer (no projection: P = H unless given) with slice `sl`:
@@ -349,24 +364,15 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     h_pitch: words between h tile rows (default step_v3.h_pitch(sl) = KC + 1, as the kernel lays it out: the
     model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
-    TJ, RB, KC, KMAX, TB, NT = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB, sl.threads
+    TJ, RB, KC, TB = sl.TJ, sl.RB, sl.KC, sl.TB
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H if P is None else P
-    nb = -(-H // TJ) * D
-    warps = -(-NT // WARP)
-    row_tiles = -(-B // TB)
-    lanes = range(min(WARP, NT))
-    if h_pitch is None:
-        from . import step_v3
-        h_pitch = step_v3.h_pitch(sl)
-    wf_R = bank_wavefronts((lane % TJ) * (KMAX + 1) for lane in lanes)     # R_slice[g*TJ + jj, k], per gate
-    wf_h = bank_wavefronts((lane // TJ * RB) * h_pitch for lane in lanes)   # h_tile[rg*RB + r, kk], per row r
+    nb, warps, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s, h_pitch)
     R_bytes = D * G * H * P * s
     slice_wf = nb * (-(-G * TJ * P // WARP))
     slice_ = dict(dram=R_bytes, l2=R_bytes, l1=R_bytes, smem_wavefronts=slice_wf, smem=slice_wf * WAVEFRONT,
                   flops=0, blocks=nb)
     h_l2 = nb * B * P * s
-    spread = max(1.0, SECTOR / (TJ * s))
     other = D * _other_forward(B, H, P, G, s) * spread
     step_wf = nb * row_tiles * (-(-P // KC) * (TB * KC // WARP) + warps * P * (G * wf_R + RB * wf_h))
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
@@ -388,18 +394,11 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
            spread like the forward's; smem: per row tile, gate and K chunk TB*KC dgh words stored; per (gate,
            column k) each warp loads one word of the R slice and RB of the dgh tile; one grid barrier.
     """
-    TJ, RB, KC, KMAX, TB, NT = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB, sl.threads
+    TJ, RB, KC, KMAX, TB = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H
     GH = G * H
-    nb = -(-H // TJ) * D
-    warps = -(-NT // WARP)
-    row_tiles = -(-B // TB)
-    lanes = range(min(WARP, NT))
-    from . import step_v3
-    h_pitch = step_v3.h_pitch(sl)
-    wf_R = bank_wavefronts((lane % TJ) * (KMAX + 1) for lane in lanes)
-    wf_h = bank_wavefronts((lane // TJ * RB) * h_pitch for lane in lanes)
+    nb, warps, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s)
     wf_slice = bank_wavefronts((e % TJ) * (KMAX + 1) + e // TJ for e in range(WARP))
     R_bytes = D * GH * P * s
     run = -(-TJ * s // SECTOR)                      # sectors of one row's TJ columns
@@ -409,7 +408,6 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
                   smem_wavefronts=requests * wf_slice, smem=requests * wf_slice * WAVEFRONT, flops=0, blocks=nb,
                   sectors_per_request=(WARP // TJ) * run)
     dgh_l2 = nb * B * GH * s
-    spread = max(1.0, SECTOR / (TJ * s))
     other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
     step_wf = nb * row_tiles * G * (-(-H // KC) * (TB * KC // WARP) + warps * H * (wf_R + RB * wf_h))
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,

@@ -12,7 +12,7 @@ a test that failed once under load with a wrong gradient (stop 15, never reprodu
 lookup (keyed by the caller's file and line, as the simulator does) under a lock, finding the caller with
 ``sys._getframe(1)`` instead of formatting the whole stack on every call (measured: 5 GEMM v4 launches
 24.4/26.0 s before, 22.8/23.3 s after, with the simulator's barrier).  The profiler's recording wrapper
-uses `shared_array_for` too.
+uses `static_shared_array` too.
 
 2. `syncthreads`: a barrier on a condition variable instead of the simulator's polling loop (below); and
 with it, cooperative launches of more than one block (the simulator ran blocks one after another, so a grid
@@ -29,36 +29,35 @@ import numpy as np
 _LOCK = threading.Lock()
 
 
-def shared_key(caller) -> tuple:
-    """The key of a static shared array: the requesting source line (as the simulator keys it) and the block.
-    The simulator keeps one set of shared arrays per launch, which its blocks, run one after another, reuse;
-    the blocks of a cooperative launch run at once, and each needs its own (as on a GPU)."""
-    return caller.f_code.co_filename, caller.f_lineno, tuple(threading.current_thread().blockIdx)
+def _numpy_dtype(dtype) -> np.dtype:
+    """A numba type, a NumPy scalar type or a dtype, as a NumPy dtype."""
+    from numba.cuda.simulator.kernelapi import numpy_support, types
+    return numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else np.dtype(dtype)
 
 
-def shared_array_for(shared, key, shape, dtype):
-    """The block's static shared array for `key` (the requesting source line): created by the first thread that
-    asks, under a lock, so every thread of the block gets the same one."""
+def static_shared_array(shared, caller, shape, dtype):
+    """-> (the block's static shared array that source frame `caller` asks for, its key).  Keyed by the requesting
+    line (as the simulator keys it) and the block: the simulator keeps one set of shared arrays per launch, which
+    its blocks, run one after another, reuse; the blocks of a cooperative launch run at once, and each needs its
+    own (as on a GPU).  Created by the first thread that asks, under a lock, so every thread of the block gets
+    the same one."""
+    dtype = _numpy_dtype(dtype)
+    key = caller.f_code.co_filename, caller.f_lineno, tuple(threading.current_thread().blockIdx)
     with _LOCK:
         ary = shared._allocations.get(key)
         if ary is None:
             ary = shared._allocations[key] = np.empty(shape, dtype)
-    return ary
+    return ary, key
 
 
 def _shared_array(self, shape, dtype, alignment=None):
     """FakeCUDAShared.array with the lookup under a lock (see the module docstring); otherwise the same."""
-    from numba.cuda.simulator.kernelapi import numpy_support, types
     if alignment is not None:
         raise RuntimeError("Array alignment is not supported in cudasim")
-    dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else np.dtype(dtype)
     if shape == 0:                       # dynamic shared memory: one buffer for every request, as before
-        count = self._dynshared_size // dtype.itemsize
-        return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-    return shared_array_for(self, shared_key(sys._getframe(1)), shape, dtype)
-
-
-_shared_array.numbarnn_locked = True
+        dtype = _numpy_dtype(dtype)
+        return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)
+    return static_shared_array(self, sys._getframe(1), shape, dtype)[0]
 
 
 def install() -> None:
@@ -66,8 +65,7 @@ def install() -> None:
     is on).  The barrier is replaced only where the simulator is the one these functions were written against
     (its BlockManager and BlockThread as in numba-cuda 0.30: `_f`, `_block_dim`, `_debug`, `_manager`)."""
     from numba.cuda.simulator import kernel, kernelapi
-    if not getattr(kernelapi.FakeCUDAShared.array, "numbarnn_locked", False):
-        kernelapi.FakeCUDAShared.array = _shared_array
+    kernelapi.FakeCUDAShared.array = _shared_array
     manager_init = kernel.BlockManager.__init__.__code__.co_names
     thread_init = kernel.BlockThread.__init__.__code__.co_names
     if (kernel.BlockManager.run is not _run_block and {"_f", "_block_dim", "_debug"} <= set(manager_init)

@@ -387,9 +387,9 @@ def gpu_slices(G: int, dtype) -> dict:
 
 
 def kernel_specs():
-    """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS (no projection) at the slice of
-    H = P = 512 (block = 64 threads).  The persistent one links libcudadevrt.a (the report does that for
-    every kernel with a grid barrier)."""
+    """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS (no
+    projection) at the slice of H = P = 512 (block = 64 threads).  The persistent ones link libcudadevrt.a
+    (the report does that for every kernel with a grid barrier)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
