@@ -4,6 +4,7 @@
 #   bash bench/gpu_run.sh env      # versions, the GPU as numba-cuda sees it, numbarnn's default backend
 #   bash bench/gpu_run.sh tests    # the CUDA test files with NUMBARNN_REAL_GPU=1 (the same tests as the simulator's)
 #   bash bench/gpu_run.sh bench    # numbarnn bench: step kernels v1, v2, v3 beside cuDNN, DeepBench shapes
+#   bash bench/gpu_run.sh proj     # the same with an LSTM projection (P = H/2): v2 vs v3 (two phases per step)
 #   bash bench/gpu_run.sh profile  # bench/gpu_profile.py: host cost of a launch; ncu: device time of every kernel
 #   bash bench/gpu_run.sh all      # env, bench, tests
 #
@@ -38,6 +39,14 @@ run_bench() {     # step kernels v1, v2, v3 and cuDNN side by side, validated fi
         --shapes $SHAPES --reps "$REPS" --warmup 1 --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log"
 }
 
+run_bench_proj() {     # an LSTM with a projection: v2 (project launches per step) vs v3, beside cuDNN
+    for HBT in ${PROJ_SHAPES:-512x32x100 1024x64x100}; do
+        timeout 300 python3 -m numbarnn bench --backends cuda cudnn --modes lstm --step-versions 2 3 \
+            --num-proj $(( ${HBT%%x*} / 2 )) --shapes "$HBT" --reps "$REPS" --warmup 1 --csv "$OUT/bench_proj_$HBT.csv" \
+            2>&1 | tee -a "$OUT/bench_proj.log"
+    done
+}
+
 run_tests() {
     timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs -n ${WORKERS:-12} -p no:cacheprovider \
         ${TESTS:-tests/test_rnn_cuda.py tests/test_step_v2.py tests/test_step_v3.py tests/test_block_lstm_cuda.py \
@@ -65,9 +74,10 @@ case "${1:-all}" in
     env) env_check ;;
     tests) env_check; run_tests ;;
     bench) env_check; run_bench ;;
+    proj) env_check; run_bench_proj ;;
     profile) env_check; run_profile ;;
     profile+tests) env_check; run_profile; run_tests ;;
     profile+bench+tests) env_check; run_profile; run_bench; run_tests ;;
-    all) env_check; run_bench; run_tests ;;
-    *) echo "usage: $0 env|tests|bench|profile|profile+tests|profile+bench+tests|all" >&2; exit 2 ;;
+    all) env_check; run_bench; run_bench_proj; run_tests ;;
+    *) echo "usage: $0 env|tests|bench|proj|profile|profile+tests|profile+bench+tests|all" >&2; exit 2 ;;
 esac

@@ -82,7 +82,7 @@ SIMULATOR_QUICK_SHAPES = ("3x2x2",)
 DEEPBENCH_SHAPES = tuple(f"{H}x{B}x{T}" for H, B, T in DEEPBENCH)
 
 DTYPES = ("float16", "float32", "float64")
-CSV_FIELDS = ("mode", "dtype", "H", "B", "T", "I", "backend", "cold_ms", "fwd_ms", "fwdbwd_ms", "baseline", "fwd_ratio",
+CSV_FIELDS = ("mode", "dtype", "H", "B", "T", "I", "P", "backend", "cold_ms", "fwd_ms", "fwdbwd_ms", "baseline", "fwd_ratio",
               "fwdbwd_ratio", "check_rel_error", "check_output", "check_tolerance", "check_ok", "timed",
               "launches_fwd", "launches_bwd", "reps", "warmup", "device", "note")
 PROG = "numbarnn bench"
@@ -135,7 +135,7 @@ def write_csv(path: str, rows: list[Row], reps: int, warmup: int, device: str) -
         w.writeheader()
         for r in rows:
             c = r.check
-            w.writerow(dict(mode=r.mode, dtype=r.dtype, H=r.H, B=r.B, T=r.T, I=r.I, backend=r.backend,
+            w.writerow(dict(mode=r.mode, dtype=r.dtype, H=r.H, B=r.B, T=r.T, I=r.I, P=r.P, backend=r.backend,
                             cold_ms=_csv(r.cold_ms), fwd_ms=_csv(r.fwd_ms), fwdbwd_ms=_csv(r.fwdbwd_ms), baseline=r.baseline,
                             fwd_ratio=_csv(r.fwd_ratio), fwdbwd_ratio=_csv(r.fwdbwd_ratio),
                             check_rel_error="" if c is None else repr(c.error), check_output="" if c is None
@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", choices=cell_names(), default=["lstm", "gru"],
                    help="rnn_modes (registered cells; default: lstm gru)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="default: float32")
+    p.add_argument("--num-proj", type=int, default=0, metavar="P",
+                   help="an LSTM projection of P outputs (0 < P <= H of every shape; cells that allow one; "
+                        "default 0: none)")
     p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="HxBxT",
                    help="default: see below (depends on the backends)")
     p.add_argument("--quick", action="store_true", help="two shapes, 3 repetitions")
@@ -245,6 +248,8 @@ def parse_args(argv):
         p.error(f"--reps: expected >= 1, got {args.reps}")
     if args.warmup < 1:
         p.error(f"--warmup: expected >= 1 (the first call compiles), got {args.warmup}")
+    if args.num_proj < 0:
+        p.error(f"--num-proj: expected >= 0, got {args.num_proj}")
     return args
 
 
@@ -321,6 +326,15 @@ def run(args) -> int:
         return _error("--deepbench and --shapes: give one of them")
     shapes = args.shapes or ([parse_shape(t) for t in DEEPBENCH_SHAPES] if args.deepbench
                              else default_shapes(args, backends, cuda_simulated))
+    if args.num_proj:
+        from .cells import get_cell
+        no_proj = [m for m in args.modes if not get_cell(m).projection]
+        if no_proj:
+            return _error(f"--num-proj: {', '.join(no_proj)} allow{'s' * (len(no_proj) == 1)} no projection "
+                          f"(give --modes lstm, or cells registered with projection=True)")
+        narrow = [measure.shape_label(s) for s in shapes if args.num_proj > s[0]]
+        if narrow:
+            return _error(f"--num-proj: {args.num_proj} > H in {' '.join(narrow)} (a projection has P <= H)")
     versions = list(dict.fromkeys(args.step_versions or []))
     if versions:
         from .kernels.driver import STEP_VERSIONS
@@ -341,7 +355,8 @@ def run(args) -> int:
         print(f"  {b:<9} {info[b]}")
     for note in notes:
         print(note)
-    print(f"dtype {args.dtype}; one layer, unidirectional, I = H, full-length sequences; median of {args.reps} "
+    proj = f", projection P = {args.num_proj}" if args.num_proj else ""
+    print(f"dtype {args.dtype}; one layer, unidirectional, I = H{proj}, full-length sequences; median of {args.reps} "
           f"call{'s' * (args.reps != 1)} after {args.warmup} warm-up call{'s' * (args.warmup != 1)}")
     print(f"validation: every named output vs the float64 reference at T={CHECK_T} (SPEC 10 tolerances), before "
           f"timing\n", flush=True)
@@ -357,7 +372,7 @@ def run(args) -> int:
             adapter.start()
             started.append(adapter)
         rows, failed = measure_all(args.modes, args.dtype, shapes, adapters, args.reps, args.warmup,
-                                   log=lambda text: print(text, flush=True))
+                                   log=lambda text: print(text, flush=True), num_proj=args.num_proj)
     finally:
         for adapter in started:
             adapter.stop()

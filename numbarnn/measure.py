@@ -37,12 +37,12 @@ BASELINES = ("cudnn", "torch", "reference")                 # ratios are against
 MUST_HAVE = ("output", "output_h", "input_backprop", "params_backprop")
 
 
-def make_case(mode: str, H: int, B: int, T: int, I: int, dtype, seed: int = 0):  # noqa: E741
+def make_case(mode: str, H: int, B: int, T: int, I: int, dtype, seed: int = 0, num_proj: int = 0):  # noqa: E741
     """A one-layer, unidirectional, linear-input case (full lengths), scaled like torch's default init."""
     from .config import rnn_config
     from .testing import make_rnn_case
 
-    cfg = rnn_config(1, H, I, mode, input_mode="linear_input")
+    cfg = rnn_config(1, H, I, mode, input_mode="linear_input", num_proj=num_proj)
     return make_rnn_case(cfg, T, B, None, seed=seed, dtype=dtype, scale=1.0 / math.sqrt(max(H, I)))
 
 
@@ -320,6 +320,7 @@ class Row:
     fwdbwd_ratio: float | None = None
     extra: dict = field(default_factory=dict)
     note: str = ""
+    P: int = 0                        # num_proj (0: none)
 
     @property
     def shape(self) -> str:
@@ -424,9 +425,10 @@ def add_ratios(rows: list[Row]) -> None:
                 r.fwdbwd_ratio = r.fwdbwd_ms / base.fwdbwd_ms if base.fwdbwd_ms > 0 else None
 
 
-def measure_all(modes, dtype: str, shapes, adapters: dict, reps: int, warmup: int, log=print
+def measure_all(modes, dtype: str, shapes, adapters: dict, reps: int, warmup: int, log=print, num_proj: int = 0
                 ) -> tuple[list[Row], bool]:
-    """Validate, then time, every adapter for every (mode, shape). -> (rows, anything failed)."""
+    """Validate, then time, every adapter for every (mode, shape); an LSTM projection of num_proj outputs when
+    it is > 0. -> (rows, anything failed)."""
     rows: list[Row] = []
     failed = False
     seen = set()                # (adapter, mode) pairs that have run: their next call is warm
@@ -434,11 +436,11 @@ def measure_all(modes, dtype: str, shapes, adapters: dict, reps: int, warmup: in
         for H, B, T in shapes:
             I = H  # noqa: E741 - DeepBench: input size = hidden size
             label = f"{mode} {shape_label((H, B, T))}"
-            small = make_case(mode, H, B, CHECK_T, I, np.float64, seed=H + B).astype(dtype)
+            small = make_case(mode, H, B, CHECK_T, I, np.float64, seed=H + B, num_proj=num_proj).astype(dtype)
             ref = reference_outputs(small)
             case = None
             for name, adapter in adapters.items():
-                row = Row(mode, dtype, H, B, T, I, name)
+                row = Row(mode, dtype, H, B, T, I, name, P=num_proj)
                 rows.append(row)
                 t0 = time.perf_counter()
                 row.check = validate(adapter, small, ref)
@@ -450,7 +452,7 @@ def measure_all(modes, dtype: str, shapes, adapters: dict, reps: int, warmup: in
                     row.note = row.check.message
                     log(f"  {label:<18} {name:<9} validation FAILED: {row.check.message}; not timed")
                     continue
-                case = case if case is not None else make_case(mode, H, B, T, I, dtype, seed=1)
+                case = case if case is not None else make_case(mode, H, B, T, I, dtype, seed=1, num_proj=num_proj)
                 try:
                     row.fwd_ms, row.fwdbwd_ms = time_backend(adapter, case, reps, warmup)
                 except Exception as exc:

@@ -483,3 +483,26 @@ def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkey
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[3]) > 0 and float(cells[5]) > 0 and float(cells[-1]) <= 1e-4
+
+
+def test_num_proj_times_an_lstm_with_a_projection(tmp_path, capsys, timed_backends):
+    """--num-proj P: every backend validated and timed on an LSTM with a projection (the cuda rows in the
+    simulator: v2 with its project launches per step, v3 in one persistent launch per phase), P in the CSV."""
+    path = tmp_path / "bench.csv"
+    assert bench.main(["--backends", "reference", "cpu", "cuda", "--simulator", "--step-versions", "2", "3",
+                       "--modes", "lstm", "--num-proj", "2", "--shapes", "4x3x3", "--dtype", "float64",
+                       "--csv", str(path), *FAST]) == 0
+    assert "projection P = 2" in capsys.readouterr().out
+    rows = {r["backend"]: r for r in read_csv(path)}
+    assert set(rows) == {"reference", "cpu", "cuda v2", "cuda v3"} == set(timed_backends)
+    assert all(r["P"] == "2" and r["check_ok"] == "True" for r in rows.values()), rows
+    assert int(rows["cuda v3"]["launches_fwd"]) < int(rows["cuda v2"]["launches_fwd"])
+    assert "2 grid barriers" in rows["cuda v3"]["note"]
+
+
+@pytest.mark.parametrize("argv, words", [(["--modes", "gru", "--num-proj", "2"], "gru allows no projection"),
+                                         (["--modes", "lstm", "--num-proj", "5", "--shapes", "4x2x2"], "5 > H in 4x2x2"),
+                                         (["--num-proj", "-1"], "--num-proj: expected >= 0")])
+def test_num_proj_errors_exit_2(argv, words, capsys, timed_backends):
+    assert bench.main(["--backends", "reference", *argv, *FAST]) == 2
+    assert words in capsys.readouterr().err and timed_backends == []

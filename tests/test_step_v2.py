@@ -1,6 +1,7 @@
-"""Step kernels v1 and v2 (numbarnn/kernels/step_v2.py) pass the same simulator tests against the reference.
+"""Step kernels v1, v2 (numbarnn/kernels/step_v2.py) and v3 (step_v3.py) pass the same simulator tests against
+the reference.
 
-Every case runs under NUMBARNN_STEP_VERSION=1 and =2 (`version` fixture) through the whole op (both
+Every case runs under NUMBARNN_STEP_VERSION=1, 2 and 3 (`version` fixture) through the whole op (both
 backends, every named output of forward and backward, the reference backprop on the kernels' reserve:
 `test_rnn_cuda.compare_backends`).  The cases cover every cell (lstm, gru, rnn_tanh, rnn_relu and the contrib
 peephole_lstm and cifg_lstm), ragged lengths with 0, both directions, projection, dropout, float16/32/64.
@@ -36,7 +37,7 @@ counts_reads = pytest.mark.skipif(not SIMULATOR, reason="counts R reads in the s
                                   "argument); on a GPU ncu counts the bytes: bench/gpu_profile.py")
 
 
-@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+@pytest.fixture(params=driver.STEP_VERSIONS, ids=[f"v{v}" for v in driver.STEP_VERSIONS])
 def version(request, monkeypatch):
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", str(request.param))
     return request.param
@@ -99,6 +100,10 @@ def test_versions_against_reference(key, dtype, version):
     if version == 2 and max(case.lengths) > 0:
         assert log["forward"].by_kernel["forward_step_v2"] == case.cfg.L * max(case.lengths), log
         assert "forward_step" not in log["forward"].by_kernel and "backward_step_v2" not in log["forward"].by_kernel
+    if version == 3 and max(case.lengths) > 0:           # every case's slice fits the simulator's: persistent
+        for phase in ("forward", "backward"):
+            assert log[phase].by_kernel[f"{phase}_persistent_v3"] == case.cfg.L, log[phase]
+            assert log[phase].per_step == 0, log[phase]
 
 
 @pytest.mark.parametrize("key,dtype", [("lstm-bi-proj-dropout", "float32")])
@@ -108,16 +113,18 @@ def test_inference(key, dtype, version):
     compare_backends(replace(case_of(key, dtype), is_training=False), context=f" [step v{version}]")
 
 
+@pytest.mark.parametrize("v", ["2", "3"])
 @settings(max_examples=examples(3))
-@given(rnn_cases(max_T=3, max_B=5, dtype=np.float64))
-def test_hypothesis_v2(case):
-    """A few random configurations (every built-in mode, projection, dropout, skip input) under v2."""
+@given(case=rnn_cases(max_T=3, max_B=5, dtype=np.float64))
+def test_hypothesis_v2_v3(v, case):
+    """A few random configurations (every built-in mode, projection, dropout, skip input) under v2 and v3 (v3
+    where its slices fit the simulator's, else v2: either way against the reference)."""
     import os
 
     old = os.environ.get("NUMBARNN_STEP_VERSION")
-    os.environ["NUMBARNN_STEP_VERSION"] = "2"
+    os.environ["NUMBARNN_STEP_VERSION"] = v
     try:
-        compare_backends(case, context=" [step v2]")
+        compare_backends(case, context=f" [step v{v}]")
     finally:
         if old is None:
             del os.environ["NUMBARNN_STEP_VERSION"]

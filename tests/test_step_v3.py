@@ -8,7 +8,9 @@ runs all blocks of a cooperative launch at once, with a real grid barrier.  So:
   inputs, step by step (both directions, ragged lengths with 0, partial unit and row tiles, float16/32/64);
 - the persistent loops run through the whole op (NUMBARNN_STEP_VERSION=3) against the reference, forward and
   backward: on one block (every cell), and on many blocks (the grid barrier: test_persistent_on_many_blocks);
-- the driver says which version ran and why (v3 falls back to v2 with a projection or too many blocks).
+- with a projection (two phases and two grid barriers per step, a second slice per block: W_proj's rows
+  forward, R's columns of the projected outputs backward) the same, on many blocks;
+- the driver says which version ran and why (v3 falls back to v2 when a slice does not fit or too many blocks).
 """
 from __future__ import annotations
 
@@ -148,12 +150,14 @@ def test_persistent_on_one_block_against_reference(mode, dtype, lengths, monkeyp
 SIM_ONLY = pytest.mark.skipif(not SIMULATOR, reason="a GPU holds these grids co-resident: v3 runs, not v2")
 
 
-@pytest.mark.parametrize("proj,H,direction,why", [(2, 3, "unidirectional", "projection"),
+@pytest.mark.parametrize("proj,H,direction,why", [pytest.param(2, 7, "unidirectional", "do not fit", marks=SIM_ONLY),
                                                   pytest.param(0, 5, "unidirectional", "co-resident", marks=SIM_ONLY),
-                                                  pytest.param(0, 3, "bidirectional", "co-resident", marks=SIM_ONLY)])
+                                                  pytest.param(0, 3, "bidirectional", "co-resident", marks=SIM_ONLY),
+                                                  pytest.param(2, 5, "unidirectional", "co-resident", marks=SIM_ONLY)])
 def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
-    """A projection: v2 (v3 has no projection step).  More blocks than can be co-resident (here: the simulator's
-    cooperative limit set to one block, as numba's own simulator has it): v2, for both phases, saying why."""
+    """A slice that does not fit (here H = 7 W_proj columns > the simulator slice's 6): v2.  More blocks than can
+    be co-resident (here: the simulator's cooperative limit set to one block, as numba's own simulator has
+    it): v2, for both phases, with or without a projection, saying why."""
     from numbarnn.kernels import simulator
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     monkeypatch.setattr(simulator, "COOPERATIVE_BLOCKS", 1)
@@ -163,6 +167,7 @@ def test_falls_back_to_v2_and_says_why(proj, H, direction, why, monkeypatch):
     fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
     assert fwd.step_version == 2 and why in fwd.note, fwd
     assert fwd.by_kernel["forward_step_v2"] == 2 and "forward_persistent_v3" not in fwd.by_kernel, fwd
+    assert fwd.by_kernel.get("project", 0) == (2 if proj else 0), fwd
     assert bwd.step_version == 2 and why in bwd.note and "backward_persistent_v3" not in bwd.by_kernel, bwd
     assert bwd.by_kernel.get("backward_step_v2", 0) + bwd.by_kernel.get("recurrent_backward_v2", 0) > 0, bwd
 
@@ -190,6 +195,34 @@ def test_persistent_on_many_blocks(mode, direction, H, monkeypatch):
     assert step_v3.blocks_needed(H, cfg.D, step_v3.plan(get_cell(mode).G, H, H, "float64")) > 1
 
 
+#: (mode, dtype, direction, H, P, lengths): in the simulator 2 blocks per direction (TJ = 3), TQ = 1 or 2
+#: projected outputs per block, the last block's partial; dropout between the 2 layers
+PROJ_CASES = [("lstm", "float64", "bidirectional", 5, 3, [4, 2, 0, 1, 4]),
+              ("lstm", "float32", "unidirectional", 6, 2, [3, 4, 1, 0, 2]),
+              ("peephole_lstm", "float64", "bidirectional", 4, 4, [2, 0, 3, 1, 3]),
+              ("cifg_lstm", "float16", "unidirectional", 5, 1, [4, 4, 2, 3, 0])]
+
+
+@pytest.mark.parametrize("mode,dtype,direction,H,P,lengths", PROJ_CASES if SIMULATOR else
+                         [("lstm", "float32", "bidirectional", 100, 37, [9, 4, 0, 1, 9])])
+def test_persistent_with_projection(mode, dtype, direction, H, P, lengths, monkeypatch):
+    """v3 with a projection: forward and backward one persistent launch per layer each (no project and no
+    recurrent_backward launches), two grid barriers per step, on many blocks, against the reference: every
+    output and gradient (dW_proj from dh_total, dR from h_prev, both written by the backward's dh phase)."""
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    cfg = rnn_config(2, H, 3, mode, direction=direction, num_proj=P, dropout=0.25, seed=7, seed2=1)
+    case = make_rnn_case(cfg, max(lengths), len(lengths), lengths, seed=9, dtype=np.dtype(dtype))
+    compare_backends(case, context=" [step v3, projection]")
+    fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
+    assert fwd.step_version == 3 and "2 grid barriers" in fwd.note, fwd
+    assert fwd.by_kernel["forward_persistent_v3"] == cfg.L and "project" not in fwd.by_kernel, fwd
+    assert bwd.step_version == 3 and "2 grid barriers" in bwd.note, bwd
+    assert bwd.by_kernel["backward_persistent_v3"] == cfg.L, bwd
+    assert not any("step" in name or "recurrent" in name for name in bwd.by_kernel), bwd
+    sl = step_v3.plan(get_cell(mode).G, H, P, dtype, has_proj=True)
+    assert step_v3.blocks_needed(H, cfg.D, sl) > cfg.D and sl.TQ * -(-H // sl.TJ) >= P
+
+
 def test_gpu_slices_and_plan():
     """The slice fits the shared-memory budget; H = 256/512/1024 float32 LSTM slices (TJ 8/4/2)."""
     slices = step_v3.gpu_slices(4, "float32")
@@ -198,20 +231,27 @@ def test_gpu_slices_and_plan():
         assert sl.KMAX >= H and step_v3.slice_bytes(4, sl, "float32") <= step_v3.SMEM_BUDGET
         assert sl.threads == step_v3.THREADS
     assert step_v3.plan(4, 8, 7, "float64", simulator=True) is None       # P > the simulator's KMAX
+    # with a projection: TQ projected outputs per block cover P (TQ <= TJ), both phases' slices fit
+    for H, P in ((1024, 512), (1024, 256), (512, 512), (768, 200), (256, 1)):
+        sl = step_v3.plan(4, H, P, "float32", simulator=False, has_proj=True)
+        assert sl is not None and 1 <= sl.TQ <= sl.TJ and sl.TQ * -(-H // sl.TJ) >= P, (H, P, sl)
+        assert sl.KMAX >= P and sl.HMAX >= H and step_v3.slice_bytes(4, sl, "float32") <= step_v3.SMEM_BUDGET
 
 
 @pytest.mark.parametrize("mode,proj,H,lengths", [("lstm", 0, SL.TJ, [3, 1, 0, 2, 3]),
                                                  ("gru", 0, SL.TJ, [0, 0, 0, 0, 0]),
-                                                 ("lstm", 2, SL.TJ, [3, 1, 0, 2, 3])])
+                                                 ("lstm", 2, SL.TJ, [3, 1, 0, 2, 3]),
+                                                 ("lstm", 2, SL.TJ, [0, 0, 0, 0, 0])])
 def test_launch_plan_matches_v3(mode, proj, H, lengths, monkeypatch):
     """driver.launch_plan lists the persistent launches (forward and backward, one per layer) the driver makes
-    under NUMBARNN_STEP_VERSION=3, and v2's where v3 cannot run (a projection)."""
+    under NUMBARNN_STEP_VERSION=3, with a projection too (no project or recurrent_backward launches then)."""
     from test_launch_plan import planned_and_launched
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(2, H, 2, mode, num_proj=proj)
     plan, _, _, _ = planned_and_launched(make_rnn_case(cfg, 3, 5, lengths, seed=2))
     persistent = {r["kernel"]: r["launches"] for r in plan if "persistent" in r["kernel"]}
-    if proj or not max(lengths):
+    assert not any(r["kernel"] in ("project", "recurrent_backward_v2") for r in plan), plan
+    if not max(lengths):
         assert persistent == {}
     else:
         assert persistent == {f"{mode}_forward_persistent_v3": 1, f"{mode}_backward_persistent_v3": 1}

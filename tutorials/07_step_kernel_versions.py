@@ -237,16 +237,30 @@ def check_versions(quick: bool):
               + (f"; {lf.note}" if lf.note else ""))
         if v == 3:
             assert step_f == 1 and step_b == cfg.L, "v3: one persistent launch per layer and phase"
-    # where v3 cannot run, the driver says so and runs v2: here a projection (h' = W_proj m would need a second
-    # grid barrier per step); also when the R slice does not fit in shared memory or the blocks cannot all be
-    # co-resident on the GPU
+    # with a projection (h' = W_proj m) v3 still makes one launch per layer and phase: each step runs in two
+    # phases, the cell for the block's units, then h' for its share of the P projected outputs, with a grid
+    # barrier after each (a second slice in shared memory: W_proj's rows forward, R's columns backward)
     cfg2 = rnn_config(1, H, 4, "lstm", num_proj=2)
-    case2 = make_rnn_case(cfg2, 2, 3, [2, 1, 0], seed=8)
+    case2 = make_rnn_case(cfg2, 3, 4, [3, 1, 0, 2], seed=8)
+    ref2 = run_forward(case2, "reference")
+    ref2_bwd = run_backward(case2, ref2, "reference")
     with driver.pinned_step_version(3):
-        run_forward(case2, "cuda")
+        got2 = run_forward(case2, "cuda")
+        got2_bwd = run_backward(case2, got2, "cuda")
+    lf, lb = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
+    for got_, want_ in ((got2[0], ref2[0]), (got2_bwd[0], ref2_bwd[0]), (got2_bwd[3], ref2_bwd[3])):
+        assert relative_error(got_, want_) <= tol, "v3 with a projection differs from the reference"
+    assert lf.step_version == lb.step_version == 3 and "project" not in lf.by_kernel, (lf, lb)
+    print(f"    v3 with a projection (num_proj = 2): y, dx, dparams equal the reference; {lf.note}")
+    # where v3 cannot run, the driver says so and runs v2: here the R slice does not fit in shared memory
+    # (the simulator's slices hold 6 columns; a GPU's 40 KiB); also when the blocks cannot all be co-resident
+    H3 = step_v3.SIM_SLICE.KMAX + 1 if SIM else 4096
+    case3 = make_rnn_case(rnn_config(1, H3, 4, "lstm"), 2, 3, [2, 1, 0], seed=8)
+    with driver.pinned_step_version(3):
+        run_forward(case3, "cuda")
     note = driver.last_launch_count()["forward"]
     assert note.step_version == 2, note
-    print(f"    v3 with a projection (num_proj = 2) falls back to v2: {note.note}")
+    print(f"    v3 at H = {H3} falls back to v2: {note.note}")
 
 
 # ---------------------------------------------------------------------------------------------------

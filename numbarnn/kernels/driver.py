@@ -20,7 +20,8 @@ tiled product that reads R once per step for all rows, the cell in its epilogue;
 per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
 the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
 memory and all its blocks are co-resident, else v2; its backward likewise, one persistent launch per layer
-that keeps the columns of R in shared memory, else v2's).  `step_version()` picks:
+that keeps the columns of R in shared memory, else v2's; with num_proj the same single launches, each step
+in two phases with a grid barrier after each).  `step_version()` picks:
 NUMBARNN_STEP_VERSION=1|2|3, else 3 on a GPU (v3 where it can run, v2 where not: faster than v2 at every
 shape measured on an H100, bench/results/gpu_h100.md) and 1 in the simulator; the LaunchLog records the
 version that ran and, for v3, why (`LaunchLog.note`).
@@ -249,7 +250,7 @@ def forward(call, x, h0, c0, params):
     if version == 3:                                               # v3 when it can, else v2, saying why
         slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj)
         if slice_ is not None:
-            persistent = jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_)
+            persistent = jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
         else:
             version = 2
     log.step_version = version
@@ -260,7 +261,7 @@ def forward(call, x, h0, c0, params):
         step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
     else:
         step_grid, step_block, step_name = (blocks(H, threads(H)), B, D), threads(H), "forward_step"
-    project = jit(make_project, str(dt)) if cfg.has_proj else None
+    project = jit(make_project, str(dt)) if cfg.has_proj and persistent is None else None
     scale = a.type(dropout_scale(cfg.dropout))
     hT = cuda.device_array((cfg.L * D, B, P), dtype=dt)            # [L*D, B, P]
     cT = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
@@ -300,9 +301,10 @@ def forward(call, x, h0, c0, params):
                     cs=saved.get(f"c{layer}"), ms=saved.get(f"m{layer}"))
         log.steps, before = steps, log.total
         if persistent is not None and steps:                      # v3: one launch for all steps
-            v3_args = dict(args, steps=steps, h_a=h_in, h_b=h_out)
+            v3_args = dict(args, steps=steps, h_a=h_in, h_b=h_out, Wp_fwd=layers[layer * D].W_proj,
+                           Wp_rev=layers[layer * D + D - 1].W_proj)
             log(persistent, "forward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads,
-                *[v3_args[name] for name in used_args(step_v3.PERSISTENT_ARGS, cfg.cell, False)])
+                *[v3_args[name] for name in used_args(step_v3.PERSISTENT_ARGS, cfg.cell, cfg.has_proj)])
             if steps % 2:                                          # h ping-pongs: odd step counts end in h_out
                 h_in, h_out = h_out, h_in
         for s in range(steps if persistent is None else 0):
@@ -350,7 +352,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     if version == 3:                                   # v3 when it can, else v2, saying why
         slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, phase="backward")
         if slice_ is not None:
-            persistent = jit(step_v3.make_backward_persistent_v3, cfg.cell, str(dt), slice_)
+            persistent = jit(step_v3.make_backward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
         else:
             version = 2
     log.step_version = version
@@ -407,7 +409,10 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         if persistent is not None and steps:           # v3: one launch for all steps, dh0 included
             args.update(R_fwd=lp_f.R, R_rev=lp_r.R, dh=dh_in, steps=steps)
             log(persistent, "backward_persistent_v3", (blocks(H, slice_.TJ), 1, D), slice_.threads,
-                *[args[name] for name in used_args(step_v3.PERSISTENT_BACKWARD_ARGS, cfg.cell, False)])
+                *[args[name] for name in used_args(step_v3.PERSISTENT_BACKWARD_ARGS, cfg.cell, cfg.has_proj)])
+            if cfg.has_proj:                           # (the persistent projection kernel leaves h_prev out)
+                log(jit(step_v3.make_record_h_prev, str(dt)), "record_h_prev", (blocks(P, threads(P)), B, D),
+                    threads(P), lens, args["y"], args["h0"], h_prev)
             log.per_step = 0
         elif fused:                                    # dh in place: dh_in is the one buffer
             args.update(R_fwd=lp_f.R, R_rev=lp_r.R, dh=dh_in)
@@ -420,7 +425,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                 args.update(s=-1)                      # finish dh0 = direct + dgh_0 R (rows with len > 0)
                 log(cell_backward, "backward_step_v2", step_v2.grid(H, B, D, tiles), tiles.threads,
                     *[args[name] for name in backward_args])
-        for s in reversed(range(steps if not fused else 0)):
+        for s in reversed(range(steps if not fused and persistent is None else 0)):
             args.update(s=s, dh_in=dh_in, dh_out=dh_out)
             log(cell_backward, "backward_step", (blocks(H, threads(H)), B, D), threads(H),
                 *[args[name] for name in backward_args])
@@ -431,7 +436,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                 log(recurrent, "recurrent_backward", (blocks(P, threads(P)), B, D), threads(P),
                     s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
             dh_in, dh_out = dh_out, dh_in
-        if steps and not fused:
+        if steps and not fused and persistent is None:
             log.per_step = (log.total - before) // steps
         cast_into(dh_in, part(dh0, ps), log)
         if cfg.has_cell_state:
@@ -540,10 +545,11 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 add("forward", "tile_gates", D, *flat(TB * GH), 0, TB * (GH + H) * sz)
         cast_rows("forward", "h0 in", "c0 in")
         grid, block = steps_grid(H)
-        if slice_ is not None:
+        if slice_ is not None:                         # persistent (a projection: phase B per step too)
+            proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)
             add("forward", f"{cell}_forward_persistent_v3", int(steps > 0 and B > 0),
-                (blocks(H, slice_.TJ), 1, D), slice_.threads, steps * D * B * (2 * GH * P + 12 * H),
-                D * (GH * P + steps * B * (GH + 2 * P + (G + 2) * H)) * sz)
+                (blocks(H, slice_.TJ), 1, D), slice_.threads, steps * D * B * (2 * GH * P + 12 * H + proj_flops),
+                D * (GH * P + proj_bytes + steps * B * (GH + 2 * P + (G + 2 + cfg.has_proj) * H)) * sz)
         elif version == 2:
             add("forward", f"{cell}_forward_step_v2", steps if B else 0, step_v2.grid(H, B, D, tiles),
                 tiles.threads, D * B * (2 * GH * P + 12 * H),
@@ -551,7 +557,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         else:
             add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
                 D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
-        if cfg.has_proj:
+        if cfg.has_proj and slice_ is None:
             grid, block = steps_grid(P)
             add("forward", "project", steps if B else 0, grid, block, 2 * D * B * P * H,
                 D * (P * H + B * (H + 2 * P)) * sz)
@@ -570,9 +576,13 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
         if bslice is not None:                         # persistent: one launch, steps + 1 products (dh0)
+            proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)
+            add("backward", "record_h_prev", int(steps > 0 and B > 0 and cfg.has_proj), *steps_grid(P), 0,
+                D * steps * B * 2 * P * sz)
             add("backward", f"{cell}_backward_persistent_v3", int(steps > 0 and B > 0),
-                (blocks(H, bslice.TJ), 1, D), bslice.threads, D * B * (steps * 20 * H + (steps + 1) * 2 * GH * P),
-                D * (GH * P + steps * B * (3 * GH + cfg.cell.S * H + 3 * P)) * sz)
+                (blocks(H, bslice.TJ), 1, D), bslice.threads,
+                D * B * (steps * (20 * H + proj_flops) + (steps + 1) * 2 * GH * P),
+                D * (GH * P + proj_bytes + steps * B * (3 * GH + cfg.cell.S * H + (3 + 2 * cfg.has_proj) * P)) * sz)
         elif version == 2 and not cfg.has_proj:        # fused: steps + 1 launches (the last finishes dh0)
             add("backward", f"{cell}_backward_step_v2", steps + 1 if B and steps else 0,
                 step_v2.grid(H, B, D, tiles), tiles.threads, D * B * (20 * H + 2 * GH * P),
@@ -582,7 +592,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)),
                 D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
         grid, block = steps_grid(P)
-        if version == 2 and cfg.has_proj:
+        if version == 2 and cfg.has_proj and bslice is None:
             add("backward", "recurrent_backward_v2", steps if B else 0, step_v2.grid(P, B, D, tiles),
                 tiles.threads, 2 * D * B * GH * P, D * (row_tiles * GH * P + B * (GH + 2 * P)) * sz)
         elif version == 1:

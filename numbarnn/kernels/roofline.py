@@ -215,7 +215,7 @@ SM_LIMITS_EXTRA = {
 #: so other slices allocate about the same).  The co-residency estimate below uses it for every GPU.
 V3_REGISTERS = 168
 #: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`)
-V3_BACKWARD_REGISTERS = 112
+V3_BACKWARD_REGISTERS = 113
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(

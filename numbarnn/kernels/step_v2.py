@@ -400,22 +400,27 @@ def make_recurrent_backward_v2(dtype, t: Tiles = GPU_TILES):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_epilogue(cell, dtype, RB: int):
+def make_backward_epilogue(cell, dtype, RB: int, has_proj: bool = False):
     """Device function: the cell's pointwise backward at step s, unit j, rows b_first .. b_first+RB-1 (those
     < B), given from_R[r] = (dgh_{s+1} R)[b, j].  dh[d, b, j] holds the direct term (or the carry) and leaves
-    with the next one.  Shared by v2 and v3 (cells without a projection: P == H)."""
+    with the next one.  Shared by v2 and v3 (cells without a projection: P == H).
+
+    has_proj (v3's projection kernel): from_R[r] is then dm itself, W_proj^T (dy + dh) at (b, j), computed
+    by the caller; the cell never reads h, nothing bypasses R, dh is another phase's business and h_prev
+    (None) another kernel's: only rows active at s run (s >= 0)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G, S, V = cell.G, cell.S, cell.V
     VL = max(V, 1)
     SPLIT = cell.split_mask
+    PROJ = has_proj
     pointwise = device_function(cell.backward, dtype)
 
     @cuda.jit(device=True, inline="always")
     def epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R, d, j,
                  b_first):
         H = dgx.shape[3] // G
-        P = h0.shape[2]                         # == H: no projection here
+        P = h0.shape[2]                         # == H (read only without a projection)
         B = lens.shape[0]
         step = int64(1) if d == 0 else int64(-1)
         saved = cuda.local.array(S, acc)
@@ -430,15 +435,25 @@ def make_backward_epilogue(cell, dtype, RB: int):
             b = b_first + r
             if b >= B:
                 break
-            dh_now = dh[d, b, j] + from_R[r]    # dh reaching step s (the direct term + R's part, or the carry)
-            if s < 0 or s >= lens[b]:           # no cell at this step: dh carries (s = -1: it is dh0)
-                dh[d, b, j] = dh_now
-                continue
+            if PROJ:
+                if s < 0 or s >= lens[b]:       # dh is [D, B, P]: not this phase's (j runs to H)
+                    continue
+                dh_now = zero
+            else:
+                dh_now = dh[d, b, j] + from_R[r]    # dh reaching step s (direct term + R's part, or the carry)
+                if s < 0 or s >= lens[b]:       # no cell at this step: dh carries (s = -1: it is dh0)
+                    dh[d, b, j] = dh_now
+                    continue
             t_ = s if d == 0 else lens[b] - 1 - s
             first = s == 0
-            hp = acc(h0[d, b, j]) if first else acc(y[t_ - step, b, d * P + j])
-            h_prev[d, t_, b, j] = hp
-            dm = acc(dy[t_, b, d * P + j]) + dh_now
+            if PROJ:                            # dm = W_proj^T (dy + dh), from the caller; h is never read
+                hp = zero
+                dm = from_R[r]
+            else:
+                hp = acc(h0[d, b, j]) if first else acc(y[t_ - step, b, d * P + j])
+                if h_prev is not None:          # (None in the projection kernel, which types this branch too)
+                    h_prev[d, t_, b, j] = hp
+                dm = acc(dy[t_, b, d * P + j]) + dh_now
             for k in range(S):
                 saved[k] = acc(acts[d, t_, b, k * H + j])
             c_prev = zero
@@ -457,7 +472,8 @@ def make_backward_epilogue(cell, dtype, RB: int):
                     dvec[d, t_, b, k * H + j] = dv[k]
             if dc is not None:
                 dc[d, b, j] = dc_prev
-            dh[d, b, j] = acc(dh_direct)
+            if not PROJ:
+                dh[d, b, j] = acc(dh_direct)
 
     return epilogue
 

@@ -38,20 +38,35 @@ serial K loop and the h staging of every step (a split of K over more threads is
 The slice must fit: G*TJ*(KMAX+1) compute-dtype values of static shared memory (at most 48 KiB, 40 KiB
 used here), and every block must be resident at once (a cooperative launch of more blocks fails).
 `plan(...)` picks TJ for a shape; the driver asks the device how many blocks can be co-resident and falls
-back to v2 otherwise, saying why (per phase: the backward kernel has its own registers).  No projection
-(h' = W_proj m would need a second barrier per step): v2.
+back to v2 otherwise, saying why (per phase: the backward kernel has its own registers).
+
+With a projection (LSTM num_proj = P < H) a step has two phases, each needing every block's results of the
+one before, so two grid barriers per step.  A block then also owns TQ = ceil(P / blocks) projected outputs
+p0 .. p0+TQ-1 (`Slice.TQ`) and keeps a second slice in shared memory:
+
+    forward   A: the cell for its TJ units (R rows as above, h is P wide) -> m    ; grid.sync()
+              B: h'[b, p] = sum_j W_proj[p, j] m[b, j] for its TQ outputs        ; grid.sync()
+                 (W_proj rows p0 .. p0+TQ-1 in shared memory, m staged like h)
+    backward  P: dh[b, p] = sum_gk dgh_s[b, gk] R[gk, p] for its TQ columns p  (R's columns p0.., all gates),
+                 then dht = dy + dh of step s-1 (-> dh_total, for dW_proj), h_prev of step s-1 ; grid.sync()
+              U: dm[b, j] = sum_p W_proj[p, j] dht[b, p] for its TJ units (W_proj's columns j0..), then the
+                 cell's backward (v2's epilogue, projection flavour)                 ; grid.sync()
+              s runs steps .. 0 for P (P at s = steps only starts dht; P at 0 leaves dh0), U at s-1 between.
+
+Every product of both phases is one device function (`make_staged_product`): a slice in shared memory
+times rows of a [D, T, B, K] array staged through the tile at each row's time index.
 """
 from __future__ import annotations
 
 import functools
 from typing import NamedTuple
 
-from numba import cuda
+from numba import cuda, int64
 
 from ..cells import get_cell
-from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature
+from .cell_steps import ALWAYS, FORWARD_ARGS, NO_PROJ, PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
-from .common import DTYPES, SIMULATOR, acc_dtype
+from .common import DTYPES, SIMULATOR, acc_dtype, arr
 from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, make_backward_epilogue, make_forward_epilogue,
                       make_stage_rows, make_stage_steps)
 
@@ -79,13 +94,16 @@ def _cooperative(kernel):
 
 class Slice(NamedTuple):
     """A v3 block: TJ units x all gates, rows TB = RG*RB at a time, h staged KC columns at a time, R slice
-    capacity KMAX columns (>= P)."""
+    capacity KMAX columns (>= P).  With a projection also TQ projected outputs (<= TJ: P <= H) and HMAX (>= H)
+    columns for the W_proj rows (forward) and R's columns (backward); 0 without."""
 
     TJ: int
     RG: int
     RB: int
     KC: int
     KMAX: int
+    TQ: int = 0
+    HMAX: int = 0
 
     @property
     def TB(self) -> int:
@@ -102,9 +120,18 @@ THREADS = 64
 
 
 def slice_bytes(G: int, sl: Slice, dtype) -> int:
-    """Shared memory of a block: the R slice (padded rows) and the h tile, in the compute dtype."""
+    """Shared memory of a block: the R slice (padded rows) and the h tile, in the compute dtype; with a
+    projection the larger phase pair: forward R rows + W_proj rows, backward W_proj columns + R columns."""
     size = acc_dtype(dtype).itemsize
-    return (G * sl.TJ * (sl.KMAX + 1) + sl.TB * h_pitch(sl)) * size
+    words = G * sl.TJ * (sl.KMAX + 1)
+    if sl.TQ:
+        words = max(words + sl.TQ * (sl.HMAX + 1), sl.TJ * (sl.KMAX + 1) + G * sl.TQ * (sl.HMAX + 1))
+    return (words + sl.TB * h_pitch(sl)) * size
+
+
+def projected_per_block(H: int, P: int, TJ: int) -> int:
+    """TQ: the projected outputs a block owns when ceil(H / TJ) blocks share P (<= TJ since P <= H)."""
+    return max(1, -(-P // -(-H // TJ)))
 
 
 def h_pitch(sl: Slice) -> int:
@@ -114,14 +141,19 @@ def h_pitch(sl: Slice) -> int:
     return sl.KC + 1
 
 
-def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None) -> Slice | None:
-    """The slice for a layer: the largest TJ (16, 8, 4, 2, 1) whose R slice fits SMEM_BUDGET, or None.
-    In the simulator: SIM_SLICE when P fits it."""
+def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj: bool = False) -> Slice | None:
+    """The slice for a layer: the largest TJ (16, 8, 4, 2, 1) whose slices fit SMEM_BUDGET, or None.
+    In the simulator: SIM_SLICE when P (and with a projection H) fits its KMAX."""
     if common.SIMULATOR if simulator is None else simulator:
-        return SIM_SLICE if P <= SIM_SLICE.KMAX else None
+        if P > SIM_SLICE.KMAX or (has_proj and H > SIM_SLICE.KMAX):
+            return None
+        return SIM_SLICE._replace(TQ=projected_per_block(H, P, SIM_SLICE.TJ),
+                                  HMAX=SIM_SLICE.KMAX) if has_proj else SIM_SLICE
     kmax = -(-P // 32) * 32
     for TJ in (16, 8, 4, 2, 1):
         sl = Slice(TJ=TJ, RG=THREADS // TJ, RB=1, KC=32, KMAX=kmax)
+        if has_proj:
+            sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=-(-H // 32) * 32)
         if slice_bytes(G, sl, dtype) <= SMEM_BUDGET and TJ <= max(H, 1):
             return sl
     return None
@@ -131,50 +163,155 @@ def blocks_needed(H: int, D: int, sl: Slice) -> int:
     return -(-H // sl.TJ) * D
 
 
-PERSISTENT_ARGS = tuple(
-    {"s": ("steps", "i64", 0, "steps to run: max(len)", row[4]),
-     "h_in": ("h_a", "a", 3, "[D, B, P] h entering even steps (h0 in; hT out when steps is even)", row[4]),
-     "h_out": ("h_b", "a", 3, "[D, B, P] h entering odd steps", row[4])}.get(row[0], row)
-    for row in FORWARD_ARGS if row[0] != "ms")
+def _persistent_forward_table():
+    """FORWARD_ARGS with steps for s, h ping-ponging between h_a and h_b (both written with a projection too:
+    phase B writes h'), y always, and W_proj beside R with a projection."""
+    rows = []
+    for row in FORWARD_ARGS:
+        name = row[0]
+        if name == "s":
+            rows.append(("steps", "i64", 0, "steps to run: max(len)", ALWAYS))
+        elif name == "h_in":
+            rows.append(("h_a", "a", 3, "[D, B, P] h entering even steps (h0 in; hT out when steps is even)",
+                         ALWAYS))
+        elif name == "h_out":
+            rows.append(("h_b", "a", 3, "[D, B, P] h entering odd steps", ALWAYS))
+        elif name == "y":
+            rows.append(row[:4] + (ALWAYS,))
+        else:
+            rows.append(row)
+        if name == "R_rev":
+            rows.append(("Wp_fwd", "s", 2, "[P, H] projection, forward direction", PROJ))
+            rows.append(("Wp_rev", "s", 2, "[P, H] ... reverse direction", PROJ))
+    return tuple(rows)
+
+
+PERSISTENT_ARGS = _persistent_forward_table()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the pieces: slices loaded once, one staged product, the phases
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def make_load_rows(dtype, G: int, TJ: int, NT: int):
+    """Device function load_rows(R, R_slice, j0, H, K): R_slice[g*TJ + jj, k] = R[g*H + j0+jj, k] for k < K,
+    zeros for units j0+jj >= H: consecutive threads read consecutive k (coalesced).  R's rows of the block's
+    units (G gates), or W_proj's rows of its projected outputs (G = 1, TQ rows, H = P)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    GJ, U = G * TJ, LOADS_IN_FLIGHT
+
+    @cuda.jit(device=True, inline="always")
+    def load_rows(R, R_slice, j0, H, K):
+        tid = cuda.threadIdx.x
+        buf = cuda.local.array(U, acc)
+        for e0 in range(tid, GJ * K, NT * U):           # U loads in flight, then U stores
+            for u in range(U):
+                e = e0 + u * NT
+                j = j0 + e // K % TJ
+                buf[u] = acc(R[e // K // TJ * H + j, e % K]) if e < GJ * K and j < H else zero
+            for u in range(U):
+                e = e0 + u * NT
+                if e < GJ * K:
+                    R_slice[e // K, e % K] = buf[u]
+        cuda.syncthreads()
+
+    return load_rows
+
+
+@functools.lru_cache(maxsize=None)
+def make_load_columns(dtype, G: int, TJ: int, NT: int):
+    """Device function load_columns(R, R_slice, j0, H): R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj] for k < H,
+    zeros for columns j0+jj >= R's width.  R's columns of the block's units (backward, no projection), R's
+    columns of its projected outputs (G gates, TQ columns), or W_proj's columns of its units (G = 1, H = P).
+    Consecutive threads read runs of TJ consecutive columns (a one-off per launch: sector efficiency
+    TJ*size/32 at worst, against T steps that read no R at all)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    U = LOADS_IN_FLIGHT
+
+    @cuda.jit(device=True, inline="always")
+    def load_columns(R, R_slice, j0, H):
+        tid = cuda.threadIdx.x
+        buf = cuda.local.array(U, acc)
+        n = G * H * TJ
+        W = R.shape[1]
+        for e0 in range(tid, n, NT * U):                # U loads in flight, then U stores
+            for u in range(U):
+                e = e0 + u * NT
+                j = j0 + e % TJ
+                buf[u] = acc(R[e // TJ, j]) if e < n and j < W else zero
+            for u in range(U):
+                e = e0 + u * NT
+                if e < n:
+                    gk = e // TJ                        # the row of R: gate gk // H, k = gk % H
+                    R_slice[gk // H * TJ + e % TJ, gk % H] = buf[u]
+        cuda.syncthreads()
+
+    return load_columns
+
+
+@functools.lru_cache(maxsize=None)
+def make_staged_product(dtype, sl: Slice, NG: int, TX: int):
+    """Device function: out[r] = sum_{g < NG} sum_{k < K} slice_[g*TX + x, k] * src[d, t_b, b, g*K + k] for the
+    thread's RB rows b = b0 + rg*RB + r, where t_b is row b's time index at step s_src (rows not active then
+    give 0: `step_v2.make_stage_steps` stages them as zeros) and x = threadIdx % TJ (clamped below TX: with
+    TX < TJ the extra threads compute a copy and discard it).  src is staged KC columns at a time through
+    `tile` (coalesced, loads in flight); the slice_ reads are a broadcast per row group."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
+    RS = NT // KC                                       # staging: rows apart of one thread's elements
+    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
+    stage = make_stage_steps(dtype, TB, RS)
+
+    @cuda.jit(device=True, inline="always")
+    def product(s_src, lens, src, slice_, tile, out, d, b0, K):
+        tid = cuda.threadIdx.x
+        x = min(tid % TJ, TX - 1)
+        rg = tid // TJ
+        kc = tid % KC                                   # this thread's column of each staged chunk
+        r0 = tid // KC                                  # and its first row, then every RS-th row
+        buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
+        for r in range(RB):
+            out[r] = zero
+        for g in range(NG):
+            for k0 in range(0, K, KC):
+                k = k0 + kc
+                stage(s_src, lens, src, tile, buf, d, b0, g * K + k, k < K, kc, r0)
+                cuda.syncthreads()
+                for kk in range(min(KC, K - k0)):
+                    w = slice_[g * TX + x, k0 + kk]
+                    for r in range(RB):
+                        out[r] += w * tile[rg * RB + r, kk]   # a broadcast within the row group
+                cuda.syncthreads()
+
+    return product
 
 
 @functools.lru_cache(maxsize=None)
 def make_step_body(cell, dtype, sl: Slice):
-    """Device functions (load_slice, step_body) shared by the per-step and the persistent kernel."""
+    """Device functions (load_slice, step_body) shared by the per-step and the persistent kernel.  With a
+    projection step_body is phase A (h_out and y None: m goes to ms; h is P wide)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G = cell.G
     TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
-    GJ = G * TJ
     RS = NT // KC                                       # staging h: rows apart of one thread's elements
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     stage_h = make_stage_rows(dtype, TB, RS)
     epilogue = make_forward_epilogue(cell, dtype, RB)
+    load_slice = make_load_rows(dtype, G, TJ, NT)
 
     @cuda.jit(device=True, inline="always")
-    def load_slice(R, R_slice, j0, H, P):
-        """R_slice[g*TJ + jj, k] = R[g*H + j0+jj, k]: consecutive threads read consecutive k."""
-        tid = cuda.threadIdx.x
-        buf = cuda.local.array(U, acc)
-        for e0 in range(tid, GJ * P, NT * U):           # U loads in flight, then U stores
-            for u in range(U):
-                e = e0 + u * NT
-                j = j0 + e // P % TJ
-                buf[u] = acc(R[e // P // TJ * H + j, e % P]) if e < GJ * P and j < H else zero
-            for u in range(U):
-                e = e0 + u * NT
-                if e < GJ * P:
-                    R_slice[e // P, e % P] = buf[u]
-        cuda.syncthreads()
-
-    @cuda.jit(device=True, inline="always")
-    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d):
+    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, ms, h_tile, rh, r_k, j0, d):
         tid = cuda.threadIdx.x
         jj = tid % TJ
         rg = tid // TJ
-        H = unit_params.shape[2]
         P = h_in.shape[2]
         B = lens.shape[0]
+        H = unit_params.shape[2]
         buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
         kc = tid % KC                                   # this thread's column of each staged h chunk
         r0 = tid // KC                                  # and its first row, then every RS-th row
@@ -196,9 +333,42 @@ def make_step_body(cell, dtype, sl: Slice):
                 cuda.syncthreads()
             j = j0 + jj
             if j < H:
-                epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, None, rh, d, j, b0 + rg * RB)
+                epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b0 + rg * RB)
 
     return load_slice, step_body
+
+
+@functools.lru_cache(maxsize=None)
+def make_project_body(dtype, sl: Slice):
+    """Device function (forward phase B): h_out[d, b, p] = sum_j W_proj[p, j] m[b, j] for the block's TQ outputs
+    p = p0 + q (Wp_slice[q, j] = W_proj[p0+q, j] in shared memory), m of step s staged from the reserve ms at
+    each row's time index; y[t, b, d*P + p] too; rows past their length carry h."""
+    TJ, RB, TB = sl.TJ, sl.RB, sl.TB
+    product = make_staged_product(dtype, sl, 1, sl.TQ)
+
+    @cuda.jit(device=True, inline="always")
+    def project_body(s, lens, ms, Wp_slice, h_in, h_out, y, tile, out, p0, d):
+        q = cuda.threadIdx.x % TJ
+        rg = cuda.threadIdx.x // TJ
+        H = ms.shape[3]
+        P = h_in.shape[2]
+        B = lens.shape[0]
+        p = p0 + q
+        for b0 in range(0, B, TB):
+            product(s, lens, ms, Wp_slice, tile, out, d, b0, H)
+            if q < sl.TQ and p < P:
+                for r in range(RB):
+                    b = b0 + rg * RB + r
+                    if b >= B:
+                        break
+                    if s >= lens[b]:                    # past the length: carry h
+                        h_out[d, b, p] = h_in[d, b, p]
+                    else:
+                        t_ = s if d == 0 else lens[b] - 1 - s
+                        h_out[d, b, p] = out[r]
+                        y[t_, b, d * P + p] = out[r]
+
+    return project_body
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,44 +388,79 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
         load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_in.shape[2])
-        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d)
+        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, rh, r_k, j0, d)
 
     return _wrap(f"{cell.name}_forward_step_v3", forward_body, FORWARD_ARGS, cell, False)
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
-    """All steps of a layer in one cooperative launch; h ping-pongs between h_a and h_b."""
+def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bool = False):
+    """All steps of a layer in one cooperative launch; h ping-pongs between h_a and h_b.  With a projection
+    (sl.TQ > 0) each step is phase A (the cell -> m) and phase B (h' = W_proj m), a grid barrier after each."""
     acc = acc_dtype(dtype).type
     G = cell.G
     GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    TQ1, HMAX1 = max(sl.TQ, 1), sl.HMAX + 1             # (1, 1) without a projection
     load_slice, step_body = make_step_body(cell, dtype, sl)
+    assert sl.TQ > 0 or not has_proj, "a projection needs a slice with TQ > 0"
+    load_wp = make_load_rows(dtype, 1, TQ1, sl.threads)        # (compiled only with a projection)
+    project_body = make_project_body(dtype, sl._replace(TQ=TQ1))
 
     @cuda.jit(device=True, inline="always")
-    def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, h_a, h_b, c, y, acts, cs):
+    def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs, ms):
         R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
+        Wp_slice = cuda.shared.array((TQ1, HMAX1), acc)  # its W_proj rows (projection)
         h_tile = cuda.shared.array((TB, HP), acc)
         rh = cuda.local.array((G, RB), acc)
         r_k = cuda.local.array(G, acc)
+        h_proj = cuda.local.array(RB, acc)              # phase B's products (projection)
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
-        load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_a.shape[2])
+        H = unit_params.shape[2]
+        P = h_a.shape[2]
+        load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, H, P)
+        if Wp_fwd is not None:
+            load_wp(Wp_fwd if d == 0 else Wp_rev, Wp_slice, cuda.blockIdx.x * sl.TQ, P, H)
         for s in range(steps):
             h_in = h_a if s % 2 == 0 else h_b
             h_out = h_b if s % 2 == 0 else h_a
-            step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, h_tile, rh, r_k, j0, d)
-            grid_sync()                                # every unit's h' is written before step s+1 reads it
+            if Wp_fwd is None:
+                step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, rh, r_k,
+                          j0, d)
+                grid_sync()                            # every unit's h' is written before step s+1 reads it
+            else:
+                step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, rh, r_k,
+                          j0, d)
+                grid_sync()                            # every unit's m is written before phase B reads it
+                project_body(s, lens, ms, Wp_slice, h_in, h_out, y, h_tile, h_proj, cuda.blockIdx.x * sl.TQ, d)
+                grid_sync()                            # every h' is written before step s+1 reads it
 
-    return _cooperative(_wrap(f"{cell.name}_forward_persistent_v3", persistent_body, PERSISTENT_ARGS, cell, False))
+    name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
+    return _cooperative(_wrap(name, persistent_body, PERSISTENT_ARGS, cell, has_proj))
 
 
 # ---------------------------------------------------------------------------------------------------
 # backward: the same slices, the columns of R instead of its rows
 # ---------------------------------------------------------------------------------------------------
 
-PERSISTENT_BACKWARD_ARGS = tuple(
-    ("steps", "i64", 0, "steps to run: max(len); the kernel runs s = steps-1 .. 0, then -1 (dh0)", row[4])
-    if row[0] == "s" else row for row in BACKWARD_V2_ARGS)
+def _persistent_backward_table():
+    """BACKWARD_V2_ARGS with steps for s, and with a projection W_proj beside R and dh_total at the end."""
+    rows = []
+    for row in BACKWARD_V2_ARGS:
+        name = row[0]
+        if name == "s":
+            rows.append(("steps", "i64", 0, "steps to run: max(len); the kernel runs s = steps-1 .. 0, then -1 "
+                         "(dh0)", ALWAYS))
+            continue
+        rows.append(row[:4] + (NO_PROJ,) if name == "h_prev" else row)    # projection: `record_h_prev`
+        if name == "R_rev":
+            rows.append(("Wp_fwd", "s", 2, "[P, H] projection, forward direction", PROJ))
+            rows.append(("Wp_rev", "s", 2, "[P, H] ... reverse direction", PROJ))
+    rows.append(("dh_total", "s", 4, "[D, T, B, P] out: dy + dh_next (for dW_proj)", PROJ))
+    return tuple(rows)
+
+
+PERSISTENT_BACKWARD_ARGS = _persistent_backward_table()
 
 
 @functools.lru_cache(maxsize=None)
@@ -266,65 +471,82 @@ def make_backward_body(cell, dtype, sl: Slice):
     G*TJ*H values, kept as R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj] (the forward slice's layout, so the
     product loop and its bank pattern are the forward's).  Then the cell's backward for those units is v2's
     epilogue (`step_v2.make_backward_epilogue`)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
     G = cell.G
-    TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
-    RS = NT // KC                                       # staging dgh: rows apart of one thread's elements
-    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
-    stage_dgh = make_stage_steps(dtype, TB, RS)
+    TJ, RB, TB = sl.TJ, sl.RB, sl.TB
+    product = make_staged_product(dtype, sl, G, TJ)
     epilogue = make_backward_epilogue(cell, dtype, RB)
-
-    @cuda.jit(device=True, inline="always")
-    def load_columns(R, R_slice, j0, H):
-        """R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj]: consecutive threads read runs of TJ consecutive j (a
-        one-off per launch: sector efficiency TJ*size/32 at worst, against T steps that read no R at all)."""
-        tid = cuda.threadIdx.x
-        buf = cuda.local.array(U, acc)
-        n = G * H * TJ
-        for e0 in range(tid, n, NT * U):                # U loads in flight, then U stores
-            for u in range(U):
-                e = e0 + u * NT
-                j = j0 + e % TJ
-                buf[u] = acc(R[e // TJ, j]) if e < n and j < H else zero
-            for u in range(U):
-                e = e0 + u * NT
-                if e < n:
-                    gk = e // TJ                        # the row of R: gate gk // H, unit k = gk % H
-                    R_slice[gk // H * TJ + e % TJ, gk % H] = buf[u]
-        cuda.syncthreads()
+    load_columns = make_load_columns(dtype, G, TJ, sl.threads)
 
     @cuda.jit(device=True, inline="always")
     def step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
                   g_tile, from_R, j0, d):
-        tid = cuda.threadIdx.x
-        jj = tid % TJ
-        rg = tid // TJ
         H = dgx.shape[3] // G
         B = lens.shape[0]
-        buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
-        kc = tid % KC                                   # this thread's column of each staged dgh chunk
-        r0 = tid // KC                                  # and its first row, then every RS-th row
-        j = j0 + jj
+        j = j0 + cuda.threadIdx.x % TJ
         for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
-            for r in range(RB):
-                from_R[r] = zero
-            for g in range(G):
-                for k0 in range(0, H, KC):
-                    k = k0 + kc
-                    # dgh of step s+1 (zeros where s+1 >= len[b]): written by every block before the barrier
-                    stage_dgh(s + 1, lens, dgh, g_tile, buf, d, b0, g * H + k, k < H, kc, r0)
-                    cuda.syncthreads()
-                    for kk in range(min(KC, H - k0)):
-                        rk = R_slice[g * TJ + jj, k0 + kk]
-                        for r in range(RB):
-                            from_R[r] += rk * g_tile[rg * RB + r, kk]   # a broadcast within the row group
-                    cuda.syncthreads()
+            # dgh of step s+1 (zeros where s+1 >= len[b]): written by every block before the barrier
+            product(s + 1, lens, dgh, R_slice, g_tile, from_R, d, b0, H)
             if j < H:
                 epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R,
-                         d, j, b0 + rg * RB)
+                         d, j, b0 + cuda.threadIdx.x // TJ * RB)
 
     return load_columns, step_body
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_proj_phases(cell, dtype, sl: Slice):
+    """Device functions (dh_phase, unit_phase) of the backward with a projection (see the module docstring).
+
+    dh_phase(s): for the block's TQ columns p of R: dh[b, p] = (dgh_s R)[b, p] for rows active at s (s < steps),
+    else dh carries; then for rows active at s-1: dh_total[t', b, p] = dy[t', b, p] + dh[b, p] (dht of step
+    s-1, at its time index t').  At s = 0 dh is dh0.
+    unit_phase(s): dm[b, j] = sum_p W_proj[p, j] dht_s[b, p] for the block's TJ units, then the cell's backward.
+    h_prev (h entering each step, for dR) is left to `record_h_prev`: written here too, its loads of y and h0
+    took the float16/32 peephole kernel past 255 registers on sm_80 (spills; 234 without them)."""
+    acc = acc_dtype(dtype).type
+    G = cell.G
+    TJ, RB, TB, TQ = sl.TJ, sl.RB, sl.TB, sl.TQ
+    dgh_R = make_staged_product(dtype, sl, G, TQ)
+    wp_dht = make_staged_product(dtype, sl, 1, TJ)
+    epilogue = make_backward_epilogue(cell, dtype, RB, True)
+
+    @cuda.jit(device=True, inline="always")
+    def dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, tile, out, p0, d):
+        q = cuda.threadIdx.x % TJ
+        rg = cuda.threadIdx.x // TJ
+        H = dgh.shape[3] // G
+        P = dh.shape[2]
+        B = lens.shape[0]
+        p = p0 + q
+        for b0 in range(0, B, TB):
+            if s < steps:                               # (at s = steps no row is active: dh is dhT)
+                dgh_R(s, lens, dgh, R_cols, tile, out, d, b0, H)
+            if q < TQ and p < P:
+                for r in range(RB):
+                    b = b0 + rg * RB + r
+                    if b >= B:
+                        break
+                    dh_new = out[r] if s < lens[b] else dh[d, b, p]
+                    dh[d, b, p] = dh_new
+                    sp = s - 1                          # the step the unit phase runs next
+                    if sp >= 0 and sp < lens[b]:
+                        t_ = sp if d == 0 else lens[b] - 1 - sp
+                        dh_total[d, t_, b, p] = acc(dy[t_, b, d * P + p]) + dh_new
+
+    @cuda.jit(device=True, inline="always")
+    def unit_phase(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, dh_total, WpT,
+                   tile, out, j0, d):
+        H = dgx.shape[3] // G
+        P = dh.shape[2]
+        B = lens.shape[0]
+        j = j0 + cuda.threadIdx.x % TJ
+        for b0 in range(0, B, TB):
+            wp_dht(s, lens, dh_total, WpT, tile, out, d, b0, P)
+            if j < H:
+                epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, out, d, j,
+                         b0 + cuda.threadIdx.x // TJ * RB)
+
+    return dh_phase, unit_phase
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,33 +574,82 @@ def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE):
+def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bool = False):
     """All steps of a layer's backward in one cooperative launch: s = steps-1 .. 0 with a grid barrier after
     each (step s reads every block's dgh of step s+1), then s = -1 finishes dh0.  dh stays in one buffer:
-    the thread of (b, j) alone reads and writes it (v2's convention)."""
+    the thread of (b, j) alone reads and writes it (v2's convention).  With a projection: the dh phase at
+    s = steps .. 0 and the unit phase at s-1 between them, a grid barrier after each (module docstring)."""
     acc = acc_dtype(dtype).type
     G = cell.G
     GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    TQ1, HMAX1 = max(sl.TQ, 1), sl.HMAX + 1
+    GQ = G * TQ1                                        # rows of R_cols: gate g of projected output q at g*TQ + q
+    GJ = sl.TJ if has_proj else GJ                      # R_slice holds W_proj's columns (TJ rows) then
     load_columns, step_body = make_backward_body(cell, dtype, sl)
+    assert sl.TQ > 0 or not has_proj, "a projection needs a slice with TQ > 0"
+    dh_phase, unit_phase = make_backward_proj_phases(cell, dtype, sl._replace(TQ=TQ1))   # (compiled only
+    load_r_cols = make_load_columns(dtype, G, TQ1, sl.threads)                           # with a projection)
+    load_wp_cols = make_load_columns(dtype, 1, sl.TJ, sl.threads)
 
     @cuda.jit(device=True, inline="always")
-    def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
-                        h_prev):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R, kept for all steps
+    def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh, dc,
+                        dgx, dgh, dvec, h_prev, dh_total):
+        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R (of W_proj: projection)
+        R_cols = cuda.shared.array((GQ, HMAX1), acc)    # R's columns of its projected outputs (projection)
         g_tile = cuda.shared.array((TB, HP), acc)
         from_R = cuda.local.array(RB, acc)
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
-        load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, dgx.shape[3] // G)
-        for i in range(steps + 1):
-            s = steps - 1 - i
-            step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
-                      g_tile, from_R, j0, d)
-            if s >= 0:
-                grid_sync()                             # every unit's dgh of step s is written before s-1
+        H = dgx.shape[3] // G
+        if Wp_fwd is None:
+            load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, H)
+            for i in range(steps + 1):
+                s = steps - 1 - i
+                step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
+                          g_tile, from_R, j0, d)
+                if s >= 0:
+                    grid_sync()                         # every unit's dgh of step s is written before s-1
+        else:
+            p0 = cuda.blockIdx.x * sl.TQ
+            load_wp_cols(Wp_fwd if d == 0 else Wp_rev, R_slice, j0, dh.shape[2])
+            load_r_cols(R_fwd if d == 0 else R_rev, R_cols, p0, H)
+            for i in range(steps + 1):
+                s = steps - i
+                dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, g_tile, from_R, p0, d)
+                if s > 0:
+                    grid_sync()                         # all of dht of step s-1 is written
+                    unit_phase(s - 1, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev,
+                               dh_total, R_slice, g_tile, from_R, j0, d)
+                    grid_sync()                         # every unit's dgh of step s-1 is written
 
-    return _cooperative(_wrap(f"{cell.name}_backward_persistent_v3", persistent_body, PERSISTENT_BACKWARD_ARGS, cell,
-                              False))
+    name = f"{cell.name}_backward_persistent_v3" + ("_proj" if has_proj else "")
+    return _cooperative(_wrap(name, persistent_body, PERSISTENT_BACKWARD_ARGS, cell, has_proj))
+
+
+@functools.lru_cache(maxsize=None)
+def make_record_h_prev(dtype):
+    """h_prev[d, t, b, k] = h entering row b's step at time t (h0 at its first step, else y at the time before),
+    for every step the row runs; one thread per (d, b, k < P), looping over the row's steps.  The dR of the
+    projection backward (its persistent kernel leaves h_prev out, see `make_backward_proj_phases`)."""
+
+    def record_h_prev(
+        lens,      # [B] int32
+        y,         # [T, B, D*P]   layer output (reserve)
+        h0,        # [D, B, P]     initial h of this layer
+        h_prev,    # [D, T, B, P]  out
+    ):
+        k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        b = cuda.blockIdx.y
+        d = cuda.blockIdx.z
+        P = h0.shape[2]
+        if k >= P:
+            return
+        step = 1 if d == 0 else -1
+        for s in range(lens[b]):
+            t = s if d == 0 else lens[b] - 1 - s
+            h_prev[d, t, b, k] = h0[d, b, k] if s == 0 else y[t - step, b, d * P + k]
+
+    return record_h_prev
 
 
 def gpu_slices(G: int, dtype) -> dict:
@@ -387,8 +658,8 @@ def gpu_slices(G: int, dtype) -> dict:
 
 
 def kernel_specs():
-    """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS (no
-    projection) at the slice of H = P = 512 (block = 64 threads).  The persistent ones link libcudadevrt.a
+    """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS at the slice
+    of H = P = 512 (block = 64 threads), and the persistent pair with a projection (H = 512, P = 256).  The persistent ones link libcudadevrt.a
     (the report does that for every kernel with a grid barrier)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
@@ -404,6 +675,13 @@ def kernel_specs():
                           signature(BACKWARD_V2_ARGS, cell, dt, False), sl.threads))
             specs.append((f"{cell.name}_backward_persistent_v3", dt, make_backward_persistent_v3(cell, dt, sl),
                           signature(PERSISTENT_BACKWARD_ARGS, cell, dt, False), sl.threads))
+            if cell.projection:                 # with a projection: the slice of H = 512, P = 256
+                sl = plan(cell.G, 512, 256, dt, simulator=False, has_proj=True)
+                for phase, (factory, table) in PERSISTENT.items():
+                    specs.append((f"{cell.name}_{phase}_persistent_v3_proj", dt, factory(cell, dt, sl, True),
+                                  signature(table, cell, dt, True), sl.threads))
+        specs.append(("record_h_prev", dt, make_record_h_prev(dt),
+                      (arr("int32", 1), arr(dt, 3), arr(dt, 3), arr(dt, 4)), 128))
     return specs
 
 
@@ -422,19 +700,19 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     """(Slice, why) when the persistent kernel of `phase` ("forward" or "backward") can run this layer, else
     (None, why not).
 
-    It can when there is no projection, the R slice fits (`plan`; the backward's column slice has the same
-    size) and every block is co-resident: on a GPU the device says how many blocks of the compiled kernel fit
-    at once (max_cooperative_grid_blocks, from its registers and shared memory and the SM count: the two
-    phases' kernels differ in registers); the simulator runs cooperative grids of up to
-    simulator.COOPERATIVE_BLOCKS blocks (with numbarnn's fix installed; one block without it)."""
+    It can when its slices fit (`plan`; with a projection the larger pair of the two phases) and every block
+    is co-resident: on a GPU the device says how many blocks of the compiled kernel fit at once
+    (max_cooperative_grid_blocks, from its registers and shared memory and the SM count: the two phases'
+    kernels differ in registers); the simulator runs cooperative grids of up to simulator.COOPERATIVE_BLOCKS
+    blocks (with numbarnn's fix installed; one block without it)."""
     sim = common.SIMULATOR if simulator is None else simulator
     factory, table = PERSISTENT[phase]
-    if has_proj:
-        return None, (f"v3 has no projection step (h' = W_proj m would need a second grid barrier per step); "
-                      f"the {phase} runs v2")
-    sl = plan(cell.G, H, P, dtype, simulator=sim)
+    sl = plan(cell.G, H, P, dtype, simulator=sim, has_proj=has_proj)
     if sl is None:
-        return None, f"the R slice for P={P} does not fit {SMEM_BUDGET} bytes of shared memory"
+        what = f"P={P}, H={H} (projection)" if has_proj else f"P={P}"
+        room = (f"the simulator's slices ({SIM_SLICE.KMAX} columns)" if sim else
+                f"{SMEM_BUDGET} bytes of shared memory")
+        return None, f"the slices for {what} do not fit {room}"
     n = blocks_needed(H, D, sl)
     if sim:                                # all blocks at once: numbarnn's simulator fix, else one block
         from .simulator import cooperative_blocks
@@ -442,12 +720,13 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     else:
         try:
             from .common import jit
-            kernel = jit(factory, cell, str(dtype), sl)
-            compiled = kernel.compile(signature(table, cell, dtype, False))
+            kernel = jit(factory, cell, str(dtype), sl, has_proj)
+            compiled = kernel.compile(signature(table, cell, dtype, has_proj))
             limit = compiled.max_cooperative_grid_blocks(sl.threads)
         except Exception as exc:           # no cooperative launch here: say why and run v2
             return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
     if n > limit:
         return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
-    return sl, (f"{n} block{'s' if n != 1 else ''} of {sl.threads} threads, TJ={sl.TJ} units each, all "
+    proj = f", TQ={sl.TQ} projected outputs, 2 grid barriers per step" if has_proj else ""
+    return sl, (f"{n} block{'s' if n != 1 else ''} of {sl.threads} threads, TJ={sl.TJ} units each{proj}, all "
                 f"co-resident (limit {limit})")
