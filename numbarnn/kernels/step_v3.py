@@ -61,10 +61,10 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from numba import cuda, int64
+from numba import cuda
 
 from ..cells import get_cell
-from .cell_steps import ALWAYS, FORWARD_ARGS, NO_PROJ, PROJ, REPORTED_CELLS, _wrap, signature
+from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, acc_dtype, arr
 from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, make_backward_epilogue, make_forward_epilogue,
@@ -163,6 +163,11 @@ def blocks_needed(H: int, D: int, sl: Slice) -> int:
     return -(-H // sl.TJ) * D
 
 
+#: v1's rows for the projection's arrays (used by (cell, has_proj): with a projection only)
+_V1_ROWS = {row[0]: row for row in BACKWARD_ARGS}
+WP_ROWS = (_V1_ROWS["Wp_fwd"], _V1_ROWS["Wp_rev"])
+
+
 def _persistent_forward_table():
     """FORWARD_ARGS with steps for s, h ping-ponging between h_a and h_b (both written with a projection too:
     phase B writes h'), y always, and W_proj beside R with a projection."""
@@ -181,8 +186,7 @@ def _persistent_forward_table():
         else:
             rows.append(row)
         if name == "R_rev":
-            rows.append(("Wp_fwd", "s", 2, "[P, H] projection, forward direction", PROJ))
-            rows.append(("Wp_rev", "s", 2, "[P, H] ... reverse direction", PROJ))
+            rows.extend(WP_ROWS)
     return tuple(rows)
 
 
@@ -396,47 +400,65 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
 @functools.lru_cache(maxsize=None)
 def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bool = False):
     """All steps of a layer in one cooperative launch; h ping-pongs between h_a and h_b.  With a projection
-    (sl.TQ > 0) each step is phase A (the cell -> m) and phase B (h' = W_proj m), a grid barrier after each."""
+    (sl.TQ > 0) each step is phase A (the cell -> m) and phase B (h' = W_proj m), a grid barrier after each.
+    (Two bodies chosen here rather than one with `if Wp_fwd is None`: numba inlines both branches before it
+    prunes one, which tripled the compile time.)"""
     acc = acc_dtype(dtype).type
     G = cell.G
     GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
-    TQ1, HMAX1 = max(sl.TQ, 1), sl.HMAX + 1             # (1, 1) without a projection
     load_slice, step_body = make_step_body(cell, dtype, sl)
-    assert sl.TQ > 0 or not has_proj, "a projection needs a slice with TQ > 0"
-    load_wp = make_load_rows(dtype, 1, TQ1, sl.threads)        # (compiled only with a projection)
-    project_body = make_project_body(dtype, sl._replace(TQ=TQ1))
+    name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
 
-    @cuda.jit(device=True, inline="always")
-    def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs, ms):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
-        Wp_slice = cuda.shared.array((TQ1, HMAX1), acc)  # its W_proj rows (projection)
-        h_tile = cuda.shared.array((TB, HP), acc)
-        rh = cuda.local.array((G, RB), acc)
-        r_k = cuda.local.array(G, acc)
-        h_proj = cuda.local.array(RB, acc)              # phase B's products (projection)
-        d = cuda.blockIdx.z
-        j0 = cuda.blockIdx.x * sl.TJ
-        H = unit_params.shape[2]
-        P = h_a.shape[2]
-        load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, H, P)
-        if Wp_fwd is not None:
-            load_wp(Wp_fwd if d == 0 else Wp_rev, Wp_slice, cuda.blockIdx.x * sl.TQ, P, H)
-        for s in range(steps):
-            h_in = h_a if s % 2 == 0 else h_b
-            h_out = h_b if s % 2 == 0 else h_a
-            if Wp_fwd is None:
+    if not has_proj:
+        @cuda.jit(device=True, inline="always")
+        def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
+                            ms):
+            R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
+            h_tile = cuda.shared.array((TB, HP), acc)
+            rh = cuda.local.array((G, RB), acc)
+            r_k = cuda.local.array(G, acc)
+            d = cuda.blockIdx.z
+            j0 = cuda.blockIdx.x * sl.TJ
+            load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_a.shape[2])
+            for s in range(steps):
+                h_in = h_a if s % 2 == 0 else h_b
+                h_out = h_b if s % 2 == 0 else h_a
                 step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, rh, r_k,
                           j0, d)
                 grid_sync()                            # every unit's h' is written before step s+1 reads it
-            else:
-                step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, rh, r_k,
-                          j0, d)
-                grid_sync()                            # every unit's m is written before phase B reads it
-                project_body(s, lens, ms, Wp_slice, h_in, h_out, y, h_tile, h_proj, cuda.blockIdx.x * sl.TQ, d)
-                grid_sync()                            # every h' is written before step s+1 reads it
 
-    name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
-    return _cooperative(_wrap(name, persistent_body, PERSISTENT_ARGS, cell, has_proj))
+        return _cooperative(_wrap(name, persistent_body, PERSISTENT_ARGS, cell, False))
+
+    assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
+    TQ, HMAX1 = sl.TQ, sl.HMAX + 1
+    load_wp = make_load_rows(dtype, 1, TQ, sl.threads)
+    project_body = make_project_body(dtype, sl)
+
+    @cuda.jit(device=True, inline="always")
+    def persistent_proj_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
+                             ms):
+        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
+        Wp_slice = cuda.shared.array((TQ, HMAX1), acc)  # its W_proj rows
+        h_tile = cuda.shared.array((TB, HP), acc)
+        rh = cuda.local.array((G, RB), acc)
+        r_k = cuda.local.array(G, acc)
+        h_proj = cuda.local.array(RB, acc)              # phase B's products
+        d = cuda.blockIdx.z
+        j0 = cuda.blockIdx.x * sl.TJ
+        p0 = cuda.blockIdx.x * TQ
+        H = unit_params.shape[2]
+        P = h_a.shape[2]
+        load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, H, P)
+        load_wp(Wp_fwd if d == 0 else Wp_rev, Wp_slice, p0, P, H)
+        for s in range(steps):
+            h_in = h_a if s % 2 == 0 else h_b
+            h_out = h_b if s % 2 == 0 else h_a
+            step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, rh, r_k, j0, d)
+            grid_sync()                                # every unit's m is written before phase B reads it
+            project_body(s, lens, ms, Wp_slice, h_in, h_out, y, h_tile, h_proj, p0, d)
+            grid_sync()                                # every h' is written before step s+1 reads it
+
+    return _cooperative(_wrap(name, persistent_proj_body, PERSISTENT_ARGS, cell, True))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -449,14 +471,12 @@ def _persistent_backward_table():
     for row in BACKWARD_V2_ARGS:
         name = row[0]
         if name == "s":
-            rows.append(("steps", "i64", 0, "steps to run: max(len); the kernel runs s = steps-1 .. 0, then -1 "
-                         "(dh0)", ALWAYS))
+            rows.append(("steps", "i64", 0, "steps to run: max(len); s = steps-1 .. 0, then -1 (dh0)", ALWAYS))
             continue
         rows.append(row[:4] + (NO_PROJ,) if name == "h_prev" else row)    # projection: `record_h_prev`
         if name == "R_rev":
-            rows.append(("Wp_fwd", "s", 2, "[P, H] projection, forward direction", PROJ))
-            rows.append(("Wp_rev", "s", 2, "[P, H] ... reverse direction", PROJ))
-    rows.append(("dh_total", "s", 4, "[D, T, B, P] out: dy + dh_next (for dW_proj)", PROJ))
+            rows.extend(WP_ROWS)
+    rows.append(_V1_ROWS["dh_total"])
     return tuple(rows)
 
 
@@ -582,48 +602,58 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     acc = acc_dtype(dtype).type
     G = cell.G
     GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
-    TQ1, HMAX1 = max(sl.TQ, 1), sl.HMAX + 1
-    GQ = G * TQ1                                        # rows of R_cols: gate g of projected output q at g*TQ + q
-    GJ = sl.TJ if has_proj else GJ                      # R_slice holds W_proj's columns (TJ rows) then
-    load_columns, step_body = make_backward_body(cell, dtype, sl)
-    assert sl.TQ > 0 or not has_proj, "a projection needs a slice with TQ > 0"
-    dh_phase, unit_phase = make_backward_proj_phases(cell, dtype, sl._replace(TQ=TQ1))   # (compiled only
-    load_r_cols = make_load_columns(dtype, G, TQ1, sl.threads)                           # with a projection)
-    load_wp_cols = make_load_columns(dtype, 1, sl.TJ, sl.threads)
+    name = f"{cell.name}_backward_persistent_v3" + ("_proj" if has_proj else "")
 
-    @cuda.jit(device=True, inline="always")
-    def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh, dc,
-                        dgx, dgh, dvec, h_prev, dh_total):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R (of W_proj: projection)
-        R_cols = cuda.shared.array((GQ, HMAX1), acc)    # R's columns of its projected outputs (projection)
-        g_tile = cuda.shared.array((TB, HP), acc)
-        from_R = cuda.local.array(RB, acc)
-        d = cuda.blockIdx.z
-        j0 = cuda.blockIdx.x * sl.TJ
-        H = dgx.shape[3] // G
-        if Wp_fwd is None:
-            load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, H)
+    if not has_proj:
+        load_columns, step_body = make_backward_body(cell, dtype, sl)
+
+        @cuda.jit(device=True, inline="always")
+        def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
+                            dc, dgx, dgh, dvec, h_prev, dh_total):
+            R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R, kept for all steps
+            g_tile = cuda.shared.array((TB, HP), acc)
+            from_R = cuda.local.array(RB, acc)
+            d = cuda.blockIdx.z
+            j0 = cuda.blockIdx.x * sl.TJ
+            load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, dgx.shape[3] // G)
             for i in range(steps + 1):
                 s = steps - 1 - i
                 step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
                           g_tile, from_R, j0, d)
                 if s >= 0:
                     grid_sync()                         # every unit's dgh of step s is written before s-1
-        else:
-            p0 = cuda.blockIdx.x * sl.TQ
-            load_wp_cols(Wp_fwd if d == 0 else Wp_rev, R_slice, j0, dh.shape[2])
-            load_r_cols(R_fwd if d == 0 else R_rev, R_cols, p0, H)
-            for i in range(steps + 1):
-                s = steps - i
-                dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, g_tile, from_R, p0, d)
-                if s > 0:
-                    grid_sync()                         # all of dht of step s-1 is written
-                    unit_phase(s - 1, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev,
-                               dh_total, R_slice, g_tile, from_R, j0, d)
-                    grid_sync()                         # every unit's dgh of step s-1 is written
 
-    name = f"{cell.name}_backward_persistent_v3" + ("_proj" if has_proj else "")
-    return _cooperative(_wrap(name, persistent_body, PERSISTENT_BACKWARD_ARGS, cell, has_proj))
+        return _cooperative(_wrap(name, persistent_body, PERSISTENT_BACKWARD_ARGS, cell, False))
+
+    assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
+    TQ, HMAX1, TJ = sl.TQ, sl.HMAX + 1, sl.TJ
+    GQ = G * TQ                                         # rows of R_cols: gate g of projected output q at g*TQ + q
+    dh_phase, unit_phase = make_backward_proj_phases(cell, dtype, sl)
+    load_r_cols = make_load_columns(dtype, G, TQ, sl.threads)
+    load_wp_cols = make_load_columns(dtype, 1, TJ, sl.threads)
+
+    @cuda.jit(device=True, inline="always")
+    def persistent_proj_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
+                             dc, dgx, dgh, dvec, h_prev, dh_total):
+        WpT = cuda.shared.array((TJ, KMAX1), acc)       # W_proj's columns of this block's units
+        R_cols = cuda.shared.array((GQ, HMAX1), acc)    # R's columns of its projected outputs
+        g_tile = cuda.shared.array((TB, HP), acc)
+        out = cuda.local.array(RB, acc)
+        d = cuda.blockIdx.z
+        j0 = cuda.blockIdx.x * TJ
+        p0 = cuda.blockIdx.x * TQ
+        load_wp_cols(Wp_fwd if d == 0 else Wp_rev, WpT, j0, dh.shape[2])
+        load_r_cols(R_fwd if d == 0 else R_rev, R_cols, p0, dgx.shape[3] // G)
+        for i in range(steps + 1):
+            s = steps - i
+            dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, g_tile, out, p0, d)
+            if s > 0:
+                grid_sync()                             # all of dht of step s-1 is written
+                unit_phase(s - 1, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, None,
+                           dh_total, WpT, g_tile, out, j0, d)
+                grid_sync()                             # every unit's dgh of step s-1 is written
+
+    return _cooperative(_wrap(name, persistent_proj_body, PERSISTENT_BACKWARD_ARGS, cell, True))
 
 
 @functools.lru_cache(maxsize=None)
@@ -687,7 +717,8 @@ def kernel_specs():
 
 __all__ = ["Slice", "SIM_SLICE", "plan", "blocks_needed", "slice_bytes", "make_forward_step_v3",
            "make_forward_persistent_v3", "make_backward_step_v3", "make_backward_persistent_v3", "PERSISTENT_ARGS",
-           "PERSISTENT_BACKWARD_ARGS", "gpu_slices", "kernel_specs", "choose"]
+           "PERSISTENT_BACKWARD_ARGS", "gpu_slices", "kernel_specs", "choose", "make_record_h_prev",
+           "projected_per_block", "make_staged_product"]
 
 
 #: the persistent kernel of each phase and its argument table
