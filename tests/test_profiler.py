@@ -284,7 +284,28 @@ def test_run_profile_of_the_v2_step_kernels():
     assert v1["phases"]["forward"]["matrices"]["R"]["times_matrix"] == B
     assert "step kernels v2" in profiler.format_profile(result)
     with pytest.raises(ValueError, match="step_version"):
-        profiler.run_profile(step_version=3)
+        profiler.run_profile(step_version=4)
+
+
+@pytest.mark.parametrize("proj", [0, 16])
+def test_run_profile_of_the_persistent_v3_kernels(proj):
+    """v3 in the profiler (the GPU's slices, every block at once: numbarnn's simulator fix): one launch per layer
+    and phase, R read once per layer (1/T x |R| per step; v2 reads it every step), coalesced; with a projection
+    W_proj once per layer too, and record_h_prev after the backward."""
+    T = 3
+    result = profiler.run_profile(units=32, input_size=2, batch=5, time=T, step_version=3, proj=proj)
+    assert result["step_version"] == 3
+    for phase in ("forward", "backward"):
+        s = result["phases"][phase]
+        name = f"lstm_{phase}_persistent_v3" + ("_proj" if proj else "")
+        assert s["kernels"][name]["launches"] == 1 and s["kernels"][name]["step_kernel"], s["kernels"]
+        assert s["launches"] == s["driver_launches"] and s["launches_per_step"] == pytest.approx(1 / T)
+        assert s["matrices"]["R"]["times_matrix"] == pytest.approx(1 / T), s["matrices"]["R"]
+        assert s["matrices"]["R"]["coalescing"] == 1.0
+        if proj:
+            assert s["matrices"]["W_proj"]["times_matrix"] == pytest.approx(1 / T), s["matrices"]
+    assert ("record_h_prev" in result["phases"]["backward"]["kernels"]) == bool(proj)
+    assert "step kernels v3" in profiler.format_profile(result)
 
 
 def test_run_profile_in_a_subprocess_and_bad_arguments():

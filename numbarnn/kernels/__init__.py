@@ -1,6 +1,4 @@
 """numba.cuda kernels (see docs and each module's docstring)."""
-import os
-
 import numpy as np
 
 # numba-cuda 0.30.4 registers an overload of np.row_stack for every NumPy >= 2.0 (numba itself stops at 2.5),
@@ -10,8 +8,6 @@ import numpy as np
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 
-# numba's CUDA simulator hands the threads of a block their static shared arrays without a lock: rarely, two
-# threads get different arrays and a kernel's result is silently wrong.  numbarnn/kernels/simulator.py.
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    from .simulator import install as _install_simulator_fix
-    _install_simulator_fix()
+# numbarnn's fixes to numba's CUDA simulator (numbarnn/kernels/simulator.py) are installed by common.py, which
+# every kernel module imports: not here, because a command may import this package (for its argument parser)
+# before it switches the simulator on (`numbarnn profile` did, and ran without the fixes).

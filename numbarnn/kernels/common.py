@@ -20,6 +20,13 @@ from numba.np.numpy_support import from_dtype
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 DTYPES = ("float16", "float32", "float64")
 
+if SIMULATOR:
+    # numba's CUDA simulator hands the threads of a block their static shared arrays without a lock (rarely two
+    # threads get different arrays: a silently wrong result), polls its barrier, and runs cooperative grids of
+    # one block only: numbarnn/kernels/simulator.py replaces those pieces, once, before any kernel runs
+    from .simulator import install as _install_simulator_fix
+    _install_simulator_fix()
+
 
 def acc_dtype(dtype) -> np.dtype:
     """The compute (and carried-state) dtype for a storage dtype."""

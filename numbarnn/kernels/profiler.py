@@ -555,6 +555,12 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
             orig_default = gemm.GemmVersion.default_config
             gemm.GemmVersion.default_config = lambda self: self.gpu_config
             patches.append(lambda: setattr(gemm.GemmVersion, "default_config", orig_default))
+            # v3 with the GPU's slices: every block at once, as numbarnn's simulator runs a cooperative grid
+            # (up to simulator.COOPERATIVE_BLOCKS); on a GPU the device decides (step_v3.choose)
+            from . import simulator, step_v3
+            orig_limit = step_v3.device_cooperative_limit
+            step_v3.device_cooperative_limit = lambda *args: simulator.cooperative_blocks()
+            patches.append(lambda: setattr(step_v3, "device_cooperative_limit", orig_limit))
         _RECORDER = rec
         yield rec
     finally:
@@ -584,9 +590,11 @@ def profile_launch(kernel, grid, block, *args, geometry: str = "simulator") -> d
 #: kernels launched once per time step (per layer); anything else runs once per layer or per call.  A new
 #: kernel family marks itself by a name ending in "_step" (optionally "_v<N>", then "_proj"), or is listed here.
 STEP_KERNELS = ("project", "recurrent_backward", "recurrent_backward_v2")
-#: step kernel versions the simulator can profile (v3's cooperative grid sync needs a GPU with > 1 block)
-PROFILED_STEP_VERSIONS = (1, 2)
-_STEP_NAME = re.compile(r"_step(_v\d+)?(_proj)?$")
+#: step kernel versions the simulator can profile (v3: its persistent kernels run with the GPU's slices as one
+#: cooperative grid of every block, numbarnn's fix to the simulator; v2 where that is more than
+#: simulator.COOPERATIVE_BLOCKS blocks, as on a GPU where they cannot all be co-resident)
+PROFILED_STEP_VERSIONS = (1, 2, 3)
+_STEP_NAME = re.compile(r"_(step|persistent)(_v\d+)?(_proj)?$")
 
 
 def is_step_kernel(name: str) -> bool:
@@ -689,9 +697,9 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
 
     config: CONFIG_DEFAULTS' keys (the flags of `numbarnn check`; input_size None = H for skip_input, else H).
     gpu: the roofline model's GPU (numbarnn.kernels.roofline.GPUS).  lines: source lines kept per kernel.
-    step_version: the step kernels, 1 or 2 (PROFILED_STEP_VERSIONS); None = NUMBARNN_STEP_VERSION if set, else
-    2: a GPU's default v3 needs a real grid sync over many blocks, which the simulator cannot run, so the
-    profiler runs v2 (what v3 runs wherever its persistent kernels cannot).
+    step_version: the step kernels, 1, 2 or 3 (PROFILED_STEP_VERSIONS); None = NUMBARNN_STEP_VERSION if set,
+    else 2 (the version whose per-step figures the README quotes; 3 profiles the persistent kernels: R once
+    per layer, one launch per layer and phase, so its "per step" figures are the layer's divided by T).
     Returns a JSON-able dict: the configuration, per phase the launches, per-kernel memory figures, per step
     figures and bytes of R per step, and the model's predicted times.  Runs in a subprocess with the
     simulator when this process has numba loaded without it.
@@ -775,12 +783,12 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
     result = dict(config=dict(c, input_size=I, cells=list(cells), dtype=str(dtype)), geometry=geometry,
                   gpu=gpu, phases={})
     if step_version is None and not os.environ.get(driver.STEP_VERSION_VAR, "").strip():
-        step_version = 2                            # a GPU's default is v3: see run_profile
+        step_version = 2                            # see run_profile
     with recording(rec, geometry=geometry), driver.pinned_step_version(step_version):
         version = driver.step_version()
         if version not in PROFILED_STEP_VERSIONS:
             raise ValueError(f"{driver.STEP_VERSION_VAR}={version}: the profiler runs step versions "
-                             f"{PROFILED_STEP_VERSIONS} (v3's grid sync needs a GPU)")
+                             f"{PROFILED_STEP_VERSIONS}")
         result["step_version"] = version
         rec.label = "forward"
         fwd = ops.cudnn_rnn_v3(dev["x"], dev["h0"], dev["c0"], dev["params"], case.lengths, is_training=True,
@@ -791,8 +799,8 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
             ops.cudnn_rnn_backprop_v3(dev["x"], dev["h0"], dev["c0"], dev["params"], case.lengths, y, hT, cT,
                                       dev["dy"], dev["dhT"], dev["dcT"], reserve, host_reserved, backend="cuda",
                                       **attrs)
+        plan = driver.launch_plan(call, gpu=True)       # (inside: the same v3 choice as the run)
     logs = driver.last_launch_count()
-    plan = driver.launch_plan(call, gpu=True)
     for phase in phases:
         launches = [st for st in rec.launches if st["label"] == phase]
         summary = summarize_phase(launches, steps, cfg.L, per_layer)
@@ -1094,8 +1102,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--forward-only", dest="forward_only", action="store_true",
                         help="profile the forward call only")
     parser.add_argument("--step-version", dest="step_version", type=int, choices=PROFILED_STEP_VERSIONS,
-                        help="step kernels to profile (default: NUMBARNN_STEP_VERSION, else 2: a GPU's "
-                             "default v3 needs a grid sync the simulator cannot run)")
+                        help="step kernels to profile (default: NUMBARNN_STEP_VERSION, else 2; 3: the persistent "
+                             "kernels, R once per layer)")
 
 
 def cli_main(args, spec_from_args) -> int:

@@ -1,4 +1,4 @@
-"""Two fixes to numba's CUDA simulator (installed by numbarnn.kernels when the simulator is on).
+"""Fixes to numba's CUDA simulator (installed by numbarnn.kernels.common when the simulator is on).
 
 1. Static shared memory (`cuda.shared.array`): the simulator gives the threads of a block one array per
 source line, looked up and created without a lock (``get``, then ``np.empty``, then store).  Two threads of a

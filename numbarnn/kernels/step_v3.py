@@ -726,6 +726,16 @@ PERSISTENT = {"forward": (make_forward_persistent_v3, PERSISTENT_ARGS),
               "backward": (make_backward_persistent_v3, PERSISTENT_BACKWARD_ARGS)}
 
 
+def device_cooperative_limit(phase: str, cell, dtype, sl: Slice, has_proj: bool) -> int:
+    """Blocks of the persistent kernel of `phase` that this process's GPU holds at once (its registers and
+    shared memory as compiled, the SM count); raises without a GPU.  The profiler's GPU geometry replaces it
+    with the simulator's cooperative limit (it runs the GPU's slices in the simulator)."""
+    from .common import jit
+    factory, table = PERSISTENT[phase]
+    compiled = jit(factory, cell, str(dtype), sl, has_proj).compile(signature(table, cell, dtype, has_proj))
+    return compiled.max_cooperative_grid_blocks(sl.threads)
+
+
 def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
            phase: str = "forward"):
     """(Slice, why) when the persistent kernel of `phase` ("forward" or "backward") can run this layer, else
@@ -737,7 +747,6 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     kernels differ in registers); the simulator runs cooperative grids of up to simulator.COOPERATIVE_BLOCKS
     blocks (with numbarnn's fix installed; one block without it)."""
     sim = common.SIMULATOR if simulator is None else simulator
-    factory, table = PERSISTENT[phase]
     sl = plan(cell.G, H, P, dtype, simulator=sim, has_proj=has_proj)
     if sl is None:
         what = f"P={P}, H={H} (projection)" if has_proj else f"P={P}"
@@ -750,10 +759,7 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
         limit = cooperative_blocks()
     else:
         try:
-            from .common import jit
-            kernel = jit(factory, cell, str(dtype), sl, has_proj)
-            compiled = kernel.compile(signature(table, cell, dtype, has_proj))
-            limit = compiled.max_cooperative_grid_blocks(sl.threads)
+            limit = device_cooperative_limit(phase, cell, dtype, sl, has_proj)
         except Exception as exc:           # no cooperative launch here: say why and run v2
             return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
     if n > limit:
