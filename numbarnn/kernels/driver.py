@@ -577,12 +577,12 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         grid, block = steps_grid(H)
         if bslice is not None:                         # persistent: one launch, steps + 1 products (dh0)
             proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)
-            add("backward", "record_h_prev", int(steps > 0 and B > 0 and cfg.has_proj), *steps_grid(P), 0,
-                D * steps * B * 2 * P * sz)
             add("backward", f"{cell}_backward_persistent_v3", int(steps > 0 and B > 0),
                 (blocks(H, bslice.TJ), 1, D), bslice.threads,
                 D * B * (steps * (20 * H + proj_flops) + (steps + 1) * 2 * GH * P),
                 D * (GH * P + proj_bytes + steps * B * (3 * GH + cfg.cell.S * H + (3 + 2 * cfg.has_proj) * P)) * sz)
+            add("backward", "record_h_prev", int(steps > 0 and B > 0 and cfg.has_proj), *steps_grid(P), 0,
+                D * steps * B * 2 * P * sz)
         elif version == 2 and not cfg.has_proj:        # fused: steps + 1 launches (the last finishes dh0)
             add("backward", f"{cell}_backward_step_v2", steps + 1 if B and steps else 0,
                 step_v2.grid(H, B, D, tiles), tiles.threads, D * B * (20 * H + 2 * GH * P),
