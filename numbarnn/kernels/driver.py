@@ -501,6 +501,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H
+    proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)   # h' = W_proj m: per row, step; W_proj
     rows = []
 
     layer = None
@@ -546,7 +547,6 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         cast_rows("forward", "h0 in", "c0 in")
         grid, block = steps_grid(H)
         if slice_ is not None:                         # persistent (a projection: phase B per step too)
-            proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)
             add("forward", f"{cell}_forward_persistent_v3", int(steps > 0 and B > 0),
                 (blocks(H, slice_.TJ), 1, D), slice_.threads, steps * D * B * (2 * GH * P + 12 * H + proj_flops),
                 D * (GH * P + proj_bytes + steps * B * (GH + 2 * P + (G + 2 + cfg.has_proj) * H)) * sz)
@@ -576,7 +576,6 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
         if bslice is not None:                         # persistent: one launch, steps + 1 products (dh0)
-            proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)
             add("backward", f"{cell}_backward_persistent_v3", int(steps > 0 and B > 0),
                 (blocks(H, bslice.TJ), 1, D), bslice.threads,
                 D * B * (steps * (20 * H + proj_flops) + (steps + 1) * 2 * GH * P),

@@ -588,7 +588,8 @@ def profile_launch(kernel, grid, block, *args, geometry: str = "simulator") -> d
 # ---------------------------------------------------------------------------------------------------
 
 #: kernels launched once per time step (per layer); anything else runs once per layer or per call.  A new
-#: kernel family marks itself by a name ending in "_step" (optionally "_v<N>", then "_proj"), or is listed here.
+#: kernel family marks itself by a name ending in "_step" or "_persistent" (optionally "_v<N>", then "_proj"; a
+#: persistent kernel runs the whole time loop in one launch), or is listed here.
 STEP_KERNELS = ("project", "recurrent_backward", "recurrent_backward_v2")
 #: step kernel versions the simulator can profile (v3: its persistent kernels run with the GPU's slices as one
 #: cooperative grid of every block, numbarnn's fix to the simulator; v2 where that is more than

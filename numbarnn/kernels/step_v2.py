@@ -438,7 +438,6 @@ def make_backward_epilogue(cell, dtype, RB: int, has_proj: bool = False):
             if PROJ:
                 if s < 0 or s >= lens[b]:       # dh is [D, B, P]: not this phase's (j runs to H)
                     continue
-                dh_now = zero
             else:
                 dh_now = dh[d, b, j] + from_R[r]    # dh reaching step s (direct term + R's part, or the carry)
                 if s < 0 or s >= lens[b]:       # no cell at this step: dh carries (s = -1: it is dh0)
