@@ -181,8 +181,9 @@ def accumulate(dst, src, n):
 pointwise = lanes_G = lanes_S = lanes_V = lanes = None
 
 
-def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: int):
-    """`step` (a step loop closure) compiled with ``cache=True``, its globals `pointwise` and `lanes_*` bound.
+def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: int, **extra):
+    """`step` (a step loop closure) compiled with ``cache=True``, its globals `pointwise` and `lanes_*` bound
+    (and any `extra` globals: the fused loop's micro-kernel and scratch, `fused.py`).
 
     numba keys an on-disk cache entry by the function's bytecode and its pickled closure values, not by its
     globals; the closure holds plain values only (sizes, flags and KEY, the fingerprint of the cell's code and
@@ -191,7 +192,7 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
     error_model="numpy": x / 0 gives inf/nan as in NumPy; numba's default ZeroDivisionError check would keep
     the pointwise loops from vectorizing."""
     globals_ = dict(step.__globals__, pointwise=pointwise_fn, lanes_G=stack_buffer(G * U),
-                    lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U))
+                    lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U), **extra)
     fn = pytypes.FunctionType(step.__code__, globals_, step.__name__, None, step.__closure__)
     fn.__qualname__, fn.__module__ = step.__qualname__, step.__module__
     return njit(cache=True, parallel=parallel, error_model="numpy")(fn)

@@ -13,7 +13,7 @@ from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries
-from . import cells
+from . import cells, fused
 from .philox import dropout_keep_mask
 from .workspace import scratch
 
@@ -83,6 +83,51 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
     return flat, {e.name: flat[e.offset:e.offset + e.size].reshape(e.shape) for e in entries}
 
 
+#: run the fused forward loop (`fused.py`) where it applies (no projection); False: the BLAS loop below
+#: everywhere (tests and bench/bench_cpu_fused.py compare the two)
+FUSED = True
+
+
+def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, lens, order, n_active, ct):
+    """One layer and direction by `fused.forward_loop`: h [B, P] and c [B, H] (or None) are updated in place
+    to the state after each row's last step; y, acts, cs are written for the active [t, b]."""
+    cfg, B = call.config, call.B
+    H, G = cfg.H, cfg.G
+    LANES = fused.lanes_for(ct)
+    NT = -(-H // LANES)
+    HP = NT * LANES
+    padded = lambda name, rows, src: _padded(scratch(name, (rows, HP), ct), src)   # noqa: E731
+    Rp = scratch("fused_Rp", (NT, H, G, LANES), ct)           # [NT, H, G, LANES] R by unit tiles
+    fused.pack(lp.R, Rp)
+    if lp.W is not None:
+        Wp = scratch("fused_Wp", (NT, x_l.shape[2], G, LANES), ct)   # [NT, I, G, LANES]
+        fused.pack(lp.W, Wp)
+    else:
+        Wp = Rp                                                # skip input: not read
+    bW = padded("fused_bW", G, lp.bW.reshape(G, H))            # [G, HP]
+    bR = padded("fused_bR", G, lp.bR.reshape(G, H))            # [G, HP]
+    vec = padded("fused_vec", max(cfg.V, 1), lp.V if lp.V is not None else np.zeros((1, H), ct))   # [VL, HP]
+    hbuf = scratch("fused_h", (2, B, HP), ct)                 # [2, B, HP] h, double-buffered
+    hbuf.fill(0)
+    hbuf[0, :, :H] = h
+    cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
+    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, fused.use_parallel(B, H, G, x_l.shape[2]))
+    loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs)
+    ran = lens > 0                                             # rows that ran: h is their last output
+    t_last = np.where(d == 0, lens - 1, 0)
+    h[ran] = y[t_last[ran], np.nonzero(ran)[0], d * H:(d + 1) * H]
+    if c is not None:
+        c[...] = cbuf[:, :H]
+
+
+def _padded(buf, src):
+    """buf [rows, HP] = src [rows, H] followed by zeros."""
+    H = src.shape[1]
+    buf[:, :H] = src
+    buf[:, H:] = 0
+    return buf
+
+
 def forward(call: RNNCall, x, h0, c0, params, ct):
     """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params [N] (all ct)
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
@@ -105,6 +150,10 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     h_new = scratch("h_new", (B, P), ct)                     # [B, P]   W_proj m of one step
     no_vec = np.zeros((0, H), dtype=ct)
     none3 = np.zeros((0, 0, 0), dtype=ct)
+    use_fused = FUSED and not cfg.has_proj and steps > 0
+    if use_fused:
+        order = np.argsort(-lens, kind="stable").astype(np.int64)        # [B] longest first
+        n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)   # [steps]
 
     x_l = x
     for layer in range(cfg.L):
@@ -116,12 +165,16 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
         for d in range(D):
             p = layer * D + d
             lp = layers[p]
+            acts = saved[f"acts{layer}"][d]
+            cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
+            if use_fused:
+                fused_forward(call, lp, d, x_l, hT[p], cT[p] if cT is not None else None, y, acts, cs, lens,
+                              order, n_active, ct)
+                continue
             _input_projection(lp, x_l, G, gx)
             h = hT_buf.T                                     # [B, P] view of the transposed state
             h[...] = hT[p]
             c = cT[p] if cT is not None else m_step
-            acts = saved[f"acts{layer}"][d]
-            cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
             ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
             vec = lp.V if lp.V is not None else no_vec
             for s in range(steps):

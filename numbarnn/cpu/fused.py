@@ -1,0 +1,309 @@
+"""The fused forward time loop: one njit call per layer and direction, no BLAS, no Python per step.
+
+Why: the BLAS forward (`network.py`: x W^T for all steps, then per step R h^T by OpenBLAS and the njit
+pointwise loop) spends its time in three places that a fused loop removes (LSTM T=100 B=32 I=H=512,
+float32, 2 cores, bench/results/cpu.md): OpenBLAS packs R again at every per-step call (4 MB; the per-step
+products run at ~150 GFLOP/s against ~190 for the big GEMM); W x_t for all steps and the reserve go through
+DRAM between the GEMM and the pointwise loop (the loop runs 23-31 ms streaming, 12-14 ms with its data in
+cache); and the pointwise loop runs on one core while OpenBLAS's other thread spins.
+
+What it does instead: W and R are packed once per call into unit tiles (`pack`: the G gates of LANES units
+side by side for every k, zeros past H), and per step, in parallel over unit tiles, for every tile of NR
+batch rows:
+
+    acc_w[g, r, u] = sum_k W[g*H + j0+u, k] x[t_r, b_r, k]     `product_tile` (the micro-kernel below)
+    acc_r[g, r, u] = sum_k R[g*H + j0+u, k] h[b_r, k]          the same, over h (double-buffered)
+    the cell's pointwise forward on the NR*LANES lanes (acc + biases), results scattered to y, c, reserve
+
+The micro-kernel keeps G*NR vector accumulators in registers across the k loop (one vector load per gate,
+one broadcast per row, G*NR fused multiply-adds per k): it is written in LLVM IR through llvmlite (numba's
+own code generator) because LLVM does not find that register blocking from a scalar loop (the numba loop
+versions of stop 15 reached 2-15 GFLOP/s).  Measured, R h^T for B=32, H=512, 100 steps, float32, 2 cores:
+the micro-kernel 30-32 ms (220 GFLOP/s), OpenBLAS 41-44 ms (162 GFLOP/s) (`python bench/bench_cpu_fused.py`).
+
+Rows: sorted by length once per call (longest first), so the rows active at step s are a prefix of that
+order (`n_active[s]` of them) and a step computes only ceil(n_active[s] / NR) row tiles; a partial tile's
+spare lanes recompute the longest row and are not written.  Units: a partial last tile computes zeros (packed
+weights, biases and the padded columns of the h and c buffers are 0) and writes only its first H - j0 lanes.
+
+Used for every cell without a projection (network.forward picks it; a projection keeps the BLAS loop).
+"""
+from __future__ import annotations
+
+import functools
+
+import llvmlite.binding as llvm_binding
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import cells
+
+#: vector registers the micro-kernel may fill with accumulators (of 32 with AVX-512, 16 with AVX2)
+ACCUMULATORS = {32: 16, 16: 12}
+
+
+@functools.cache
+def simd_bytes() -> int:
+    """The host's vector width in bytes (numba compiles for the host CPU)."""
+    features = llvm_binding.get_host_cpu_features()
+    if features.get("avx512f"):
+        return 64
+    if features.get("avx"):
+        return 32
+    return 16
+
+
+def lanes_for(compute) -> int:
+    """Units per tile: one vector register of the compute dtype (16 float32 with AVX-512)."""
+    return simd_bytes() // np.dtype(compute).itemsize
+
+
+def rows_for(G: int) -> int:
+    """NR, batch rows per tile: G*NR accumulators fill the registers the micro-kernel may use."""
+    registers = 32 if simd_bytes() == 64 else 16
+    return max(1, min(4, ACCUMULATORS[registers] // G))
+
+
+@functools.cache
+def product_tile(compute: str, G: int, NR: int, LANES: int):
+    """The micro-kernel, an njit intrinsic:
+
+        product_tile(panel,   # int     address of a packed panel [K, G, LANES] (`pack`)
+                     rows,    # [NR]    int64 addresses of NR rows of K values (x or h rows, contiguous)
+                     K,       # int
+                     out)     # [G, NR, LANES] pointer to the results (overwritten)
+
+    out[g, r, u] = sum_k panel[k, g, u] * row_r[k], k in order (fused multiply-add where the CPU has one).
+    """
+    flt = ir.FloatType() if np.dtype(compute) == np.float32 else ir.DoubleType()
+    vec = ir.VectorType(flt, LANES)
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    item = np.dtype(compute).itemsize
+
+    def pointer(builder, value, numba_type, llvm_type):
+        """A stack pointer as it is; an integer address (`arr.ctypes.data`) as a pointer."""
+        if isinstance(numba_type, types.Integer):
+            return builder.inttoptr(value, llvm_type.as_pointer())
+        return builder.bitcast(value, llvm_type.as_pointer())
+
+    @intrinsic
+    def tile(typingctx, panel, rows, K, out):
+        for name, arg in (("rows", rows), ("out", out)):
+            if not isinstance(arg, (types.CPointer, types.Integer)):
+                raise TypeError(f"product_tile: {name} must be a pointer or an address, got {arg}")
+        sig = types.void(types.intp, rows, types.intp, out)
+
+        def codegen(context, builder, signature, args):
+            panel_i, rows_v, K_v, out_v = args
+            rows_p = pointer(builder, rows_v, signature.args[1], i64)
+            out_p = pointer(builder, out_v, signature.args[3], flt)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3),
+                                                 f"llvm.fmuladd.v{LANES}f{8 * item}")
+            a = builder.inttoptr(panel_i, flt.as_pointer())
+            row = [builder.inttoptr(builder.load(builder.gep(rows_p, [ir.Constant(i64, r)])), flt.as_pointer())
+                   for r in range(NR)]
+            out = out_p
+            splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+            undef = ir.Constant(vec, ir.Undefined)
+            zero = ir.Constant(vec, [0.0] * LANES)
+
+            def vector_at(base, offset):
+                return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
+
+            entry = builder.block
+            head = builder.append_basic_block("tile.head")
+            body = builder.append_basic_block("tile.body")
+            done = builder.append_basic_block("tile.done")
+            builder.branch(head)
+            builder.position_at_end(head)
+            k = builder.phi(i64)
+            k.add_incoming(ir.Constant(i64, 0), entry)
+            acc = [[builder.phi(vec) for _ in range(NR)] for _ in range(G)]     # acc[g][r]
+            for phi in (p for per_gate in acc for p in per_gate):
+                phi.add_incoming(zero, entry)
+            builder.cbranch(builder.icmp_signed("<", k, K_v), body, done)
+
+            builder.position_at_end(body)
+            base = builder.mul(k, ir.Constant(i64, G * LANES))
+            w = [builder.load(vector_at(a, builder.add(base, ir.Constant(i64, g * LANES))), align=item)
+                 for g in range(G)]                                              # panel[k, g, :]
+            new = [[None] * NR for _ in range(G)]
+            for r in range(NR):
+                scalar = builder.load(builder.gep(row[r], [k]))                 # row_r[k], broadcast
+                hv = builder.shuffle_vector(builder.insert_element(undef, scalar, ir.Constant(i32, 0)),
+                                            undef, splat)
+                for g in range(G):
+                    new[g][r] = builder.call(fma, [w[g], hv, acc[g][r]])
+            for g in range(G):
+                for r in range(NR):
+                    acc[g][r].add_incoming(new[g][r], body)
+            k.add_incoming(builder.add(k, ir.Constant(i64, 1)), body)
+            builder.branch(head)
+
+            builder.position_at_end(done)
+            for g in range(G):
+                for r in range(NR):
+                    builder.store(acc[g][r], vector_at(out, ir.Constant(i64, (g * NR + r) * LANES)), align=item)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+@njit(cache=True)
+def pack(
+    W,        # [G*H, K]  a gate-stacked weight matrix (W or R)
+    out,      # [NT, K, G, LANES] out: unit tile jt holds units jt*LANES .. +LANES, zeros past H
+):
+    NT, K, G, LANES = out.shape
+    H = W.shape[0] // G
+    for jt in range(NT):
+        for g in range(G):
+            for u in range(LANES):
+                j = jt * LANES + u
+                if j < H:
+                    for k in range(K):
+                        out[jt, k, g, u] = W[g * H + j, k]
+                else:
+                    for k in range(K):
+                        out[jt, k, g, u] = 0.0
+
+
+@functools.cache
+def forward_loop(cell, compute: str, skip_input: bool, parallel: bool):
+    """The fused forward of one layer and direction for `cell` (see the module docstring)."""
+    acc = np.dtype(compute).type
+    zero = acc(0.0)
+    i64 = np.int64
+    G, S, V = cell.G, cell.S, cell.V
+    VL = max(V, 1)
+    LANES = lanes_for(compute)
+    NR = rows_for(G)
+    L = NR * LANES                              # lanes of the pointwise loop: NR rows x LANES units
+    ITEM = np.dtype(compute).itemsize
+    STATE = cell.cell_state
+    SKIP = skip_input
+    KEY = cells.variant_key(cell, compute, False, parallel) + f"fused {skip_input} {LANES} {NR}"
+
+    def loop(
+        d,        # int     direction (0 forward, 1 reverse)
+        H,        # int     hidden units
+        lens,     # [B]     int32 sequence lengths
+        order,    # [B]     int64 rows by length, longest first
+        n_active, # [steps] int64 rows active at step s (a prefix of order)
+        x,        # [T, B, I]      layer input, C-contiguous
+        Wp,       # [NT, I, G, LANES] W packed (`pack`; unused with skip input)
+        Rp,       # [NT, H, G, LANES] R packed
+        bW,       # [G, HP]        W-side bias per gate, zeros past H (HP = NT*LANES)
+        bR,       # [G, HP]        R-side bias
+        vec,      # [VL, HP]       cell vectors, zeros past H
+        hbuf,     # [2, B, HP]     h double-buffered: [0] holds h0 (zeros past H); step s reads [s%2]
+        cbuf,     # [B, HP]        c, updated in place (zeros past H; unused without a state)
+        y,        # [T, B, D*H]    layer output
+        acts,     # [T, B, S*H]    reserve: saved values
+        cs,       # [T, B, H]      reserve: c'
+    ):
+        KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
+        B = lens.shape[0]
+        I = x.shape[2]
+        NT = Rp.shape[0]
+        x_addr = i64(x.ctypes.data)
+        h_addr = i64(hbuf.ctypes.data)
+        w_addr = i64(Wp.ctypes.data)
+        r_addr = i64(Rp.ctypes.data)
+        HP = hbuf.shape[2]
+        for s in range(n_active.shape[0]):
+            cur = s % 2
+            nxt = 1 - cur
+            n = n_active[s]
+            for jt_ in prange(NT):
+                jt = i64(jt_)
+                j0 = jt * LANES
+                nu = min(LANES, H - j0)             # units of this tile that exist
+                # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
+                xrows_p = rows_x(i64)
+                xrows = numba.carray(xrows_p, NR)   # [NR] addresses of the rows' x_t
+                hrows_p = rows_h(i64)
+                hrows = numba.carray(hrows_p, NR)   # [NR] addresses of the rows' h
+                rb = numba.carray(rows_b(i64), NR)  # [NR] batch row of each lane group
+                rt = numba.carray(rows_t(i64), NR)  # [NR] its time index
+                wx_p = lanes_w(acc)
+                wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
+                rh_p = lanes_r(acc)
+                rh = numba.carray(rh_p, (G, L))     # [G, L] R_g h + bR_g
+                v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
+                saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
+                h_prev = numba.carray(lanes_h(acc), L)       # [L] h
+                c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
+                m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
+                c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
+                for i0 in range(0, n, NR):
+                    for r in range(NR):
+                        b = order[i0 + r] if i0 + r < n else order[0]   # spare lanes: the longest row
+                        t = s if d == 0 else lens[b] - 1 - s
+                        rb[r] = b
+                        rt[r] = t
+                        xrows[r] = x_addr + ((t * B + b) * I) * ITEM
+                        hrows[r] = h_addr + ((cur * B + b) * HP) * ITEM
+                    # the products: G*NR accumulators over k (product_tile)
+                    if SKIP:                                 # x reaches every gate as it is (I == H)
+                        for g in range(G):
+                            for r in range(NR):
+                                for u in range(LANES):
+                                    wx[g, r * LANES + u] = x[rt[r], rb[r], j0 + u] if u < nu else zero
+                    else:
+                        tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p)
+                    tile_r(r_addr + jt * (H * G * LANES * ITEM), hrows_p, H, rh_p)
+                    # gather the lanes' other inputs (loops indexed by their counters: vectorized)
+                    for g in range(G):
+                        for r in range(NR):
+                            for u in range(LANES):
+                                wx[g, r * LANES + u] += bW[g, j0 + u]
+                                rh[g, r * LANES + u] += bR[g, j0 + u]
+                    for k in range(V):
+                        for r in range(NR):
+                            for u in range(LANES):
+                                v[k, r * LANES + u] = vec[k, j0 + u]
+                    for r in range(NR):
+                        for u in range(LANES):
+                            h_prev[r * LANES + u] = hbuf[cur, rb[r], j0 + u]
+                            c_prev[r * LANES + u] = cbuf[rb[r], j0 + u] if STATE else zero
+                    # the cell, one lane per (row, unit): reads and writes only the scratch
+                    for q in range(L):
+                        m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
+                                                       saved[:, q])
+                    # scatter the active rows' results
+                    for r in range(min(NR, n - i0)):
+                        b = rb[r]
+                        t = rt[r]
+                        for k in range(S):
+                            for u in range(nu):
+                                acts[t, b, k * H + j0 + u] = saved[k, r * LANES + u]
+                        for u in range(nu):
+                            hbuf[nxt, b, j0 + u] = m_out[r * LANES + u]
+                            y[t, b, d * H + j0 + u] = m_out[r * LANES + u]
+                        if STATE:
+                            for u in range(nu):
+                                cbuf[b, j0 + u] = c_out[r * LANES + u]
+                                cs[t, b, j0 + u] = c_out[r * LANES + u]
+
+    tile = product_tile(compute, G, NR, LANES)
+    extra = dict(tile_w=tile, tile_r=tile, rows_x=cells.stack_buffer(NR), rows_h=cells.stack_buffer(NR),
+                 rows_b=cells.stack_buffer(NR), rows_t=cells.stack_buffer(NR), lanes_w=cells.stack_buffer(G * L),
+                 lanes_r=cells.stack_buffer(G * L), lanes_h=cells.stack_buffer(L), lanes_c=cells.stack_buffer(L),
+                 lanes_m=cells.stack_buffer(L), lanes_o=cells.stack_buffer(L))
+    return cells.cached_step(loop, parallel, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
+
+
+#: a step of fewer multiply-adds than this runs the serial twin (a parallel region costs microseconds per step)
+PARALLEL_MIN_MACS = 1 << 18
+
+
+def use_parallel(B: int, H: int, G: int, I: int) -> bool:
+    """The parallel twin for steps of at least PARALLEL_MIN_MACS multiply-adds, with more than one thread."""
+    return numba.get_num_threads() > 1 and -(-H // 16) > 1 and B * G * H * (I + H) >= PARALLEL_MIN_MACS

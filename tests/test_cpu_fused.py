@@ -1,0 +1,119 @@
+"""The cpu backend's fused forward (numbarnn/cpu/fused.py): its micro-kernel, its packing, and the whole op.
+
+The hypothesis tests of test_cpu_backend.py run the fused loop too (it is the forward without a projection),
+at H <= 5: one partial unit tile.  Here the shapes span several unit tiles (LANES units each) and several row
+tiles (NR rows each), both with a partial last tile, with unsorted ragged lengths (so the row order matters),
+in the serial and the parallel twin, against the reference and against the BLAS loop it replaced.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import numbarnn.contrib.cifg_lstm
+import numbarnn.contrib.peephole_lstm  # noqa: F401
+from numbarnn.config import rnn_config
+from numbarnn.cpu import fused, network
+from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
+from test_cpu_backend import ALL_CELLS, QUICK, compare, named
+
+
+@pytest.mark.parametrize("compute", ["float32", "float64"])
+@pytest.mark.parametrize("G", [1, 3, 4])
+@pytest.mark.parametrize("K", [0, 1, 37])
+def test_product_tile_is_a_matrix_product(compute, G, K):
+    """out[g, r, u] = sum_k panel[k, g, u] row_r[k], for rows anywhere in memory (given by address)."""
+    from numba import njit
+    LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
+    tile = fused.product_tile(compute, G, NR, LANES)
+
+    @njit
+    def run(panel, rows, out):
+        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[0], out.ctypes.data)
+
+    rng = np.random.default_rng(K + G)
+    panel = rng.standard_normal((K, G, LANES)).astype(compute)
+    source = rng.standard_normal((3 * NR, K)).astype(compute)            # rows picked out of order
+    picked = rng.permutation(3 * NR)[:NR]
+    rows = np.array([source[i].ctypes.data for i in picked], dtype=np.int64)
+    out = np.full((G, NR, LANES), np.nan, dtype=compute)
+    run(panel, rows, out)
+    want = np.einsum("kgu,rk->gru", panel.astype(np.float64), source[picked].astype(np.float64))
+    tol = 1e-12 if compute == "float64" else 1e-5
+    assert np.abs(out - want).max() <= tol * max(1.0, np.abs(want).max())
+
+
+def test_pack_lays_out_unit_tiles_with_zeros_past_H():
+    G, H, K, LANES = 3, 5, 4, 4
+    W = np.arange(G * H * K, dtype=np.float32).reshape(G * H, K) + 1
+    out = np.full((2, K, G, LANES), np.nan, dtype=np.float32)
+    fused.pack(W, out)
+    for jt in range(2):
+        for g in range(G):
+            for u in range(LANES):
+                j = jt * LANES + u
+                want = W[g * H + j] if j < H else np.zeros(K)
+                assert (out[jt, :, g, u] == want).all(), (jt, g, u)
+
+
+def _wide_case(mode, dtype, **kw):
+    """H spans two full unit tiles and a partial one; B two full row tiles and a partial one."""
+    cfg_kw = dict(direction="bidirectional", dropout=0.3, seed=3, seed2=4) | kw
+    LANES = fused.lanes_for(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+    NR = fused.rows_for(rnn_config(1, 4, 4, mode).G)
+    H, B, T = 2 * LANES + 3, 2 * NR + 1, 5
+    lengths = [(2, T, 0, 4, 1, T, 3, 0, T, 2, 1, 4)[b % 12] for b in range(B)]   # unsorted, with 0 and T
+    layers = cfg_kw.pop("layers", 2)
+    I = H if cfg_kw.get("input_mode") == "skip_input" else 7
+    cfg = rnn_config(layers, H, I, mode, **cfg_kw)
+    return make_rnn_case(cfg, T, B, lengths, seed=11, dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", ALL_CELLS)
+def test_wide_shapes_against_the_reference(mode):
+    compare(_wide_case(mode, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+@pytest.mark.parametrize("input_mode", ["linear_input", "skip_input"])
+def test_wide_shapes_dtypes_and_skip_input(dtype, input_mode):
+    compare(_wide_case("lstm", dtype, input_mode=input_mode))
+    compare(_wide_case("gru", dtype, input_mode=input_mode, direction="unidirectional", layers=1))
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_parallel_twin_gives_the_same_bits(monkeypatch, mode):
+    """The prange twin (each unit tile computed by one thread) equals the serial loop bit for bit."""
+    case = _wide_case(mode, np.float32)
+    monkeypatch.setattr(fused, "use_parallel", lambda *a: False)
+    serial = run_forward(case, "cpu")
+    monkeypatch.setattr(fused, "use_parallel", lambda *a: True)
+    par = run_forward(case, "cpu")
+    for name, a in named(serial).items():
+        assert a.tobytes() == named(par)[name].tobytes(), name
+
+
+@pytest.mark.parametrize("mode", ["lstm", "peephole_lstm", "rnn_relu"])
+def test_fused_and_blas_loops_agree(monkeypatch, mode):
+    """The fused loop and the BLAS loop it replaced agree (to float32 rounding; they sum in other orders),
+    and the backward (the same for both) gives the same gradients from either reserve."""
+    case = _wide_case(mode, np.float32)
+    got = run_forward(case, "cpu")
+    monkeypatch.setattr(network, "FUSED", False)
+    want = run_forward(case, "cpu")
+    for name, a in named(got).items():
+        assert relative_error(a, named(want)[name]) <= 1e-6, name
+    for a, b in zip(run_backward(case, got, "cpu"), run_backward(case, want, "cpu")):
+        assert relative_error(a, b) <= 1e-5
+
+
+@settings(QUICK, max_examples=25)
+@given(mode=st.sampled_from(ALL_CELLS), H=st.integers(1, 40), B=st.integers(1, 11), T=st.integers(1, 4),
+       bidirectional=st.booleans(), seed=st.integers(0, 2**16))
+def test_hypothesis_wide(mode, H, B, T, bidirectional, seed):
+    rng = np.random.default_rng(seed)
+    cfg = rnn_config(1, H, 3, mode, direction="bidirectional" if bidirectional else "unidirectional")
+    lengths = rng.integers(0, T + 1, size=B)
+    compare(make_rnn_case(cfg, T, B, lengths, seed=seed, dtype=np.float32))
