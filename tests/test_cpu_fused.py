@@ -84,15 +84,27 @@ def test_wide_shapes_dtypes_and_skip_input(dtype, input_mode):
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_parallel_twin_gives_the_same_bits(monkeypatch, mode):
-    """The prange twin (each unit tile computed by one thread) equals the serial loop bit for bit."""
+@pytest.mark.parametrize("groups", [2, 3, 5])
+def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
+    """Any number of row groups (the prange twins: each group runs its own time loop over its row tiles; 5 is
+    more groups than row tiles) gives the same bits as one group (the serial loops)."""
     case = _wide_case(mode, np.float32)
-    monkeypatch.setattr(fused, "use_parallel", lambda *a: False)
+    monkeypatch.setattr(fused, "row_groups", lambda *a: 1)
     serial = run_forward(case, "cpu")
-    monkeypatch.setattr(fused, "use_parallel", lambda *a: True)
+    serial = named(serial, run_backward(case, serial, "cpu"))
+    monkeypatch.setattr(fused, "row_groups", lambda *a: groups)
     par = run_forward(case, "cpu")
-    for name, a in named(serial).items():
-        assert a.tobytes() == named(par)[name].tobytes(), name
+    par = named(par, run_backward(case, par, "cpu"))
+    for name, a in serial.items():
+        assert a.tobytes() == par[name].tobytes(), name
+
+
+def test_group_rows_interleave_row_tiles():
+    order = np.array([7, 3, 0, 5, 1, 6, 2, 4, 8])
+    got = fused.group_rows(order, 2, 2)          # tiles [7 3] [0 5] [1 6] [2 4] [8]
+    assert got.tolist() == [[7, 3, 1, 6, 8], [0, 5, 2, 4, -1]]
+    assert fused.group_rows(order, 1, 4).tolist() == [order.tolist()]
+    assert fused.group_rows(order[:1], 3, 4).tolist() == [[7], [-1], [-1]]
 
 
 @pytest.mark.parametrize("mode", ["lstm", "peephole_lstm", "rnn_relu"])

@@ -12,7 +12,8 @@ The step loops below call them once per (active row b, unit j):
                     dh_direct, dc_prev = cell.backward(dm, dc[b, j], saved, v, h, c, c', dwx, drh, dv)
                     dwx -> dgx[t, b] ; drh (split gates) or dwx -> dgh_s[b] ; dv -> dv_acc[b] ; dc_prev -> dc
 
-`t = s` (forward direction) or `len[b]-1-s` (reverse), row b active iff s < len[b].
+`t = s` (forward direction) or `len[b]-1-s` (reverse), row b active iff s < len[b].  The backward runs the
+rows it is given (`rows`: all of them, or one row group of the fused loop, `fused.py`).
 
 Vectorized: a row's H units are taken in chunks of UNITS.  A chunk's inputs are gathered into scratch arrays
 on the stack ([G, UNITS] etc., `stack_buffer`), the cell runs once per lane u (unit j0+u) reading and writing
@@ -337,6 +338,7 @@ def backward_step(cell, compute: str, has_proj: bool, parallel: bool):
         s,        # int     step index (runs T-1 .. 0)
         d,        # int     direction
         lens,     # [B]     int32
+        rows,     # [n]     int64 the batch rows to run (all of them: np.arange(B); fused.py: one row group's)
         dy,       # [T, B, D*P]   gradient reaching the layer output
         y,        # [T, B, D*P]   layer output (reserve): h entering each step
         h0,       # [B, P]        initial h of this pseudo-layer
@@ -353,10 +355,10 @@ def backward_step(cell, compute: str, has_proj: bool, parallel: bool):
         dv_acc,   # [B, V, H]     cell-vector gradients, accumulated per row
     ):
         KEY  # noqa: B018  (the variant's fingerprint, see forward_step)
-        B = dh.shape[0]
         P = dh.shape[1]
         H = dgx.shape[2] // G
-        for b in prange(B):
+        for i in prange(rows.shape[0]):
+            b = rows[i]
             if s >= lens[b]:                    # inactive: no gradient through R, dh and dc carry
                 dgh_s[b, :] = zero
                 hp_s[b, :] = zero
@@ -425,7 +427,11 @@ def backward_step(cell, compute: str, has_proj: bool, parallel: bool):
     return cached_step(step, parallel, njit_function(cell.backward, compute), G, S, VL, U)
 
 
+def parallel_step(B: int, H: int) -> bool:
+    """Whether a step of B rows of H units runs the parallel twin (see PARALLEL_MIN_WORK)."""
+    return B * H >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 and B > 1
+
+
 def pick(factory, cell, compute, has_proj, B, H):
-    """The serial or parallel twin of a step loop for B rows of H units (see PARALLEL_MIN_WORK)."""
-    parallel = B * H >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 and B > 1
-    return factory(cell, str(compute), has_proj, parallel)
+    """The serial or parallel twin of a step loop for B rows of H units."""
+    return factory(cell, str(compute), has_proj, parallel_step(B, H))

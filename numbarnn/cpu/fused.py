@@ -41,6 +41,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import cells
+from .cells import accumulate, load
 
 #: vector registers the micro-kernel may fill with accumulators (of 32 with AVX-512, 16 with AVX2)
 ACCUMULATORS = {32: 16, 16: 12}
@@ -207,6 +208,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool):
         y,        # [T, B, D*H]    layer output
         acts,     # [T, B, S*H]    reserve: saved values
         cs,       # [T, B, H]      reserve: c'
+        groups,   # int     row groups run in parallel, each its own time loop (rows are independent)
     ):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
@@ -217,80 +219,79 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool):
         w_addr = i64(Wp.ctypes.data)
         r_addr = i64(Rp.ctypes.data)
         HP = hbuf.shape[2]
-        for s in range(n_active.shape[0]):
-            cur = s % 2
-            nxt = 1 - cur
-            n = n_active[s]
-            for jt_ in prange(NT):
-                jt = i64(jt_)
-                j0 = jt * LANES
-                nu = min(LANES, H - j0)             # units of this tile that exist
-                # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
-                xrows_p = rows_x(i64)
-                xrows = numba.carray(xrows_p, NR)   # [NR] addresses of the rows' x_t
-                hrows_p = rows_h(i64)
-                hrows = numba.carray(hrows_p, NR)   # [NR] addresses of the rows' h
-                rb = numba.carray(rows_b(i64), NR)  # [NR] batch row of each lane group
-                rt = numba.carray(rows_t(i64), NR)  # [NR] its time index
-                wx_p = lanes_w(acc)
-                wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
-                rh_p = lanes_r(acc)
-                rh = numba.carray(rh_p, (G, L))     # [G, L] R_g h + bR_g
-                v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
-                saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
-                h_prev = numba.carray(lanes_h(acc), L)       # [L] h
-                c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
-                m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
-                c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
-                for i0 in range(0, n, NR):
-                    for r in range(NR):
-                        b = order[i0 + r] if i0 + r < n else order[0]   # spare lanes: the longest row
-                        t = s if d == 0 else lens[b] - 1 - s
-                        rb[r] = b
-                        rt[r] = t
-                        xrows[r] = x_addr + ((t * B + b) * I) * ITEM
-                        hrows[r] = h_addr + ((cur * B + b) * HP) * ITEM
-                    # the products: G*NR accumulators over k (product_tile)
-                    if SKIP:                                 # x reaches every gate as it is (I == H)
-                        for g in range(G):
-                            for r in range(NR):
-                                for u in range(LANES):
-                                    wx[g, r * LANES + u] = x[rt[r], rb[r], j0 + u] if u < nu else zero
-                    else:
-                        tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p)
-                    tile_r(r_addr + jt * (H * G * LANES * ITEM), hrows_p, H, rh_p)
-                    # gather the lanes' other inputs (loops indexed by their counters: vectorized)
-                    for g in range(G):
+        for grp in prange(groups):                  # row group grp: row tiles grp, grp + groups, ...
+            # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
+            xrows_p = rows_x(i64)
+            xrows = numba.carray(xrows_p, NR)   # [NR] addresses of the rows' x_t
+            hrows_p = rows_h(i64)
+            hrows = numba.carray(hrows_p, NR)   # [NR] addresses of the rows' h
+            rb = numba.carray(rows_b(i64), NR)  # [NR] batch row of each lane group
+            rt = numba.carray(rows_t(i64), NR)  # [NR] its time index
+            wx_p = lanes_w(acc)
+            wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
+            rh_p = lanes_r(acc)
+            rh = numba.carray(rh_p, (G, L))     # [G, L] R_g h + bR_g
+            v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
+            saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
+            h_prev = numba.carray(lanes_h(acc), L)       # [L] h
+            c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
+            m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
+            c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
+            for s in range(n_active.shape[0]):
+                cur = s % 2
+                nxt = 1 - cur
+                n = n_active[s]
+                for jt in range(NT):
+                    j0 = jt * LANES
+                    nu = min(LANES, H - j0)         # units of this tile that exist
+                    for i0 in range(grp * NR, n, groups * NR):
                         for r in range(NR):
-                            for u in range(LANES):
-                                wx[g, r * LANES + u] += bW[g, j0 + u]
-                                rh[g, r * LANES + u] += bR[g, j0 + u]
-                    for k in range(V):
+                            b = order[i0 + r] if i0 + r < n else order[0]   # spare lanes: the longest row
+                            t = s if d == 0 else lens[b] - 1 - s
+                            rb[r] = b
+                            rt[r] = t
+                            xrows[r] = x_addr + ((t * B + b) * I) * ITEM
+                            hrows[r] = h_addr + ((cur * B + b) * HP) * ITEM
+                        # the products: G*NR accumulators over k (product_tile)
+                        if SKIP:                                 # x reaches every gate as it is (I == H)
+                            for g in range(G):
+                                for r in range(NR):
+                                    q = r * LANES
+                                    wx[g, q:q + LANES] = zero
+                                    load(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu)
+                        else:
+                            tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p)
+                        tile_r(r_addr + jt * (H * G * LANES * ITEM), hrows_p, H, rh_p)
+                        # gather the lanes' other inputs (loops over slices, indexed by their counters: vectorized;
+                        # indexing the big arrays directly would keep them scalar, see cells.py)
                         for r in range(NR):
-                            for u in range(LANES):
-                                v[k, r * LANES + u] = vec[k, j0 + u]
-                    for r in range(NR):
-                        for u in range(LANES):
-                            h_prev[r * LANES + u] = hbuf[cur, rb[r], j0 + u]
-                            c_prev[r * LANES + u] = cbuf[rb[r], j0 + u] if STATE else zero
-                    # the cell, one lane per (row, unit): reads and writes only the scratch
-                    for q in range(L):
-                        m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
-                                                       saved[:, q])
-                    # scatter the active rows' results
-                    for r in range(min(NR, n - i0)):
-                        b = rb[r]
-                        t = rt[r]
-                        for k in range(S):
-                            for u in range(nu):
-                                acts[t, b, k * H + j0 + u] = saved[k, r * LANES + u]
-                        for u in range(nu):
-                            hbuf[nxt, b, j0 + u] = m_out[r * LANES + u]
-                            y[t, b, d * H + j0 + u] = m_out[r * LANES + u]
-                        if STATE:
-                            for u in range(nu):
-                                cbuf[b, j0 + u] = c_out[r * LANES + u]
-                                cs[t, b, j0 + u] = c_out[r * LANES + u]
+                            q = r * LANES
+                            for g in range(G):
+                                accumulate(wx[g, q:q + LANES], bW[g, j0:j0 + LANES], LANES)
+                                accumulate(rh[g, q:q + LANES], bR[g, j0:j0 + LANES], LANES)
+                            for k in range(V):
+                                load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+                            load(h_prev[q:q + LANES], hbuf[cur, rb[r], j0:j0 + LANES], LANES)
+                            if STATE:
+                                load(c_prev[q:q + LANES], cbuf[rb[r], j0:j0 + LANES], LANES)
+                            else:
+                                c_prev[q:q + LANES] = zero
+                        # the cell, one lane per (row, unit): reads and writes only the scratch
+                        for q in range(L):
+                            m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
+                                                           saved[:, q])
+                        # scatter the active rows' results
+                        for r in range(min(NR, n - i0)):
+                            b = rb[r]
+                            t = rt[r]
+                            q = r * LANES
+                            for k in range(S):
+                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+                            load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
+                            load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                            if STATE:
+                                load(cbuf[b, j0:j0 + nu], c_out[q:q + nu], nu)
+                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
 
     tile = product_tile(compute, G, NR, LANES)
     extra = dict(tile_w=tile, tile_r=tile, rows_x=cells.stack_buffer(NR), rows_h=cells.stack_buffer(NR),
@@ -300,10 +301,142 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool):
     return cells.cached_step(loop, parallel, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
 
 
-#: a step of fewer multiply-adds than this runs the serial twin (a parallel region costs microseconds per step)
-PARALLEL_MIN_MACS = 1 << 18
+#: a call (one layer and direction) of fewer multiply-adds than this runs the serial twin (one row group)
+PARALLEL_MIN_MACS = 1 << 28
 
 
-def use_parallel(B: int, H: int, G: int, I: int) -> bool:
-    """The parallel twin for steps of at least PARALLEL_MIN_MACS multiply-adds, with more than one thread."""
-    return numba.get_num_threads() > 1 and -(-H // 16) > 1 and B * G * H * (I + H) >= PARALLEL_MIN_MACS
+def row_groups(B: int, NR: int, macs: int) -> int:
+    """Row groups for a call of B rows and `macs` multiply-adds: one per thread, at most one per tile of NR rows;
+    1 (the serial twin) below PARALLEL_MIN_MACS.
+
+    Batch rows are independent through a whole layer and direction, so each group runs its own time loop over
+    its row tiles with no synchronisation between steps: one parallel region per call.  Why not a parallel
+    region per step (over unit tiles): examples/char_lstm.py took 35 ms per training step with it against
+    15 ms serially, every region waiting for a thread that shares its core with OpenBLAS's threads, which
+    spin for ~0.1 s after every NumPy product (the example's output layer, the backward's weight gradients).
+    Row groups suffer from those threads too, less: char_lstm's calls (0.15 G multiply-adds, ~3 ms, all
+    inside that window) took 24-27 ms per training step in row groups against 16-18 serially, hence the
+    threshold; the bench's calls (0.3-6.7 G) gain (bench/results/cpu.md).  The backward runs its loops in
+    row groups only before its first BLAS product (network.backward)."""
+    if macs < PARALLEL_MIN_MACS:
+        return 1
+    return max(1, min(numba.get_num_threads(), -(-B // NR)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the backward: per step the cell's pointwise backward (cells.backward_step, the BLAS loop's own step), then
+# dh += dgh_s R by the micro-kernel, in one njit call per layer and direction
+# ---------------------------------------------------------------------------------------------------------------
+
+def column_vectors(P: int, compute) -> int:
+    """MV, vectors of LANES columns per column tile of the backward's product (up to 4, as the forward's G)."""
+    return max(1, min(4, -(-P // lanes_for(compute))))
+
+
+@njit(cache=True)
+def pack_columns(
+    R,        # [K, P]  (R: K = G*H rows, P columns)
+    out,      # [NC, K, MV, LANES] out: column tile ct holds columns (ct*MV + m)*LANES + u, zeros past P
+):
+    NC, K, MV, LANES = out.shape
+    P = R.shape[1]
+    for ct in range(NC):
+        for k in range(K):
+            for m in range(MV):
+                for u in range(LANES):
+                    col = (ct * MV + m) * LANES + u
+                    out[ct, k, m, u] = R[k, col] if col < P else 0.0
+
+
+def group_rows(order, groups: int, NR: int) -> np.ndarray:
+    """[groups, n] int64: row group g's rows, the row tiles g, g + groups, ... of `order` (rows by length,
+    longest first; tile i = order[i*NR : i*NR + NR]) one after another, so a group's rows are longest first
+    too and those active at a step are a prefix; -1 pads the shorter groups."""
+    B = len(order)
+    tiles = -(-B // NR)
+    per_group = [np.concatenate([order[i * NR:(i + 1) * NR] for i in range(g, tiles, groups)] or [order[:0]])
+                 for g in range(groups)]
+    out = np.full((groups, max(len(r) for r in per_group)), -1, dtype=np.int64)
+    for g, r in enumerate(per_group):
+        out[g, :len(r)] = r
+    return out
+
+
+@functools.cache
+def backward_loop(cell, compute: str, parallel: bool, MV: int):
+    """The backward of one layer and direction without a projection.  Per row group (in parallel, each its
+    own time loop: rows are independent), per step s = steps-1 .. 0:
+
+        cells.backward_step(...)            the pointwise backward of the group's rows: dgx[t], dgh[s], hp[s],
+                                            dh (the part that bypasses R), dc, dv_acc (the BLAS loop's step)
+        dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NR rows per product_tile call,
+                                            column tiles of MV*LANES columns
+    """
+    acc = np.dtype(compute).type
+    i64 = np.int64
+    LANES = lanes_for(compute)
+    NR = rows_for(MV)
+    ITEM = np.dtype(compute).itemsize
+    step = cells.backward_step(cell, compute, False, False)
+    KEY = cells.variant_key(cell, compute, False, parallel) + f"fused backward {LANES} {NR} {MV}"
+
+    def loop(
+        d,        # int     direction
+        lens,     # [B]     int32
+        groups,   # [NG, n] int64 each row group's rows, longest first (-1 pads), `group_rows`
+        dy,       # [T, B, D*P]   gradient reaching the layer output
+        y,        # [T, B, D*P]   layer output (reserve)
+        h0,       # [B, P]
+        c0,       # [B, H]
+        acts,     # [T, B, S*H]   reserve: saved values
+        cs,       # [T, B, H]     reserve: c'
+        vec,      # [V, H]
+        dh,       # [B, P]        in: dhT; out: dh0
+        dc,       # [B, H]        in: dcT; out: dc0
+        dgx,      # [T, B, G*H]   out (t layout)
+        dgh,      # [T, B, G*H]   out (s layout)
+        hp,       # [T, B, P]     out: h entering step s (s layout)
+        dv_acc,   # [B, V, H]     cell-vector gradients, accumulated
+        RTp,      # [NC, G*H, MV, LANES] R's columns packed (`pack_columns`)
+        steps,    # int     the longest length
+    ):
+        KEY  # noqa: B018  (the variant's fingerprint, see forward_loop)
+        B = dh.shape[0]
+        P = dh.shape[1]
+        K = RTp.shape[1]
+        NC = RTp.shape[0]
+        no_proj = dh[:0]                        # [0, P] the step's dm_proj, unused without a projection
+        dgh_addr = i64(dgh.ctypes.data)
+        r_addr = i64(RTp.ctypes.data)
+        for grp in prange(groups.shape[0]):
+            size = 0                            # the group's rows (the rest of its line is -1)
+            while size < groups.shape[1] and groups[grp, size] >= 0:
+                size += 1
+            rows_g = groups[grp, :size]
+            rows_p = rows_d(i64)
+            rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
+            out_p = lanes_w(acc)
+            out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
+            for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
+                step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, no_proj, dh, dc, dgx, dgh[s], hp[s],
+                        dv_acc)
+                n = 0                                    # the group's rows active at s: a prefix
+                while n < size and lens[rows_g[n]] > s:
+                    n += 1
+                for i0 in range(0, n, NR):
+                    for r in range(NR):
+                        b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row
+                        rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
+                    for ct in range(NC):
+                        tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                        for r in range(min(NR, n - i0)):
+                            b = rows_g[i0 + r]
+                            for m in range(MV):
+                                c0_ = (ct * MV + m) * LANES
+                                nc = min(LANES, P - c0_)
+                                if nc > 0:
+                                    accumulate(dh[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
+
+    extra = dict(step_fn=step, tile=product_tile(compute, MV, NR, LANES), rows_d=cells.stack_buffer(NR),
+                 lanes_w=cells.stack_buffer(MV * NR * LANES))
+    return cells.cached_step(loop, parallel, None, 1, 1, 1, 1, **extra)

@@ -111,8 +111,10 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, lens, order, n_a
     hbuf.fill(0)
     hbuf[0, :, :H] = h
     cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
-    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, fused.use_parallel(B, H, G, x_l.shape[2]))
-    loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs)
+    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * G * H * (x_l.shape[2] + H))
+    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, groups > 1)
+    loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
+         groups)
     ran = lens > 0                                             # rows that ran: h is their last output
     t_last = np.where(d == 0, lens - 1, 0)
     h[ran] = y[t_last[ran], np.nonzero(ran)[0], d * H:(d + 1) * H]
@@ -203,17 +205,22 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     steps = int(lens.max()) if B else 0
     padded = B > 0 and int(lens.min()) < T                    # some [t, b] never run: their dgx must be 0
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
+    all_rows = np.arange(B, dtype=np.int64)
+    use_fused = FUSED and not cfg.has_proj and steps > 0
+    if use_fused:
+        MV = fused.column_vectors(P, ct)
+        NR = fused.rows_for(MV)
+        macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
+        by_length = np.argsort(-lens, kind="stable")
+        group_rows = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
+        serial_rows = fused.group_rows(by_length, 1, NR)
+    blas_used = False                                        # OpenBLAS's threads spin after a product
     scale = ct.type(dropout_scale(cfg.dropout))
     # scratch (workspace.py): every element read is written first in each direction (steps < T are zeroed,
     # inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled below)
-    dgx = scratch("dgx", (T, B, G * H), ct)                  # [T, B, G*H] W-side grads (t layout)
-    dgh = scratch("dgh", (T, B, G * H), ct)                  # [T, B, G*H] R-side grads (s layout)
-    hp = scratch("hp", (T, B, P), ct)                        # [T, B, P]   h entering step s (s layout)
     tmp = scratch("tmp", (B, P), ct)                         # [B, P]      dgh_s @ R
     dht = scratch("dht", (B, P), ct)                         # [B, P]      projection: dy + dh of a step
     dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
-    dh_all = scratch("dh_all", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
-    dv_acc = scratch("dv_acc", (B, max(V, 0), H), ct)        # [B, V, H]
     no_vec = np.zeros((0, H), dtype=ct)
     none3 = np.zeros((0, 0, 0), dtype=ct)
     dy_l = dy
@@ -232,15 +239,24 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         # (scratch named by parity: layer l reads dy_l, layer l+1's dx, while it writes its own)
         dx_l = np.empty((T, B, I_l), dtype=ct) if layer == 0 else scratch(f"dx{layer % 2}", (T, B, I_l), ct)
         dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
+        # pass 1, the time loops of every direction; pass 2, their weight gradients and dx (BLAS): the loops
+        # of a call's top layer then run before any BLAS product of the call (see fused.row_groups)
+        grads = []
         for d in range(D):
             p = layer * D + d
-            lp, dlp = layers[p], dlayers[p]
+            lp = layers[p]
             acts = saved[f"acts{layer}"][d]
             cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
             vec = lp.V if lp.V is not None else no_vec
             dh = dh0[p]
             dc = dc0[p] if dc0 is not None else dm
             c0p = c0[p] if c0 is not None else dm
+            dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] W-side grads (t layout)
+            dgh = scratch(f"dgh{d}", (T, B, G * H), ct)       # [T, B, G*H] R-side grads (s layout)
+            hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
+            dv_acc = scratch(f"dv_acc{d}", (B, max(V, 0), H), ct)           # [B, V, H]
+            dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
+            grads.append((dgx, dgh, hp, dv_acc, dh_all))
             if padded:
                 dgx.fill(0)
             if steps < T:                                    # steps never run stay 0 in the s layout
@@ -249,13 +265,24 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             if dh_all is not None:
                 dh_all.fill(0)
             dv_acc.fill(0)
-            for s in reversed(range(steps)):
+            if use_fused:
+                LANES = fused.lanes_for(ct)
+                RTp = scratch("fused_RTp", (-(-P // (MV * LANES)), G * H, MV, LANES), ct)   # R by column tiles
+                fused.pack_columns(lp.R, RTp)
+                rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
+                loop = fused.backward_loop(cfg.cell, str(ct), rows.shape[0] > 1, MV)
+                loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps)
+            for s in reversed(range(steps) if not use_fused else ()):
                 if cfg.has_proj:
                     total_dh(s, d, lens, dy_l, dh, dht, dh_all)
                     np.matmul(dht, lp.W_proj, out=dm)
-                step(s, d, lens, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
+                step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
+                     dv_acc)
                 np.matmul(dgh[s], lp.R, out=tmp)
                 np.add(dh, tmp, out=dh)
+        for d, (dgx, dgh, hp, dv_acc, dh_all) in enumerate(grads):
+            p = layer * D + d
+            lp, dlp = layers[p], dlayers[p]
             # weight gradients: single big matmuls over all steps and rows
             gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
             dx_part = dx_l.reshape(T * B, I_l) if d == 0 else dx_d      # the first direction writes dx_l
@@ -273,6 +300,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
             if lp.V is not None:
                 np.sum(dv_acc, axis=0, out=dlp.V)
+        blas_used = True
         if layer == 0:
             dx = dx_l
         else:
