@@ -1,7 +1,15 @@
-"""The "cpu" backend: BLAS for the big products, numba.njit for the fused pointwise cell math.
+"""The "cpu" backend: fused numba time loops for every step, BLAS for the big products.
 
 Per layer l and direction d (the reference's structure, `numbarnn/reference/network.py`, without its float64
-copies and per-step fancy indexing):
+copies and per-step fancy indexing), without a projection (`fused.py`):
+
+    forward:  one njit call: per step, per unit tile and tile of rows, W x_t and R h by an LLVM-IR
+              micro-kernel (register-blocked fused multiply-adds), then the cell's own pointwise forward
+              (bias added there), writing c, h, y and the reserve; no BLAS, no Python per step
+    backward: one njit call: per step the njit pointwise backward writes dgx [t, b] and dgh [s, b], then
+              dh += dgh_s R by the same micro-kernel; after the loops dW, dR and dx as single BLAS matmuls
+
+With a projection (the BLAS loops, as before the fused ones):
 
     gx = x_l @ W^T                        one BLAS matmul over all T steps        [T, B, G*H]
     for step s = 0 .. T-1:
@@ -10,12 +18,12 @@ copies and per-step fancy indexing):
         forward_step(...)                 njit: for active rows (s < len[b]) and every unit j, the cell's own
                                           pointwise `forward` (bias added here), writes c, h, y and the reserve;
                                           vectorized over units (chunks through stack scratch, see cells.py)
-        (projection: h' = m @ W_proj^T by BLAS, then `commit_projection` for the active rows)
-    backward mirrors it: per step the njit pointwise backward writes dgx [t, b] and dgh [s, b] (0 for
-    inactive rows), then dh += dgh_s @ R (BLAS); after the loop dW, dR, dW_proj, dx as single big matmuls.
+        h' = m @ W_proj^T by BLAS, then `commit_projection` for the active rows
+    backward mirrors it: per step W_proj^T (dy + dh) by BLAS, the njit pointwise backward, dh += dgh_s @ R
+    (BLAS); after the loop dW, dR, dW_proj, dx as single big matmuls.
 
-Rows past their length carry their state (the njit loop skips them) and their outputs stay 0; no row is ever
-copied or gathered.  Nothing is allocated per step; scratch (W x_t for all steps, the backward's dgx, dgh, ...,
+Rows past their length carry their state (the njit loops skip them) and their outputs stay 0; no row is ever
+copied or gathered (the fused loops visit rows longest first through an index).  Nothing is allocated per step; scratch (W x_t for all steps, the backward's dgx, dgh, ...,
 and the whole reserve-shaped buffer of an inference call) comes from a per-thread workspace kept across calls
 (`workspace.py`: a fresh 26 MB array costs tens of ms of page faults here, reused memory nothing); only what a
 call returns is allocated per call.  `numbarnn.cpu.workspace.release()` frees the scratch.
@@ -23,10 +31,12 @@ call returns is allocated per call.  `numbarnn.cpu.workspace.release()` frees th
 Compute dtype: float64 for float64, float32 for float32 and float16 (float16 inputs are converted once on the
 way in, results once on the way out; the reserve is stored in the call's dtype, as ops.py expects).
 
-Threads: BLAS uses its own pool (OpenBLAS: OPENBLAS_NUM_THREADS / threadpoolctl); the njit loops run in
-parallel over batch rows (``prange``) with numba's thread count: ``numba.set_num_threads(n)`` at run time or
-NUMBA_NUM_THREADS before import (default: all cores).  Small problems (B*H < PARALLEL_MIN_WORK) use a serial
-twin of the same loop: a parallel region costs microseconds to start and much longer to compile.
+Threads: the fused loops split the batch rows over numba's threads (``numba.set_num_threads(n)`` at run time
+or NUMBA_NUM_THREADS before import; default: all cores), one parallel region per call, each thread its own
+time loop (`fused.row_groups`), for calls of 2^28 multiply-adds or more (smaller calls run on one thread:
+OpenBLAS's threads, spinning for ~0.1 s after any NumPy product, take the core a second thread would need).
+BLAS uses its own pool (OpenBLAS: OPENBLAS_NUM_THREADS / threadpoolctl); the BLAS loops' njit steps run in
+parallel over rows only for very wide steps (B*H >= cells.PARALLEL_MIN_WORK).
 On a machine whose cores are busy with other processes, OpenBLAS's threads make every per-step product wait
 for a descheduled thread: measured (2 cores, load ~3.5) examples/char_lstm.py 40-46 ms per training step
 with OPENBLAS_NUM_THREADS=1, 200-237 ms with 2 (the reference backend: 67 and 406 ms).  Set
@@ -36,8 +46,8 @@ Compile: every njit function is cached on disk (numba ``cache=True``; the per-ce
 a fingerprint of the cell's code, `cells.variant_key`), so only the first process after an install or a change
 compiles (seconds); later processes load the machine code.
 
-Modules: `cells.py` (njit twins of the cell helpers, per-cell step loops), `network.py` (the layer/direction/
-step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'
+Modules: `fused.py` (the fused loops and their micro-kernel), `cells.py` (njit twins of the cell helpers,
+per-cell step loops), `network.py` (the layer/direction/step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'
 Philox device functions compiled for the CPU), `backend.py` (the backend contract), `workspace.py` (scratch
 kept across calls).
 """

@@ -1,32 +1,37 @@
-"""The fused forward time loop: one njit call per layer and direction, no BLAS, no Python per step.
+"""Fused time loops: one njit call per layer and direction, no BLAS and no Python per step.
 
-Why: the BLAS forward (`network.py`: x W^T for all steps, then per step R h^T by OpenBLAS and the njit
-pointwise loop) spends its time in three places that a fused loop removes (LSTM T=100 B=32 I=H=512,
-float32, 2 cores, bench/results/cpu.md): OpenBLAS packs R again at every per-step call (4 MB; the per-step
-products run at ~150 GFLOP/s against ~190 for the big GEMM); W x_t for all steps and the reserve go through
-DRAM between the GEMM and the pointwise loop (the loop runs 23-31 ms streaming, 12-14 ms with its data in
-cache); and the pointwise loop runs on one core while OpenBLAS's other thread spins.
+Why: the BLAS loop (`network.py`: x W^T for all steps by OpenBLAS, then per step R h^T by OpenBLAS and the
+njit pointwise loop) loses time in three places (LSTM T=100 B=32 I=H=512, float32, 2 cores): OpenBLAS packs R
+again at every per-step call (4 MB; the per-step products run at ~150-160 GFLOP/s against ~190 for the big
+GEMM); W x_t for all steps goes through DRAM between the GEMM and the pointwise loop (the pointwise loop
+alone: 23-31 ms reading it from memory, 12-14 ms with its data in cache); and the pointwise loop runs on one
+core while OpenBLAS's other thread spins.
 
-What it does instead: W and R are packed once per call into unit tiles (`pack`: the G gates of LANES units
-side by side for every k, zeros past H), and per step, in parallel over unit tiles, for every tile of NR
-batch rows:
+Forward (`forward_loop`).  W and R are packed once per call into unit tiles (`pack`: the G gates of LANES
+units side by side for every k, zeros past H).  Per step, per unit tile j0 and tile of NR batch rows:
 
     acc_w[g, r, u] = sum_k W[g*H + j0+u, k] x[t_r, b_r, k]     `product_tile` (the micro-kernel below)
-    acc_r[g, r, u] = sum_k R[g*H + j0+u, k] h[b_r, k]          the same, over h (double-buffered)
-    the cell's pointwise forward on the NR*LANES lanes (acc + biases), results scattered to y, c, reserve
+    acc_r[g, r, u] = sum_k R[g*H + j0+u, k] h[b_r, k]          the same over h (double-buffered)
+    the cell's own pointwise forward on the NR*LANES lanes (acc + biases); results to y, c, the reserve
 
-The micro-kernel keeps G*NR vector accumulators in registers across the k loop (one vector load per gate,
-one broadcast per row, G*NR fused multiply-adds per k): it is written in LLVM IR through llvmlite (numba's
-own code generator) because LLVM does not find that register blocking from a scalar loop (the numba loop
-versions of stop 15 reached 2-15 GFLOP/s).  Measured, R h^T for B=32, H=512, 100 steps, float32, 2 cores:
-the micro-kernel 30-32 ms (220 GFLOP/s), OpenBLAS 41-44 ms (162 GFLOP/s) (`python bench/bench_cpu_fused.py`).
+Backward (`backward_loop`).  Per step (s = steps-1 .. 0): the cell's pointwise backward of the rows
+(`cells.backward_step`, the BLAS loop's own), then dh[b] += dgh_s[b] R by the same micro-kernel over R's
+columns (`pack_columns`).  The weight gradients and dx stay single big BLAS products after the loops.
 
-Rows: sorted by length once per call (longest first), so the rows active at step s are a prefix of that
-order (`n_active[s]` of them) and a step computes only ceil(n_active[s] / NR) row tiles; a partial tile's
-spare lanes recompute the longest row and are not written.  Units: a partial last tile computes zeros (packed
+The micro-kernel keeps G*NR vector accumulators in registers across the k loop (per k: one vector load per
+gate, one broadcast per row, G*NR fused multiply-adds).  It is written in LLVM IR through llvmlite (numba's
+own code generator) because LLVM does not find that register blocking in a scalar loop (numba loop versions
+of it, stop 15: 2-15 GFLOP/s).  Measured (`python bench/bench_cpu_fused.py`): R h^T for B=32, H=512, 100
+steps, float32, one core 58.6 ms = 114 GFLOP/s, this machine's FMA peak, two cores 30.4 ms; OpenBLAS 41.4 ms.
+
+Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups`
+(one parallel region per call, each group its own time loop over its row tiles; why not a region per step:
+see row_groups).  Rows are sorted by length once per call (longest first), so the rows active at step s
+are a prefix (`n_active[s]`) and a step runs only the active row tiles; a partial tile's spare lanes
+recompute the longest row and are not written.  Units: a partial last tile computes on zeros (packed
 weights, biases and the padded columns of the h and c buffers are 0) and writes only its first H - j0 lanes.
 
-Used for every cell without a projection (network.forward picks it; a projection keeps the BLAS loop).
+Used for every cell without a projection (network.py; a projection keeps the BLAS loops).
 """
 from __future__ import annotations
 

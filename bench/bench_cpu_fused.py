@@ -1,0 +1,113 @@
+"""The cpu backend's fused loops against the BLAS loops they replaced (issue 9), in one process.
+
+1. The per-step recurrent product alone, R h^T for all rows, T steps: `fused.product_tile` (the LLVM-IR
+   micro-kernel; one thread, then the rows split over numba's threads) against OpenBLAS (np.matmul out=).
+2. The whole op, forward (inference) and backward, with `network.FUSED` True (the fused loops) and False (the
+   BLAS loops), interleaved rounds with a pause before each turn (OpenBLAS's threads spin for ~0.1 s after a
+   product: see bench_cpu.py).  Both validated against each other first.
+
+    python bench/bench_cpu_fused.py [--reps 7] [--pause 0.2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from numbarnn.cpu import fused, network
+from numbarnn.testing import relative_error, run_backward, run_forward
+
+
+def product_only(T=100, B=32, H=512, G=4, reps=7, pause=0.2):
+    """ms per T steps of R h^T: micro-kernel on 1 thread, on all threads (rows split), OpenBLAS."""
+    ct = np.float32
+    LANES, NR = fused.lanes_for(ct), fused.rows_for(G)
+    tile = fused.product_tile("float32", G, NR, LANES)
+    NT = -(-H // LANES)
+    rng = np.random.default_rng(0)
+    R = (rng.standard_normal((G * H, H)) * 0.05).astype(ct)     # [G*H, H]
+    h = rng.standard_normal((B, H)).astype(ct)                  # [B, H]
+    Rp = np.empty((NT, H, G, LANES), ct)                        # [NT, H, G, LANES]
+    fused.pack(R, Rp)
+    rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, B, NR)], np.int64)  # [B/NR, NR]
+    out = np.empty((NT, B // NR, G, NR, LANES), ct)
+
+    def make(parallel):
+        @njit(parallel=parallel)
+        def run(Rp, rows, out, steps):
+            panel = Rp.shape[1] * Rp.shape[2] * Rp.shape[3] * 4
+            for _ in range(steps):
+                for bt in prange(rows.shape[0]):
+                    for jt in range(Rp.shape[0]):
+                        tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[1], out[jt, bt].ctypes.data)
+        return run
+
+    one, par = make(False), make(True)
+    ghT, hT = np.empty((G * H, B), ct), np.ascontiguousarray(h.T)
+    want = R @ h.T
+    one(Rp, rows, out, 1)
+    got = out.transpose(2, 0, 4, 1, 3).reshape(G * H, B)        # [g, jt, u] x [bt, r]
+    assert relative_error(got, want) < 1e-5
+    variants = {"micro-kernel, 1 thread": lambda: one(Rp, rows, out, T),
+                f"micro-kernel, {numba.get_num_threads()} threads": lambda: par(Rp, rows, out, T),
+                "OpenBLAS np.matmul": lambda: [np.matmul(R, hT, out=ghT) for _ in range(T)]}
+    par(Rp, rows, out, 1)
+    times = {k: [] for k in variants}
+    for _ in range(reps):
+        for k, f in variants.items():
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            f()
+            times[k].append(1e3 * (time.perf_counter() - t0))
+    flops = 2.0 * G * H * H * B * T
+    print(f"R h^T, T={T} B={B} H={H} G={G} float32, median (min) of {reps}:")
+    for k, v in times.items():
+        print(f"  {k:28s} {np.median(v):7.1f} ({min(v):6.1f}) ms  {flops / min(v) / 1e6:6.0f} GFLOP/s at best")
+
+
+def whole_op(reps=7, pause=0.2):
+    from bench_cpu import SHAPES, make_case          # the bench's shapes and contracting weights
+    print(f"whole op, float32, median (min) of {reps} interleaved rounds, ms:")
+    for shape in (SHAPES[0], SHAPES[3], SHAPES[1]):
+        label, case = shape.label, make_case(shape)
+        times, outs = {}, {}
+        for flag in (True, False):
+            network.FUSED = flag
+            outs[flag] = run_forward(case, "cpu")
+            run_backward(case, outs[flag], "cpu")
+        assert relative_error(outs[True][0], outs[False][0]) < 2e-6, label
+        for _ in range(reps):
+            for flag in (True, False):
+                network.FUSED = flag
+                time.sleep(pause)
+                t0 = time.perf_counter()
+                run_forward(case, "cpu")
+                t1 = time.perf_counter()
+                time.sleep(pause)
+                t2 = time.perf_counter()
+                run_backward(case, outs[flag], "cpu")
+                t3 = time.perf_counter()
+                times.setdefault(flag, ([], []))[0].append(1e3 * (t1 - t0))
+                times[flag][1].append(1e3 * (t3 - t2))
+        network.FUSED = True
+        for flag, (f, b) in times.items():
+            print(f"  {label:46s} {'fused' if flag else 'BLAS ':5s} forward {np.median(f):6.1f} ({min(f):6.1f})"
+                  f"  backward {np.median(b):6.1f} ({min(b):6.1f})")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--pause", type=float, default=0.2)
+    args = ap.parse_args(argv)
+    print(f"numba threads {numba.get_num_threads()}, {fused.simd_bytes() * 8}-bit vectors, "
+          f"LANES={fused.lanes_for(np.float32)} NR={fused.rows_for(4)} (float32 LSTM)")
+    product_only(reps=args.reps, pause=args.pause)
+    whole_op(reps=args.reps, pause=args.pause)
+
+
+if __name__ == "__main__":
+    main()
