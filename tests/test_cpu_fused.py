@@ -7,6 +7,8 @@ in the serial and the parallel twin, against the reference and against the BLAS 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -73,7 +75,9 @@ def _wide_case(mode, dtype, **kw):
 
 @pytest.mark.parametrize("mode", ALL_CELLS)
 def test_wide_shapes_against_the_reference(mode):
-    compare(_wide_case(mode, np.float32))
+    case = _wide_case(mode, np.float32)
+    compare(case)
+    compare(replace(case, is_training=False))          # inference: the loop writes no reserve
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])

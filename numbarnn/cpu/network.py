@@ -70,17 +70,21 @@ def _input_projection(lp, x_l, G, out):
 
 
 def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
-    """A zeroed buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views: a new
-    array for training (it is returned), workspace scratch for inference (the step loops write the same
-    arrays; only the output leaves the call, copied)."""
+    """A buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views: a new zeroed array
+    for training (it is returned), workspace scratch for inference (the step loops write the same arrays;
+    only the output leaves the call, copied; only the y entries are zeroed)."""
     entries = reserve_entries(call)
     size = sum(e.size for e in entries)
     if call.is_training:
         flat = np.zeros(size, dtype=ct)
     else:
         flat = scratch("reserve", (size,), ct)
-        flat.fill(0)
-    return flat, {e.name: flat[e.offset:e.offset + e.size].reshape(e.shape) for e in entries}
+    views = {e.name: flat[e.offset:e.offset + e.size].reshape(e.shape) for e in entries}
+    if not call.is_training:                                 # only the outputs are read: y is 0 where no
+        for name, view in views.items():                     # step runs; the saved values are not kept
+            if name.startswith("y"):
+                view.fill(0)
+    return flat, views
 
 
 #: run the fused forward loop (`fused.py`) where it applies (no projection); False: the BLAS loop below
@@ -112,7 +116,7 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, lens, order, n_a
     hbuf[0, :, :H] = h
     cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
     groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * G * H * (x_l.shape[2] + H))
-    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, groups > 1)
+    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, groups > 1, call.is_training)
     loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
          groups)
     ran = lens > 0                                             # rows that ran: h is their last output
