@@ -69,7 +69,10 @@ def product_only(T=100, B=32, H=512, G=4, reps=7, pause=0.2):
 
 
 def whole_op(reps=7, pause=0.2):
-    from bench_cpu import SHAPES, make_case          # the bench's shapes and contracting weights
+    from bench_cpu import (  # the bench's shapes and contracting weights
+        SHAPES,
+        make_case,
+    )
     print(f"whole op, float32, median (min) of {reps} interleaved rounds, ms:")
     for shape in (SHAPES[0], SHAPES[3], SHAPES[1]):
         label, case = shape.label, make_case(shape)

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cpu_backend import ALL_CELLS, QUICK, compare, named
 
 import numbarnn.contrib.cifg_lstm
 import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn.config import rnn_config
 from numbarnn.cpu import fused, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
-from test_cpu_backend import ALL_CELLS, QUICK, compare, named
 
 
 @pytest.mark.parametrize("compute", ["float32", "float64"])
@@ -62,7 +62,7 @@ def test_pack_lays_out_unit_tiles_with_zeros_past_H():
 
 def _wide_case(mode, dtype, **kw):
     """H spans two full unit tiles and a partial one; B two full row tiles and a partial one."""
-    cfg_kw = dict(direction="bidirectional", dropout=0.3, seed=3, seed2=4) | kw
+    cfg_kw = {"direction": "bidirectional", "dropout": 0.3, "seed": 3, "seed2": 4} | kw
     LANES = fused.lanes_for(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
     NR = fused.rows_for(rnn_config(1, 4, 4, mode).G)
     H, B, T = 2 * LANES + 3, 2 * NR + 1, 5

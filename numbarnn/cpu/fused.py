@@ -180,6 +180,13 @@ def pack(
                         out[jt, k, g, u] = 0.0
 
 
+# Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
+# pointwise function, the micro-kernels, the backward's step loop and the stack scratch of each loop's sizes.
+pointwise = tile = tile_w = tile_r = step_fn = None
+rows_x = rows_h = rows_b = rows_t = rows_d = None
+lanes_w = lanes_r = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = lanes_S = None
+
+
 @functools.cache
 def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: bool = True):
     """The fused forward of one layer and direction for `cell` (see the module docstring); `save` False (an
@@ -304,10 +311,12 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                                     load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
 
     tile = product_tile(compute, G, NR, LANES)
-    extra = dict(tile_w=tile, tile_r=tile, rows_x=cells.stack_buffer(NR), rows_h=cells.stack_buffer(NR),
-                 rows_b=cells.stack_buffer(NR), rows_t=cells.stack_buffer(NR), lanes_w=cells.stack_buffer(G * L),
-                 lanes_r=cells.stack_buffer(G * L), lanes_h=cells.stack_buffer(L), lanes_c=cells.stack_buffer(L),
-                 lanes_m=cells.stack_buffer(L), lanes_o=cells.stack_buffer(L))
+    extra = {"tile_w": tile, "tile_r": tile, "lanes_w": cells.stack_buffer(G * L),
+             "lanes_r": cells.stack_buffer(G * L)}
+    for name in ("rows_x", "rows_h", "rows_b", "rows_t"):
+        extra[name] = cells.stack_buffer(NR)
+    for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_o"):
+        extra[name] = cells.stack_buffer(L)
     return cells.cached_step(loop, parallel, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
 
 
@@ -356,6 +365,11 @@ def pack_columns(
                 for u in range(LANES):
                     col = (ct * MV + m) * LANES + u
                     out[ct, k, m, u] = R[k, col] if col < P else 0.0
+
+
+def rows_by_length(lens) -> np.ndarray:
+    """[B] int64: the batch rows, longest first (stable): the rows active at any step are a prefix."""
+    return np.argsort(-np.asarray(lens), kind="stable").astype(np.int64)
 
 
 def group_rows(order, groups: int, NR: int) -> np.ndarray:
@@ -447,6 +461,6 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int):
                                 if nc > 0:
                                     accumulate(dh[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
 
-    extra = dict(step_fn=step, tile=product_tile(compute, MV, NR, LANES), rows_d=cells.stack_buffer(NR),
-                 lanes_w=cells.stack_buffer(MV * NR * LANES))
+    extra = {"step_fn": step, "tile": product_tile(compute, MV, NR, LANES), "rows_d": cells.stack_buffer(NR),
+             "lanes_w": cells.stack_buffer(MV * NR * LANES)}
     return cells.cached_step(loop, parallel, None, 1, 1, 1, 1, **extra)

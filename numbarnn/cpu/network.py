@@ -100,7 +100,7 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, lens, order, n_a
     LANES = fused.lanes_for(ct)
     NT = -(-H // LANES)
     HP = NT * LANES
-    padded = lambda name, rows, src: _padded(scratch(name, (rows, HP), ct), src)   # noqa: E731
+    padded = lambda name, rows, src: _padded(scratch(name, (rows, HP), ct), src)
     Rp = scratch("fused_Rp", (NT, H, G, LANES), ct)           # [NT, H, G, LANES] R by unit tiles
     fused.pack(lp.R, Rp)
     if lp.W is not None:
@@ -134,31 +134,49 @@ def _padded(buf, src):
     return buf
 
 
-def forward(call: RNNCall, x, h0, c0, params, ct):
-    """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params [N] (all ct)
-    -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
+def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct):
+    """One layer and direction by BLAS products and the njit step loop (with a projection, or FUSED False):
+    h_state [B, P] and c_state [B, H] (or None) are updated in place."""
     cfg, T, B = call.config, call.T, call.B
-    H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
-    lens = call.lengths_array().astype(np.int32)
-    layers = unpack(cfg, params)
-    flat, saved = buffers(call, ct)
-    hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
-    cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
-    steps = int(lens.max()) if B else 0                       # no step past the longest sequence
+    H, P, G = cfg.H, cfg.P, cfg.G
     step = cells.pick(cells.forward_step, cfg.cell, ct, cfg.has_proj, B, H)
     # R h is computed as R @ h^T -> [G*H, B] (M = G*H, N = B): on OpenBLAS 40% faster than h @ R^T for
     # B=32, G*H=2048 (44 vs 73 ms per 100 steps, bench/results/cpu.md); the step loops read both through
     # transposed views, so the state h lives as hT_buf [P, B] during a direction's time loop.
     ghT = scratch("ghT", (G * H, B), ct)                     # [G*H, B] R h of one step, transposed
     hT_buf = scratch("hT", (P, B), ct)                       # [P, B]   the state h, transposed
-    gx = scratch("gx", (T, B, G * H), ct)                    # [T, B, G*H] W x_t, reused per direction
+    gx = scratch("gx", (T, B, G * H), ct)                    # [T, B, G*H] W x_t
     m_step = scratch("m_step", (B, H), ct)                   # [B, H]   projection input of one step
     h_new = scratch("h_new", (B, P), ct)                     # [B, P]   W_proj m of one step
-    no_vec = np.zeros((0, H), dtype=ct)
+    _input_projection(lp, x_l, G, gx)
+    h = hT_buf.T                                             # [B, P] view of the transposed state
+    h[...] = h_state
+    c = c_state if c_state is not None else m_step
+    vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
+    for s in range(steps):
+        np.matmul(lp.R, hT_buf, out=ghT)
+        step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
+        if cfg.has_proj:
+            np.matmul(m_step, lp.W_proj.T, out=h_new)
+            commit_projection(s, d, lens, h_new, h, y)
+    h_state[...] = h
+
+
+def forward(call: RNNCall, x, h0, c0, params, ct):
+    """x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or None, params [N] (all ct)
+    -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
+    cfg, T, B = call.config, call.T, call.B
+    P, D = cfg.P, cfg.D
+    lens = call.lengths_array().astype(np.int32)
+    layers = unpack(cfg, params)
+    flat, saved = buffers(call, ct)
+    hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
+    cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
+    steps = int(lens.max()) if B else 0                       # no step past the longest sequence
     none3 = np.zeros((0, 0, 0), dtype=ct)
     use_fused = FUSED and not cfg.has_proj and steps > 0
     if use_fused:
-        order = np.argsort(-lens, kind="stable").astype(np.int64)        # [B] longest first
+        order = fused.rows_by_length(lens)                                # [B] longest first
         n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)   # [steps]
 
     x_l = x
@@ -170,26 +188,14 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
         y = saved[f"y{layer}"]                               # [T, B, D*P], zero at padded positions
         for d in range(D):
             p = layer * D + d
-            lp = layers[p]
             acts = saved[f"acts{layer}"][d]
             cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
+            c_state = cT[p] if cT is not None else None
             if use_fused:
-                fused_forward(call, lp, d, x_l, hT[p], cT[p] if cT is not None else None, y, acts, cs, lens,
-                              order, n_active, ct)
-                continue
-            _input_projection(lp, x_l, G, gx)
-            h = hT_buf.T                                     # [B, P] view of the transposed state
-            h[...] = hT[p]
-            c = cT[p] if cT is not None else m_step
-            ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
-            vec = lp.V if lp.V is not None else no_vec
-            for s in range(steps):
-                np.matmul(lp.R, hT_buf, out=ghT)
-                step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
-                if cfg.has_proj:
-                    np.matmul(m_step, lp.W_proj.T, out=h_new)
-                    commit_projection(s, d, lens, h_new, h, y)
-            hT[p] = h
+                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, lens, order, n_active, ct)
+            else:
+                ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
+                blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct)
         x_l = y
     return x_l, hT, cT, flat
 
@@ -215,7 +221,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         MV = fused.column_vectors(P, ct)
         NR = fused.rows_for(MV)
         macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
-        by_length = np.argsort(-lens, kind="stable")
+        by_length = fused.rows_by_length(lens)
         group_rows = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
         serial_rows = fused.group_rows(by_length, 1, NR)
     blas_used = False                                        # OpenBLAS's threads spin after a product
@@ -276,7 +282,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
                 loop = fused.backward_loop(cfg.cell, str(ct), rows.shape[0] > 1, MV)
                 loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps)
-            for s in reversed(range(steps) if not use_fused else ()):
+                continue
+            for s in reversed(range(steps)):
                 if cfg.has_proj:
                     total_dh(s, d, lens, dy_l, dh, dht, dh_all)
                     np.matmul(dht, lp.W_proj, out=dm)
