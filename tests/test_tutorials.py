@@ -39,8 +39,9 @@ def run_script(path: Path, *args: str) -> tuple[str, float]:
     return proc.stdout, elapsed
 
 
-def test_seven_numbered_tutorials_exist():
-    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07"], [p.name for p in TUTORIALS]
+def test_eight_numbered_tutorials_exist():
+    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07", "08"], \
+        [p.name for p in TUTORIALS]
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
