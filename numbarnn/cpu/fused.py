@@ -347,9 +347,10 @@ def row_groups(B: int, NR: int, macs: int) -> int:
 # dh += dgh_s R by the micro-kernel, in one njit call per layer and direction
 # ---------------------------------------------------------------------------------------------------------------
 
-def column_vectors(P: int, compute) -> int:
-    """MV, vectors of LANES columns per column tile of the backward's product (up to 4, as the forward's G)."""
-    return max(1, min(4, -(-P // lanes_for(compute))))
+#: MV, vectors of LANES columns per column tile of the backward's product dgh_s R (4: the forward's LSTM
+#: register budget, 4 x NR accumulators).  One value for every P: each value is another compiled loop per cell
+#: and dtype; a P below 4*LANES computes padded columns, which costs little at sizes that small.
+COLUMN_VECTORS = 4
 
 
 @njit(cache=True)

@@ -218,7 +218,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     all_rows = np.arange(B, dtype=np.int64)
     use_fused = FUSED and not cfg.has_proj and steps > 0
     if use_fused:
-        MV = fused.column_vectors(P, ct)
+        MV = fused.COLUMN_VECTORS
         NR = fused.rows_for(MV)
         macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
         by_length = fused.rows_by_length(lens)
