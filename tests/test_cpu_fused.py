@@ -133,3 +133,25 @@ def test_hypothesis_wide(mode, H, B, T, bidirectional, seed):
     cfg = rnn_config(1, H, 3, mode, direction="bidirectional" if bidirectional else "unidirectional")
     lengths = rng.integers(0, T + 1, size=B)
     compare(make_rnn_case(cfg, T, B, lengths, seed=seed, dtype=np.float32))
+
+
+@pytest.fixture
+def vector_width(monkeypatch):
+    """Run the fused loops as compiled for another vector width (AVX2: 32 bytes, SSE/NEON: 16): the loops are
+    built again with that width's LANES and NR (LLVM splits the wider IR vectors for this CPU if needed)."""
+    def use(nbytes):
+        monkeypatch.setattr(fused, "simd_bytes", lambda: nbytes)
+        fused.forward_loop.cache_clear()
+        fused.backward_loop.cache_clear()
+    yield use
+    fused.forward_loop.cache_clear()
+    fused.backward_loop.cache_clear()
+
+
+@pytest.mark.parametrize("nbytes", [16, 32])
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_other_vector_widths(vector_width, nbytes, mode):
+    vector_width(nbytes)
+    assert fused.lanes_for(np.float32) == nbytes // 4 and fused.rows_for(4) == 3     # 12 accumulators, 16 registers
+    compare(_wide_case(mode, np.float32))
+    compare(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
