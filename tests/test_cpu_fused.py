@@ -80,6 +80,14 @@ def test_wide_shapes_against_the_reference(mode):
     compare(replace(case, is_training=False))          # inference: the loop writes no reserve
 
 
+@pytest.mark.parametrize("mode", ["lstm", "peephole_lstm", "cifg_lstm"])
+def test_wide_shapes_with_projection(mode):
+    """P = LANES + 5 < H: the projection's columns span a partial column tile; training and inference."""
+    case = _wide_case(mode, np.float32, num_proj=fused.lanes_for(np.float32) + 5)
+    compare(case)
+    compare(replace(case, is_training=False))
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
 @pytest.mark.parametrize("input_mode", ["linear_input", "skip_input"])
 def test_wide_shapes_dtypes_and_skip_input(dtype, input_mode):
@@ -92,7 +100,7 @@ def test_wide_shapes_dtypes_and_skip_input(dtype, input_mode):
 def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
     """Any number of row groups (the prange twins: each group runs its own time loop over its row tiles; 5 is
     more groups than row tiles) gives the same bits as one group (the serial loops)."""
-    case = _wide_case(mode, np.float32)
+    case = _wide_case(mode, np.float32, num_proj=5 if mode == "lstm" else 0)
     monkeypatch.setattr(fused, "row_groups", lambda *a: 1)
     serial = run_forward(case, "cpu")
     serial = named(serial, run_backward(case, serial, "cpu"))
@@ -155,3 +163,5 @@ def test_other_vector_widths(vector_width, nbytes, mode):
     assert fused.lanes_for(np.float32) == nbytes // 4 and fused.rows_for(4) == 3     # 12 accumulators, 16 registers
     compare(_wide_case(mode, np.float32))
     compare(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
+    if mode == "lstm":
+        compare(_wide_case(mode, np.float32, num_proj=nbytes // 4 + 1))

@@ -182,16 +182,18 @@ def pack(
 
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
 # pointwise function, the micro-kernels, the backward's step loop and the stack scratch of each loop's sizes.
-pointwise = tile = tile_w = tile_r = step_fn = None
+pointwise = tile = tile_w = tile_r = tile_q = step_fn = None
 rows_x = rows_h = rows_b = rows_t = rows_d = None
-lanes_w = lanes_r = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = lanes_S = None
+lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = lanes_S = None
 
 
 @functools.cache
-def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: bool = True):
+def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: bool = True, has_proj: bool = False):
     """The fused forward of one layer and direction for `cell` (see the module docstring); `save` False (an
     inference call) writes no reserve (acts, cs): measured LSTM T=100 B=32 I=H=512, the loop alone, best of 9,
-    three runs: 65.5-70.8 ms against 76.2-76.6 writing them (`acts` alone is 26 MB)."""
+    three runs: 65.5-70.8 ms against 76.2-76.6 writing them (`acts` alone is 26 MB).  With a projection the
+    cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by the micro-kernel over
+    W_proj's rows (`pack_columns` of W_proj^T), written to y and h."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
@@ -204,7 +206,9 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
     STATE = cell.cell_state
     SKIP = skip_input
     SAVE = save
-    KEY = cells.variant_key(cell, compute, False, parallel) + f"fused {skip_input} {save} {LANES} {NR}"
+    PROJ = has_proj
+    MQ = COLUMN_VECTORS                         # vectors of projected outputs per product_tile call
+    KEY = cells.variant_key(cell, compute, has_proj, parallel) + f"fused {skip_input} {save} {LANES} {NR} {MQ}"
 
     def loop(
         d,        # int     direction (0 forward, 1 reverse)
@@ -214,16 +218,19 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
         n_active, # [steps] int64 rows active at step s (a prefix of order)
         x,        # [T, B, I]      layer input, C-contiguous
         Wp,       # [NT, I, G, LANES] W packed (`pack`; unused with skip input)
-        Rp,       # [NT, H, G, LANES] R packed
+        Rp,       # [NT, P, G, LANES] R packed (P = H without a projection)
         bW,       # [G, HP]        W-side bias per gate, zeros past H (HP = NT*LANES)
         bR,       # [G, HP]        R-side bias
         vec,      # [VL, HP]       cell vectors, zeros past H
-        hbuf,     # [2, B, HP]     h double-buffered: [0] holds h0 (zeros past H); step s reads [s%2]
+        hbuf,     # [2, B, HB]     h double-buffered: [0] holds h0 (zeros past P); step s reads [s%2]
         cbuf,     # [B, HP]        c, updated in place (zeros past H; unused without a state)
-        y,        # [T, B, D*H]    layer output
+        y,        # [T, B, D*P]    layer output
         acts,     # [T, B, S*H]    reserve: saved values (not written without `save`)
         cs,       # [T, B, H]      reserve: c' (not written without `save`)
         groups,   # int     row groups run in parallel, each its own time loop (rows are independent)
+        Wq,       # [NQ, H, MQ, LANES] projection: W_proj^T packed by columns (`pack_columns`)
+        mbuf,     # [B, HP]        projection: m of the step
+        ms,       # [T, B, H]      projection: reserve m (not written without `save`)
     ):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
@@ -233,7 +240,12 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
         h_addr = i64(hbuf.ctypes.data)
         w_addr = i64(Wp.ctypes.data)
         r_addr = i64(Rp.ctypes.data)
-        HP = hbuf.shape[2]
+        q_addr = i64(Wq.ctypes.data)
+        m_addr = i64(mbuf.ctypes.data)
+        HB = hbuf.shape[2]
+        HP = mbuf.shape[1]
+        P = Rp.shape[1]
+        NQ = Wq.shape[0]
         for grp in prange(groups):                  # row group grp: row tiles grp, grp + groups, ...
             # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
             xrows_p = rows_x(i64)
@@ -252,6 +264,8 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
             c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
             m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
             c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
+            q_p = lanes_q(acc)
+            q_out = numba.carray(q_p, (MQ, L))           # [MQ, L] projection: W_proj m of a column tile
             for s in range(n_active.shape[0]):
                 cur = s % 2
                 nxt = 1 - cur
@@ -266,7 +280,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                             rb[r] = b
                             rt[r] = t
                             xrows[r] = x_addr + ((t * B + b) * I) * ITEM
-                            hrows[r] = h_addr + ((cur * B + b) * HP) * ITEM
+                            hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
                         # the products: G*NR accumulators over k (product_tile)
                         if SKIP:                                 # x reaches every gate as it is (I == H)
                             for g in range(G):
@@ -276,7 +290,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                                     load(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu)
                         else:
                             tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p)
-                        tile_r(r_addr + jt * (H * G * LANES * ITEM), hrows_p, H, rh_p)
+                        tile_r(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p)
                         # gather the lanes' other inputs (loops over slices, indexed by their counters: vectorized;
                         # indexing the big arrays directly would keep them scalar, see cells.py)
                         for r in range(NR):
@@ -286,7 +300,10 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                                 accumulate(rh[g, q:q + LANES], bR[g, j0:j0 + LANES], LANES)
                             for k in range(V):
                                 load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
-                            load(h_prev[q:q + LANES], hbuf[cur, rb[r], j0:j0 + LANES], LANES)
+                            if PROJ:                             # a cell allowing a projection reads no h
+                                h_prev[q:q + LANES] = zero
+                            else:
+                                load(h_prev[q:q + LANES], hbuf[cur, rb[r], j0:j0 + LANES], LANES)
                             if STATE:
                                 load(c_prev[q:q + LANES], cbuf[rb[r], j0:j0 + LANES], LANES)
                             else:
@@ -303,16 +320,41 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                             if SAVE:
                                 for k in range(S):
                                     load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
-                            load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
-                            load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                            if PROJ:
+                                load(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu)
+                                if SAVE:
+                                    load(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu)
+                            else:
+                                load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
+                                load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
                             if STATE:
                                 load(cbuf[b, j0:j0 + nu], c_out[q:q + nu], nu)
                                 if SAVE:
                                     load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
+                if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
+                    for i0 in range(grp * NR, n, groups * NR):
+                        for r in range(NR):
+                            b = order[i0 + r] if i0 + r < n else order[0]
+                            rb[r] = b
+                            rt[r] = s if d == 0 else lens[b] - 1 - s
+                            hrows[r] = m_addr + (b * HP) * ITEM
+                        for cq in range(NQ):
+                            tile_q(q_addr + cq * (H * MQ * LANES * ITEM), hrows_p, H, q_p)
+                            for r in range(min(NR, n - i0)):
+                                b = rb[r]
+                                t = rt[r]
+                                for mq in range(MQ):
+                                    c0 = (cq * MQ + mq) * LANES
+                                    nc = min(LANES, P - c0)
+                                    if nc > 0:
+                                        load(hbuf[nxt, b, c0:c0 + nc], q_out[mq, r * LANES:r * LANES + nc], nc)
+                                        load(y[t, b, d * P + c0:d * P + c0 + nc], q_out[mq, r * LANES:r * LANES + nc],
+                                             nc)
 
     tile = product_tile(compute, G, NR, LANES)
     extra = {"tile_w": tile, "tile_r": tile, "lanes_w": cells.stack_buffer(G * L),
-             "lanes_r": cells.stack_buffer(G * L)}
+             "lanes_r": cells.stack_buffer(G * L), "tile_q": product_tile(compute, MQ, NR, LANES),
+             "lanes_q": cells.stack_buffer(MQ * L)}
     for name in ("rows_x", "rows_h", "rows_b", "rows_t"):
         extra[name] = cells.stack_buffer(NR)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_o"):

@@ -92,36 +92,45 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
 FUSED = True
 
 
-def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, lens, order, n_active, ct):
+def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order, n_active, ct):
     """One layer and direction by `fused.forward_loop`: h [B, P] and c [B, H] (or None) are updated in place
-    to the state after each row's last step; y, acts, cs are written for the active [t, b]."""
+    to the state after each row's last step; y, acts, cs (and ms with a projection) are written for the
+    active [t, b]."""
     cfg, B = call.config, call.B
-    H, G = cfg.H, cfg.G
-    LANES = fused.lanes_for(ct)
+    H, P, G = cfg.H, cfg.P, cfg.G
+    LANES, MQ = fused.lanes_for(ct), fused.COLUMN_VECTORS
     NT = -(-H // LANES)
     HP = NT * LANES
     padded = lambda name, rows, src: _padded(scratch(name, (rows, HP), ct), src)
-    Rp = scratch("fused_Rp", (NT, H, G, LANES), ct)           # [NT, H, G, LANES] R by unit tiles
+    Rp = scratch("fused_Rp", (NT, P, G, LANES), ct)           # [NT, P, G, LANES] R by unit tiles
     fused.pack(lp.R, Rp)
     if lp.W is not None:
         Wp = scratch("fused_Wp", (NT, x_l.shape[2], G, LANES), ct)   # [NT, I, G, LANES]
         fused.pack(lp.W, Wp)
     else:
         Wp = Rp                                                # skip input: not read
+    if cfg.has_proj:
+        Wq = scratch("fused_Wq", (-(-P // (MQ * LANES)), H, MQ, LANES), ct)   # W_proj^T by column tiles
+        fused.pack_columns(lp.W_proj.T, Wq)
+        mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
+    else:
+        Wq = np.zeros((0, 0, MQ, LANES), ct)
+        mbuf = np.zeros((0, HP), ct)
     bW = padded("fused_bW", G, lp.bW.reshape(G, H))            # [G, HP]
     bR = padded("fused_bR", G, lp.bR.reshape(G, H))            # [G, HP]
     vec = padded("fused_vec", max(cfg.V, 1), lp.V if lp.V is not None else np.zeros((1, H), ct))   # [VL, HP]
-    hbuf = scratch("fused_h", (2, B, HP), ct)                 # [2, B, HP] h, double-buffered
+    hbuf = scratch("fused_h", (2, B, max(HP, P)), ct)         # [2, B, HB] h, double-buffered
     hbuf.fill(0)
-    hbuf[0, :, :H] = h
+    hbuf[0, :, :P] = h
     cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
-    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * G * H * (x_l.shape[2] + H))
-    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, groups > 1, call.is_training)
+    macs = G * H * (x_l.shape[2] + P) + (H * P if cfg.has_proj else 0)       # per row and step
+    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * macs)
+    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, groups > 1, call.is_training, cfg.has_proj)
     loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
-         groups)
+         groups, Wq, mbuf, ms)
     ran = lens > 0                                             # rows that ran: h is their last output
     t_last = np.where(d == 0, lens - 1, 0)
-    h[ran] = y[t_last[ran], np.nonzero(ran)[0], d * H:(d + 1) * H]
+    h[ran] = y[t_last[ran], np.nonzero(ran)[0], d * P:(d + 1) * P]
     if c is not None:
         c[...] = cbuf[:, :H]
 
@@ -174,7 +183,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
     steps = int(lens.max()) if B else 0                       # no step past the longest sequence
     none3 = np.zeros((0, 0, 0), dtype=ct)
-    use_fused = FUSED and not cfg.has_proj and steps > 0
+    use_fused = FUSED and steps > 0
     if use_fused:
         order = fused.rows_by_length(lens)                                # [B] longest first
         n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)   # [steps]
@@ -191,10 +200,10 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             acts = saved[f"acts{layer}"][d]
             cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
             c_state = cT[p] if cT is not None else None
+            ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
             if use_fused:
-                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, lens, order, n_active, ct)
+                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, order, n_active, ct)
             else:
-                ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
                 blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct)
         x_l = y
     return x_l, hT, cT, flat
