@@ -1,15 +1,18 @@
 """The "cpu" backend: fused numba time loops for every step, BLAS for the big products.
 
 Per layer l and direction d (the reference's structure, `numbarnn/reference/network.py`, without its float64
-copies and per-step fancy indexing), without a projection (`fused.py`):
+copies and per-step fancy indexing), `fused.py`:
 
     forward:  one njit call: per step, per unit tile and tile of rows, W x_t and R h by an LLVM-IR
               micro-kernel (register-blocked fused multiply-adds), then the cell's own pointwise forward
-              (bias added there), writing c, h, y and the reserve; no BLAS, no Python per step
-    backward: one njit call: per step the njit pointwise backward writes dgx [t, b] and dgh [s, b], then
-              dh += dgh_s R by the same micro-kernel; after the loops dW, dR and dx as single BLAS matmuls
+              (bias added there), writing c, h, y and the reserve; with a projection h' = W_proj m per row
+              tile by the same micro-kernel after the step's units; no BLAS, no Python per step
+    backward: one njit call: per step (projection: dm = W_proj^T (dy + dh) by the micro-kernel) the njit
+              pointwise backward writes dgx [t, b] and dgh [s, b], then dh += dgh_s R by the micro-kernel;
+              after the loops dW, dR, dW_proj and dx as single BLAS matmuls
 
-With a projection (the BLAS loops, as before the fused ones):
+`network.FUSED = False` runs the BLAS loops instead (the design before the fused loops; tests and
+bench/bench_cpu_fused.py compare the two):
 
     gx = x_l @ W^T                        one BLAS matmul over all T steps        [T, B, G*H]
     for step s = 0 .. T-1:
@@ -18,8 +21,8 @@ With a projection (the BLAS loops, as before the fused ones):
         forward_step(...)                 njit: for active rows (s < len[b]) and every unit j, the cell's own
                                           pointwise `forward` (bias added here), writes c, h, y and the reserve;
                                           vectorized over units (chunks through stack scratch, see cells.py)
-        h' = m @ W_proj^T by BLAS, then `commit_projection` for the active rows
-    backward mirrors it: per step W_proj^T (dy + dh) by BLAS, the njit pointwise backward, dh += dgh_s @ R
+        (projection: h' = m @ W_proj^T by BLAS, then `commit_projection` for the active rows)
+    backward mirrors it: per step (W_proj^T (dy + dh) by BLAS,) the njit pointwise backward, dh += dgh_s @ R
     (BLAS); after the loop dW, dR, dW_proj, dx as single big matmuls.
 
 Rows past their length carry their state (the njit loops skip them) and their outputs stay 0; no row is ever

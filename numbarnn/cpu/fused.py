@@ -14,7 +14,8 @@ units side by side for every k, zeros past H).  Per step, per unit tile j0 and t
     acc_r[g, r, u] = sum_k R[g*H + j0+u, k] h[b_r, k]          the same over h (double-buffered)
     the cell's own pointwise forward on the NR*LANES lanes (acc + biases); results to y, c, the reserve
 
-Backward (`backward_loop`).  Per step (s = steps-1 .. 0): the cell's pointwise backward of the rows
+Backward (`backward_loop`).  Per step (s = steps-1 .. 0; with a projection first dm = W_proj^T (dy + dh) by
+the micro-kernel): the cell's pointwise backward of the rows
 (`cells.backward_step`, the BLAS loop's own), then dh[b] += dgh_s[b] R by the same micro-kernel over R's
 columns (`pack_columns`).  The weight gradients and dx stay single big BLAS products after the loops.
 
@@ -31,7 +32,7 @@ are a prefix (`n_active[s]`) and a step runs only the active row tiles; a partia
 recompute the longest row and are not written.  Units: a partial last tile computes on zeros (packed
 weights, biases and the padded columns of the h and c buffers are 0) and writes only its first H - j0 lanes.
 
-Used for every cell without a projection (network.py; a projection keeps the BLAS loops).
+Used for every call (network.py); `network.FUSED = False` selects the BLAS loops.
 """
 from __future__ import annotations
 
@@ -430,10 +431,11 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
 
 
 @functools.cache
-def backward_loop(cell, compute: str, parallel: bool, MV: int):
-    """The backward of one layer and direction without a projection.  Per row group (in parallel, each its
-    own time loop: rows are independent), per step s = steps-1 .. 0:
+def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = False):
+    """The backward of one layer and direction.  Per row group (in parallel, each its own time loop: rows are
+    independent), per step s = steps-1 .. 0:
 
+        (projection: dht = dy + dh -> dh_all[t];  dm = dht @ W_proj by the micro-kernel over W_proj's columns)
         cells.backward_step(...)            the pointwise backward of the group's rows: dgx[t], dgh[s], hp[s],
                                             dh (the part that bypasses R), dc, dv_acc (the BLAS loop's step)
         dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NR rows per product_tile call,
@@ -444,8 +446,9 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int):
     LANES = lanes_for(compute)
     NR = rows_for(MV)
     ITEM = np.dtype(compute).itemsize
-    step = cells.backward_step(cell, compute, False, False)
-    KEY = cells.variant_key(cell, compute, False, parallel) + f"fused backward {LANES} {NR} {MV}"
+    PROJ = has_proj
+    step = cells.backward_step(cell, compute, has_proj, False)
+    KEY = cells.variant_key(cell, compute, has_proj, parallel) + f"fused backward {LANES} {NR} {MV}"
 
     def loop(
         d,        # int     direction
@@ -466,14 +469,21 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int):
         dv_acc,   # [B, V, H]     cell-vector gradients, accumulated
         RTp,      # [NC, G*H, MV, LANES] R's columns packed (`pack_columns`)
         steps,    # int     the longest length
+        Wc,       # [NCH, P, MV, LANES] projection: W_proj's columns packed (`pack_columns`)
+        dht,      # [B, P]        projection: dy + dh of the step
+        dm,       # [B, H]        projection: W_proj^T (dy + dh), the step's dm_proj ([0, P] without)
+        dh_all,   # [T, B, P]     projection: dy + dh at [t, b] (for dW_proj)
     ):
         KEY  # noqa: B018  (the variant's fingerprint, see forward_loop)
         B = dh.shape[0]
         P = dh.shape[1]
         K = RTp.shape[1]
         NC = RTp.shape[0]
-        no_proj = dh[:0]                        # [0, P] the step's dm_proj, unused without a projection
+        H = cs.shape[2]                         # units (projection only: a projection needs a cell state)
         dgh_addr = i64(dgh.ctypes.data)
+        wc_addr = i64(Wc.ctypes.data)
+        dht_addr = i64(dht.ctypes.data)
+        NCH = Wc.shape[0]
         r_addr = i64(RTp.ctypes.data)
         for grp in prange(groups.shape[0]):
             size = 0                            # the group's rows (the rest of its line is -1)
@@ -485,11 +495,30 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int):
             out_p = lanes_w(acc)
             out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
             for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
-                step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, no_proj, dh, dc, dgx, dgh[s], hp[s],
-                        dv_acc)
                 n = 0                                    # the group's rows active at s: a prefix
                 while n < size and lens[rows_g[n]] > s:
                     n += 1
+                if PROJ:                                 # dm = W_proj^T (dy + dh) for the active rows
+                    for i in range(n):
+                        b = rows_g[i]
+                        t = s if d == 0 else lens[b] - 1 - s
+                        for k in range(P):
+                            dht[b, k] = dy[t, b, d * P + k] + dh[b, k]
+                            dh_all[t, b, k] = dht[b, k]
+                    for i0 in range(0, n, NR):
+                        for r in range(NR):
+                            b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
+                            rows[r] = dht_addr + (b * P) * ITEM
+                        for ch in range(NCH):
+                            tile(wc_addr + ch * (P * MV * LANES * ITEM), rows_p, P, out_p)
+                            for r in range(min(NR, n - i0)):
+                                b = rows_g[i0 + r]
+                                for m in range(MV):
+                                    c0_ = (ch * MV + m) * LANES
+                                    nc = min(LANES, H - c0_)
+                                    if nc > 0:
+                                        load(dm[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
+                step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
                 for i0 in range(0, n, NR):
                     for r in range(NR):
                         b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row

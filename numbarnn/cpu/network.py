@@ -87,7 +87,7 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
     return flat, views
 
 
-#: run the fused forward loop (`fused.py`) where it applies (no projection); False: the BLAS loop below
+#: run the fused loops (`fused.py`); False: the BLAS loops (`blas_forward`, the backward's per-step loop)
 #: everywhere (tests and bench/bench_cpu_fused.py compare the two)
 FUSED = True
 
@@ -144,7 +144,7 @@ def _padded(buf, src):
 
 
 def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct):
-    """One layer and direction by BLAS products and the njit step loop (with a projection, or FUSED False):
+    """One layer and direction by BLAS products and the njit step loop (FUSED False):
     h_state [B, P] and c_state [B, H] (or None) are updated in place."""
     cfg, T, B = call.config, call.T, call.B
     H, P, G = cfg.H, cfg.P, cfg.G
@@ -225,7 +225,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     padded = B > 0 and int(lens.min()) < T                    # some [t, b] never run: their dgx must be 0
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
     all_rows = np.arange(B, dtype=np.int64)
-    use_fused = FUSED and not cfg.has_proj and steps > 0
+    use_fused = FUSED and steps > 0
     if use_fused:
         MV = fused.COLUMN_VECTORS
         NR = fused.rows_for(MV)
@@ -289,8 +289,15 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 RTp = scratch("fused_RTp", (-(-P // (MV * LANES)), G * H, MV, LANES), ct)   # R by column tiles
                 fused.pack_columns(lp.R, RTp)
                 rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
-                loop = fused.backward_loop(cfg.cell, str(ct), rows.shape[0] > 1, MV)
-                loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps)
+                loop = fused.backward_loop(cfg.cell, str(ct), rows.shape[0] > 1, MV, cfg.has_proj)
+                if cfg.has_proj:                                     # W_proj's columns, by column tiles
+                    Wc = scratch("fused_Wc", (-(-H // (MV * LANES)), P, MV, LANES), ct)
+                    fused.pack_columns(lp.W_proj, Wc)
+                    proj = (Wc, dht, dm, dh_all)
+                else:
+                    proj = (np.zeros((0, 0, MV, LANES), ct), tmp[:0], tmp[:0], none3)
+                loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
+                     *proj)
                 continue
             for s in reversed(range(steps)):
                 if cfg.has_proj:
