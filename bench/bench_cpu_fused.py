@@ -29,27 +29,29 @@ def product_only(T=100, B=32, H=512, G=4, reps=7, pause=0.2):
     NT = -(-H // LANES)
     rng = np.random.default_rng(0)
     R = (rng.standard_normal((G * H, H)) * 0.05).astype(ct)     # [G*H, H]
-    h = rng.standard_normal((B, H)).astype(ct)                  # [B, H]
-    Rp = np.empty((NT, H, G, LANES), ct)                        # [NT, H, G, LANES]
+    NB = -(-B // NR)                                            # row tiles (a partial last one: NR=3 on AVX2)
+    h = np.zeros((NB * NR, H), ct)                              # [NB*NR, H] rows past B are zeros
+    h[:B] = rng.standard_normal((B, H))
+    Rp = np.empty(fused.panel_shape(NT, H, G, ct), ct)          # [NT, G//V, H, V, LANES]
     fused.pack(R, Rp)
-    rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, B, NR)], np.int64)  # [B/NR, NR]
-    out = np.empty((NT, B // NR, G, NR, LANES), ct)
+    rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)  # [NB, NR]
+    out = np.empty((NT, NB, G, NR, LANES), ct)
 
     def make(parallel):
         @njit(parallel=parallel)
         def run(Rp, rows, out, steps):
-            panel = Rp.shape[1] * Rp.shape[2] * Rp.shape[3] * 4
+            panel = Rp[0].size * 4
             for _ in range(steps):
                 for bt in prange(rows.shape[0]):
                     for jt in range(Rp.shape[0]):
-                        tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[1], out[jt, bt].ctypes.data)
+                        tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
         return run
 
     one, par = make(False), make(True)
-    ghT, hT = np.empty((G * H, B), ct), np.ascontiguousarray(h.T)
-    want = R @ h.T
+    ghT, hT = np.empty((G * H, B), ct), np.ascontiguousarray(h[:B].T)
+    want = R @ hT
     one(Rp, rows, out, 1)
-    got = out.transpose(2, 0, 4, 1, 3).reshape(G * H, B)        # [g, jt, u] x [bt, r]
+    got = out.transpose(2, 0, 4, 1, 3).reshape(G * H, NB * NR)[:, :B]   # [g, jt, u] x [bt, r]
     assert relative_error(got, want) < 1e-5
     variants = {"micro-kernel, 1 thread": lambda: one(Rp, rows, out, T),
                 f"micro-kernel, {numba.get_num_threads()} threads": lambda: par(Rp, rows, out, T),

@@ -23,41 +23,81 @@ from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_fo
 
 
 @pytest.mark.parametrize("compute", ["float32", "float64"])
-@pytest.mark.parametrize("G", [1, 3, 4])
+@pytest.mark.parametrize("G,V", [(1, None), (3, None), (4, None), (4, 1), (4, 2), (6, 3)])
 @pytest.mark.parametrize("K", [0, 1, 37])
-def test_product_tile_is_a_matrix_product(compute, G, K):
-    """out[g, r, u] = sum_k panel[k, g, u] row_r[k], for rows anywhere in memory (given by address)."""
+def test_product_tile_is_a_matrix_product(compute, G, V, K):
+    """out[g, r, u] = sum_k panel[g // V, k, g % V, u] row_r[k], for rows anywhere in memory (given by address),
+    in one pass over k (V = G) or several (this host's `vectors_per_pass`, or V given)."""
     from numba import njit
     LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
-    tile = fused.product_tile(compute, G, NR, LANES)
+    tile = fused.product_tile(compute, G, NR, LANES, V)
+    V = V or fused.vectors_per_pass(G, NR)
 
     @njit
     def run(panel, rows, out):
-        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[0], out.ctypes.data)
+        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[1], out.ctypes.data)
 
     rng = np.random.default_rng(K + G)
-    panel = rng.standard_normal((K, G, LANES)).astype(compute)
+    panel = rng.standard_normal((G // V, K, V, LANES)).astype(compute)
     source = rng.standard_normal((3 * NR, K)).astype(compute)            # rows picked out of order
     picked = rng.permutation(3 * NR)[:NR]
     rows = np.array([source[i].ctypes.data for i in picked], dtype=np.int64)
     out = np.full((G, NR, LANES), np.nan, dtype=compute)
     run(panel, rows, out)
-    want = np.einsum("kgu,rk->gru", panel.astype(np.float64), source[picked].astype(np.float64))
+    want = np.einsum("pkvu,rk->pvru", panel.astype(np.float64),
+                     source[picked].astype(np.float64)).reshape(G, NR, LANES)
     tol = 1e-12 if compute == "float64" else 1e-5
     assert np.abs(out - want).max() <= tol * max(1.0, np.abs(want).max())
 
 
-def test_pack_lays_out_unit_tiles_with_zeros_past_H():
+def test_product_tile_rejects_a_pass_width_that_does_not_divide_G():
+    with pytest.raises(ValueError, match="V=3 must divide G=4"):
+        fused.product_tile("float32", 4, 2, 8, 3)
+
+
+@pytest.mark.parametrize("nbytes,registers", [(16, 16), (32, 16), (64, 32)])
+def test_tile_shapes_keep_the_accumulators_in_registers(monkeypatch, nbytes, registers):
+    """Every tile shape fits the register file (accumulators + panel vectors + a broadcast), its pass width is
+    the one product_tile uses, and NR is a power of two; the shapes measured: LSTM one pass of 4 x 4 with
+    AVX-512, two passes of 2 x 4 with 16 registers (one pass of 4 x 3 spilled on Zen 3: 43% of peak)."""
+    monkeypatch.setattr(fused, "simd_bytes", lambda: nbytes)
+    assert fused.registers() == registers
+    for G in range(1, 13):
+        V, NR = fused.tile_shape(G)
+        assert G % V == 0 and fused.fits(V, NR) and NR in (1, 2, 4, 8), (G, V, NR)
+        assert V * NR + V + 1 <= registers
+        assert fused.vectors_per_pass(G, NR) == V
+        assert fused.panel_shape(3, 5, G, np.float32) == (3, G // V, 5, V, nbytes // 4)
+    assert fused.tile_shape(4) == ((4, 4) if registers == 32 else (2, 4))
+    assert fused.fits(4, 3) == (registers == 32)
+
+
+@pytest.mark.parametrize("V", [1, 3])
+def test_pack_lays_out_unit_tiles_with_zeros_past_H(V):
     G, H, K, LANES = 3, 5, 4, 4
     W = np.arange(G * H * K, dtype=np.float32).reshape(G * H, K) + 1
-    out = np.full((2, K, G, LANES), np.nan, dtype=np.float32)
+    out = np.full((2, G // V, K, V, LANES), np.nan, dtype=np.float32)
     fused.pack(W, out)
     for jt in range(2):
         for g in range(G):
             for u in range(LANES):
                 j = jt * LANES + u
                 want = W[g * H + j] if j < H else np.zeros(K)
-                assert (out[jt, :, g, u] == want).all(), (jt, g, u)
+                assert (out[jt, g // V, :, g % V, u] == want).all(), (jt, g, u)
+
+
+@pytest.mark.parametrize("V", [1, 2])
+def test_pack_columns_lays_out_column_tiles_with_zeros_past_P(V):
+    K, P, MV, LANES = 3, 11, 2, 4
+    R = np.arange(K * P, dtype=np.float32).reshape(K, P) + 1
+    out = np.full((2, MV // V, K, V, LANES), np.nan, dtype=np.float32)
+    fused.pack_columns(R, out)
+    for ct in range(2):
+        for m in range(MV):
+            for u in range(LANES):
+                col = (ct * MV + m) * LANES + u
+                want = R[:, col] if col < P else np.zeros(K)
+                assert (out[ct, m // V, :, m % V, u] == want).all(), (ct, m, u)
 
 
 def _wide_case(mode, dtype, **kw):
@@ -160,7 +200,7 @@ def vector_width(monkeypatch):
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_other_vector_widths(vector_width, nbytes, mode):
     vector_width(nbytes)
-    assert fused.lanes_for(np.float32) == nbytes // 4 and fused.rows_for(4) == 3     # 12 accumulators, 16 registers
+    assert fused.lanes_for(np.float32) == nbytes // 4 and fused.tile_shape(4) == (2, 4)   # 2 passes, 16 registers
     compare(_wide_case(mode, np.float32))
     compare(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
     if mode == "lstm":

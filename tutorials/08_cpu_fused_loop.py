@@ -26,7 +26,11 @@ of LANES units, kept as G*NR vector accumulators in registers while k runs over 
             acc[g][r] += w[g] * hb            G*NR fused multiply-adds, no memory traffic
 
 LLVM does not find this register blocking in a scalar Python loop, so numbarnn writes the loop in LLVM IR
-through llvmlite (numba's own code generator, no C compiler).  The tile's results then go straight into the
+through llvmlite (numba's own code generator, no C compiler).  The accumulators, the G loaded vectors and
+the broadcast must all fit in the vector registers: 4 gates x 4 rows = 21 of AVX-512's 32, but with AVX2's 16
+the LSTM runs two passes over k of 2 gates x 6 rows each (15 registers; the panel is packed pass by pass,
+`fused.panel_shape`).  One pass of 4 x 3 on AVX2 needs 17: LLVM spills, and the kernel runs at 43% of the
+core's peak.  The tile's results then go straight into the
 cell's own pointwise code (the CellSpec's `forward`, compiled by numba) while they are in L1.
 """
 from __future__ import annotations
@@ -47,23 +51,24 @@ from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_fo
 
 def show_micro_kernel():
     src = inspect.getsource(fused.product_tile)
-    body = src[src.index("            builder.position_at_end(body)"):src.index("            builder.position_at_end(done)")]
+    body = src[src.index("                builder.position_at_end(body)"):
+               src.index("                builder.position_at_end(done)")]
     print("  the loop body as it builds the IR (numbarnn/cpu/fused.py, product_tile):")
     for line in body.rstrip().splitlines():
-        print("    " + line[8:])
+        print("    " + line[12:])
     G, compute = 4, "float32"
-    LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
-    print(f"  this CPU: {fused.simd_bytes() * 8}-bit vectors -> LANES = {LANES} float32 units per vector, "
-          f"NR = {NR} rows: {G * NR} accumulators")
+    LANES, (V, NR) = fused.lanes_for(compute), fused.tile_shape(G)
+    print(f"  this CPU: {fused.simd_bytes() * 8}-bit vectors, {fused.registers()} registers -> LANES = {LANES} "
+          f"float32 units per vector; {G // V} pass(es) of V = {V} gates x NR = {NR} rows: {V * NR} accumulators")
     one_tile = tile_runner(fused.product_tile(compute, G, NR, LANES))
-    panel = np.ones((8, G, LANES), np.float32)
+    panel = np.ones(fused.panel_shape(1, 8, G, compute)[1:], np.float32)    # [G//V, K, V, LANES]
     rows = np.array([panel.ctypes.data] * NR, np.int64)
     out = np.empty((G, NR, LANES), np.float32)
     one_tile(panel, rows, out)
     asm = next(iter(one_tile.inspect_asm().values()))
     fmas = [line.strip() for line in asm.splitlines() if "vfmadd" in line]
-    print(f"  the machine code numba made of it: {len(fmas)} vector fused multiply-adds ({G * NR} per k; LLVM "
-          f"unrolls the k loop), e.g.")
+    print(f"  the machine code numba made of it: {len(fmas)} vector fused multiply-adds ({G * NR} per k over the "
+          f"passes; LLVM unrolls the k loops), e.g.")
     for line in fmas[:3]:
         print(f"    {line}")
     assert len(fmas) >= G * NR, f"expected {G * NR} vector FMAs per k, found {len(fmas)}"
@@ -72,8 +77,8 @@ def show_micro_kernel():
 def tile_runner(tile):
     """An njit function running one micro-kernel call on arrays (the kernel takes addresses)."""
     @njit
-    def run(panel, rows, out):
-        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[0], out.ctypes.data)
+    def run(panel, rows, out):                # panel [G//V, K, V, LANES]
+        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[1], out.ctypes.data)
     return run
 
 
@@ -82,15 +87,16 @@ def check_micro_kernel(rng):
         for G, K in ((4, 37), (3, 5), (1, 1)):
             LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
             run = tile_runner(fused.product_tile(compute, G, NR, LANES))
-            panel = rng.standard_normal((K, G, LANES)).astype(compute)
+            panel = rng.standard_normal(fused.panel_shape(1, K, G, compute)[1:]).astype(compute)  # [G//V, K, V, LANES]
             source = rng.standard_normal((2 * NR, K)).astype(compute)
             picked = rng.permutation(2 * NR)[:NR]                  # rows anywhere: given by address
             out = np.empty((G, NR, LANES), compute)
             run(panel, np.array([source[i].ctypes.data for i in picked], np.int64), out)
-            want = np.einsum("kgu,rk->gru", panel.astype(np.float64), source[picked].astype(np.float64))
+            want = np.einsum("pkvu,rk->pvru", panel.astype(np.float64),
+                             source[picked].astype(np.float64)).reshape(G, NR, LANES)
             err = relative_error(out, want)
             assert err < (1e-12 if compute == "float64" else 1e-6), (compute, G, K, err)
-            print(f"    {compute} G={G} NR={NR} K={K:>2}: out[g, r, u] = sum_k panel[k, g, u] row_r[k], "
+            print(f"    {compute} G={G} NR={NR} K={K:>2}: out[g, r, u] = sum_k panel[g//V, k, g%V, u] row_r[k], "
                   f"rel. error {err:.1e}")
 
 
@@ -124,18 +130,18 @@ def benchmark(quick):
     rng = np.random.default_rng(0)
     R = (rng.standard_normal((G * H, H)) * 0.05).astype(ct)
     h = rng.standard_normal((B, H)).astype(ct)
-    Rp = np.empty((-(-H // LANES), H, G, LANES), ct)
+    Rp = np.empty(fused.panel_shape(-(-H // LANES), H, G, ct), ct)   # [NT, G//V, H, V, LANES]
     fused.pack(R, Rp)
     rows = np.array([[h[min(i + r, B - 1)].ctypes.data for r in range(NR)] for i in range(0, B, NR)], np.int64)
     out = np.empty((Rp.shape[0], rows.shape[0], G, NR, LANES), ct)
 
     @njit
     def steps(Rp, rows, out, T):
-        panel = Rp.shape[1] * Rp.shape[2] * Rp.shape[3] * 4
+        panel = Rp[0].size * 4
         for _ in range(T):
             for bt in range(rows.shape[0]):
                 for jt in range(Rp.shape[0]):
-                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[1], out[jt, bt].ctypes.data)
+                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
 
     hT, ghT = np.ascontiguousarray(h.T), np.empty((G * H, B), ct)
     steps(Rp, rows, out, 1)

@@ -19,11 +19,14 @@ the micro-kernel): the cell's pointwise backward of the rows
 (`cells.backward_step`, the BLAS loop's own), then dh[b] += dgh_s[b] R by the same micro-kernel over R's
 columns (`pack_columns`).  The weight gradients and dx stay single big BLAS products after the loops.
 
-The micro-kernel keeps G*NR vector accumulators in registers across the k loop (per k: one vector load per
-gate, one broadcast per row, G*NR fused multiply-adds).  It is written in LLVM IR through llvmlite (numba's
-own code generator) because LLVM does not find that register blocking in a scalar loop (numba loop versions
-of it, stop 15: 2-15 GFLOP/s).  Measured (`python bench/bench_cpu_fused.py`): R h^T for B=32, H=512, 100
-steps, float32, one core 58.6 ms = 114 GFLOP/s, this machine's FMA peak, two cores 30.4 ms; OpenBLAS 41.4 ms.
+The micro-kernel keeps V*NR vector accumulators in registers across the k loop (per k: one vector load per
+gate, one broadcast per row, V*NR fused multiply-adds), in G // V passes over k (`tile_shape`: everything a
+pass holds must fit the vector registers: AVX-512 runs the LSTM's 4 gates x 4 rows in one pass, AVX2 two
+passes of 2 gates x 4 rows).  It is written in LLVM IR through llvmlite (numba's own code generator) because
+LLVM does not find that register blocking in a scalar loop (numba loop versions of it, stop 15: 2-15
+GFLOP/s).  Measured (`python bench/bench_cpu_fused.py`): R h^T for B=32, H=512, 100 steps, float32: Zen 4
+(AVX-512) one core 58.6 ms = 114 GFLOP/s, that core's FMA peak, two cores 30.4 ms, OpenBLAS 41.4 ms; Zen 3
+(AVX2) one core 75.6 ms = 89 GFLOP/s, two cores 38.6 ms, OpenBLAS 46.9 ms.
 
 Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups`
 (one parallel region per call, each group its own time loop over its row tiles; why not a region per step:
@@ -69,23 +72,62 @@ def lanes_for(compute) -> int:
     return simd_bytes() // np.dtype(compute).itemsize
 
 
+def registers() -> int:
+    """Vector registers of the host's ISA: 32 with AVX-512, 16 with AVX/AVX2 and SSE."""
+    return 32 if simd_bytes() == 64 else 16
+
+
+def fits(V: int, NR: int) -> bool:
+    """A micro-kernel pass of V vectors x NR rows keeps its accumulators in registers: V*NR of them (at most
+    ACCUMULATORS), plus V panel vectors and one broadcast row value."""
+    return V * NR <= ACCUMULATORS[registers()] and V * NR + V + 1 <= registers()
+
+
+def vectors_per_pass(G: int, NR: int) -> int:
+    """V, the vectors one k loop of `product_tile` accumulates for NR rows: the largest divisor of G that
+    `fits` (G // V passes over k).  AVX-512: V = G for every built-in cell.  AVX2 (16 registers), LSTM: G = 4
+    gates x NR = 3 rows was one pass of 12 accumulators + 4 panel vectors + a broadcast = 17 registers: LLVM
+    spilled, 43 GFLOP/s on one Zen 3 core; two passes of 2 gates x 6 rows run at 99 GFLOP/s (near that core's
+    FMA peak; `python bench/bench_cpu_fused.py`, the micro-kernel alone)."""
+    return max([V for V in range(1, G + 1) if G % V == 0 and fits(V, NR)], default=1)
+
+
+def tile_shape(G: int) -> tuple[int, int]:
+    """(V, NR) for a product of G vectors (gates, or column vectors): the most accumulators that `fit`, then
+    the fewest loads per multiply-add ((V + NR) / (V * NR)).  NR is a power of two (batch sizes mostly are: a
+    partial row tile computes spare rows), at most 4 with 32 registers (LSTM 4 gates x 4 rows, measured at
+    peak on Zen 4) and 8 with 16.  Zen 3 (AVX2), one core, the micro-kernel alone for B = 48 rows, GFLOP/s:
+    V x NR = 2 x 6: 99, 3 x 4: 98, 2 x 4: 94, 1 x 8: 82, 1 x 6: 69, 1 x 12: 67, 4 x 2: 66; LSTM at B = 32:
+    two passes of 2 x 4 beat 2 x 6, whose sixth tile is two thirds spare rows."""
+    nr_max = 4 if registers() == 32 else 8
+    shapes = [(V, NR) for V in range(1, G + 1) if G % V == 0
+              for NR in (1, 2, 4, 8) if NR <= nr_max and fits(V, NR)]
+    return max(shapes, key=lambda s: (s[0] * s[1], -(s[0] + s[1])), default=(1, 1))
+
+
 def rows_for(G: int) -> int:
-    """NR, batch rows per tile: G*NR accumulators fill the registers the micro-kernel may use."""
-    registers = 32 if simd_bytes() == 64 else 16
-    return max(1, min(4, ACCUMULATORS[registers] // G))
+    """NR, batch rows per tile of a product of G vectors (`tile_shape`)."""
+    return tile_shape(G)[1]
 
 
 @functools.cache
-def product_tile(compute: str, G: int, NR: int, LANES: int):
+def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None):
     """The micro-kernel, an njit intrinsic:
 
-        product_tile(panel,   # int     address of a packed panel [K, G, LANES] (`pack`)
+        product_tile(panel,   # int     address of a packed panel [G // V, K, V, LANES] (`pack`, `panel_shape`)
                      rows,    # [NR]    int64 addresses of NR rows of K values (x or h rows, contiguous)
                      K,       # int
                      out)     # [G, NR, LANES] pointer to the results (overwritten)
 
-    out[g, r, u] = sum_k panel[k, g, u] * row_r[k], k in order (fused multiply-add where the CPU has one).
+    out[g, r, u] = sum_k panel[g // V, k, g % V, u] * row_r[k], k in order (fused multiply-add where the CPU
+    has one).  G // V passes over k, each V vectors x NR rows of accumulators (V: `vectors_per_pass` unless
+    given), each over its own contiguous part of the panel (one part per pass: measured on Zen 3, LSTM G = 4
+    in two passes of 2 x 6 over a [K, G, LANES] panel, each pass pulling both halves of every k's cache lines:
+    87 GFLOP/s, against 99 for one pass of 2 x 6).
     """
+    V = vectors_per_pass(G, NR) if V is None else V
+    if G % V:
+        raise ValueError(f"product_tile: V={V} must divide G={G}")
     flt = ir.FloatType() if np.dtype(compute) == np.float32 else ir.DoubleType()
     vec = ir.VectorType(flt, LANES)
     i32, i64 = ir.IntType(32), ir.IntType(64)
@@ -107,13 +149,12 @@ def product_tile(compute: str, G: int, NR: int, LANES: int):
         def codegen(context, builder, signature, args):
             panel_i, rows_v, K_v, out_v = args
             rows_p = pointer(builder, rows_v, signature.args[1], i64)
-            out_p = pointer(builder, out_v, signature.args[3], flt)
+            out = pointer(builder, out_v, signature.args[3], flt)
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3),
                                                  f"llvm.fmuladd.v{LANES}f{8 * item}")
             a = builder.inttoptr(panel_i, flt.as_pointer())
             row = [builder.inttoptr(builder.load(builder.gep(rows_p, [ir.Constant(i64, r)])), flt.as_pointer())
                    for r in range(NR)]
-            out = out_p
             splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
             undef = ir.Constant(vec, ir.Undefined)
             zero = ir.Constant(vec, [0.0] * LANES)
@@ -121,40 +162,43 @@ def product_tile(compute: str, G: int, NR: int, LANES: int):
             def vector_at(base, offset):
                 return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
 
-            entry = builder.block
-            head = builder.append_basic_block("tile.head")
-            body = builder.append_basic_block("tile.body")
-            done = builder.append_basic_block("tile.done")
-            builder.branch(head)
-            builder.position_at_end(head)
-            k = builder.phi(i64)
-            k.add_incoming(ir.Constant(i64, 0), entry)
-            acc = [[builder.phi(vec) for _ in range(NR)] for _ in range(G)]     # acc[g][r]
-            for phi in (p for per_gate in acc for p in per_gate):
-                phi.add_incoming(zero, entry)
-            builder.cbranch(builder.icmp_signed("<", k, K_v), body, done)
+            for g0 in range(0, G, V):                   # one pass over k per V vectors
+                entry = builder.block
+                head = builder.append_basic_block(f"tile.head{g0}")
+                body = builder.append_basic_block(f"tile.body{g0}")
+                done = builder.append_basic_block(f"tile.done{g0}")
+                builder.branch(head)
+                builder.position_at_end(head)
+                k = builder.phi(i64)
+                k.add_incoming(ir.Constant(i64, 0), entry)
+                acc = [[builder.phi(vec) for _ in range(NR)] for _ in range(V)]     # acc[g - g0][r]
+                for phi in (p for per_gate in acc for p in per_gate):
+                    phi.add_incoming(zero, entry)
+                builder.cbranch(builder.icmp_signed("<", k, K_v), body, done)
 
-            builder.position_at_end(body)
-            base = builder.mul(k, ir.Constant(i64, G * LANES))
-            w = [builder.load(vector_at(a, builder.add(base, ir.Constant(i64, g * LANES))), align=item)
-                 for g in range(G)]                                              # panel[k, g, :]
-            new = [[None] * NR for _ in range(G)]
-            for r in range(NR):
-                scalar = builder.load(builder.gep(row[r], [k]))                 # row_r[k], broadcast
-                hv = builder.shuffle_vector(builder.insert_element(undef, scalar, ir.Constant(i32, 0)),
-                                            undef, splat)
-                for g in range(G):
-                    new[g][r] = builder.call(fma, [w[g], hv, acc[g][r]])
-            for g in range(G):
+                builder.position_at_end(body)
+                base = builder.add(builder.mul(K_v, ir.Constant(i64, g0 * LANES)),    # pass g0 // V
+                                   builder.mul(k, ir.Constant(i64, V * LANES)))
+                w = [builder.load(vector_at(a, builder.add(base, ir.Constant(i64, g * LANES))), align=item)
+                     for g in range(V)]                                              # panel[g0 // V, k, g, :]
+                new = [[None] * NR for _ in range(V)]
                 for r in range(NR):
-                    acc[g][r].add_incoming(new[g][r], body)
-            k.add_incoming(builder.add(k, ir.Constant(i64, 1)), body)
-            builder.branch(head)
+                    scalar = builder.load(builder.gep(row[r], [k]))                 # row_r[k], broadcast
+                    hv = builder.shuffle_vector(builder.insert_element(undef, scalar, ir.Constant(i32, 0)),
+                                                undef, splat)
+                    for g in range(V):
+                        new[g][r] = builder.call(fma, [w[g], hv, acc[g][r]])
+                for g in range(V):
+                    for r in range(NR):
+                        acc[g][r].add_incoming(new[g][r], body)
+                k.add_incoming(builder.add(k, ir.Constant(i64, 1)), body)
+                builder.branch(head)
 
-            builder.position_at_end(done)
-            for g in range(G):
-                for r in range(NR):
-                    builder.store(acc[g][r], vector_at(out, ir.Constant(i64, (g * NR + r) * LANES)), align=item)
+                builder.position_at_end(done)
+                for g in range(V):
+                    for r in range(NR):
+                        at = ir.Constant(i64, ((g0 + g) * NR + r) * LANES)
+                        builder.store(acc[g][r], vector_at(out, at), align=item)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -162,23 +206,33 @@ def product_tile(compute: str, G: int, NR: int, LANES: int):
     return tile
 
 
+def panel_shape(tiles: int, K: int, G: int, compute) -> tuple:
+    """The shape of `tiles` packed panels of G vectors over K: [tiles, G // V, K, V, LANES], V of `tile_shape`
+    (the vectors of one pass of the micro-kernel)."""
+    V = tile_shape(G)[0]
+    return (tiles, G // V, K, V, lanes_for(compute))
+
+
 @njit(cache=True)
 def pack(
     W,        # [G*H, K]  a gate-stacked weight matrix (W or R)
-    out,      # [NT, K, G, LANES] out: unit tile jt holds units jt*LANES .. +LANES, zeros past H
+    out,      # [NT, G//V, K, V, LANES] out (`panel_shape`): unit tile jt holds units jt*LANES .. +LANES of
+              #           gate p*V + v at [jt, p, :, v], zeros past H
 ):
-    NT, K, G, LANES = out.shape
-    H = W.shape[0] // G
+    NT, NP, K, V, LANES = out.shape
+    H = W.shape[0] // (NP * V)
     for jt in range(NT):
-        for g in range(G):
-            for u in range(LANES):
-                j = jt * LANES + u
-                if j < H:
-                    for k in range(K):
-                        out[jt, k, g, u] = W[g * H + j, k]
-                else:
-                    for k in range(K):
-                        out[jt, k, g, u] = 0.0
+        for p in range(NP):
+            for v in range(V):
+                g = p * V + v
+                for u in range(LANES):
+                    j = jt * LANES + u
+                    if j < H:
+                        for k in range(K):
+                            out[jt, p, k, v, u] = W[g * H + j, k]
+                    else:
+                        for k in range(K):
+                            out[jt, p, k, v, u] = 0.0
 
 
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
@@ -218,8 +272,8 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
         order,    # [B]     int64 rows by length, longest first
         n_active, # [steps] int64 rows active at step s (a prefix of order)
         x,        # [T, B, I]      layer input, C-contiguous
-        Wp,       # [NT, I, G, LANES] W packed (`pack`; unused with skip input)
-        Rp,       # [NT, P, G, LANES] R packed (P = H without a projection)
+        Wp,       # [NT, G//V, I, V, LANES] W packed (`pack`; unused with skip input)
+        Rp,       # [NT, G//V, P, V, LANES] R packed (P = H without a projection)
         bW,       # [G, HP]        W-side bias per gate, zeros past H (HP = NT*LANES)
         bR,       # [G, HP]        R-side bias
         vec,      # [VL, HP]       cell vectors, zeros past H
@@ -229,7 +283,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
         acts,     # [T, B, S*H]    reserve: saved values (not written without `save`)
         cs,       # [T, B, H]      reserve: c' (not written without `save`)
         groups,   # int     row groups run in parallel, each its own time loop (rows are independent)
-        Wq,       # [NQ, H, MQ, LANES] projection: W_proj^T packed by columns (`pack_columns`)
+        Wq,       # [NQ, MQ//V, H, V, LANES] projection: W_proj^T packed by columns (`pack_columns`)
         mbuf,     # [B, HP]        projection: m of the step
         ms,       # [T, B, H]      projection: reserve m (not written without `save`)
     ):
@@ -245,7 +299,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
         m_addr = i64(mbuf.ctypes.data)
         HB = hbuf.shape[2]
         HP = mbuf.shape[1]
-        P = Rp.shape[1]
+        P = Rp.shape[2]
         NQ = Wq.shape[0]
         for grp in prange(groups):                  # row group grp: row tiles grp, grp + groups, ...
             # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
@@ -282,7 +336,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                             rt[r] = t
                             xrows[r] = x_addr + ((t * B + b) * I) * ITEM
                             hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
-                        # the products: G*NR accumulators over k (product_tile)
+                        # the products: G x NR results, V*NR accumulators per pass over k (product_tile)
                         if SKIP:                                 # x reaches every gate as it is (I == H)
                             for g in range(G):
                                 for r in range(NR):
@@ -391,24 +445,27 @@ def row_groups(B: int, NR: int, macs: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 #: MV, vectors of LANES columns per column tile of the backward's product dgh_s R (4: the forward's LSTM
-#: register budget, 4 x NR accumulators).  One value for every P: each value is another compiled loop per cell
-#: and dtype; a P below 4*LANES computes padded columns, which costs little at sizes that small.
+#: tile, in the passes `tile_shape` gives it: one on AVX-512, two on AVX2).  One value for every P: each value
+#: is another compiled loop per cell and dtype; a P below 4*LANES computes padded columns, which costs little
+#: at sizes that small.
 COLUMN_VECTORS = 4
 
 
 @njit(cache=True)
 def pack_columns(
     R,        # [K, P]  (R: K = G*H rows, P columns)
-    out,      # [NC, K, MV, LANES] out: column tile ct holds columns (ct*MV + m)*LANES + u, zeros past P
+    out,      # [NC, MV//V, K, V, LANES] out (`panel_shape` of MV vectors): column tile ct holds columns
+              #           (ct*MV + p*V + v)*LANES + u at [ct, p, :, v, u], zeros past P
 ):
-    NC, K, MV, LANES = out.shape
+    NC, NP, K, V, LANES = out.shape
     P = R.shape[1]
     for ct in range(NC):
-        for k in range(K):
-            for m in range(MV):
-                for u in range(LANES):
-                    col = (ct * MV + m) * LANES + u
-                    out[ct, k, m, u] = R[k, col] if col < P else 0.0
+        for p in range(NP):
+            for k in range(K):
+                for v in range(V):
+                    for u in range(LANES):
+                        col = (ct * NP * V + p * V + v) * LANES + u
+                        out[ct, p, k, v, u] = R[k, col] if col < P else 0.0
 
 
 def rows_by_length(lens) -> np.ndarray:
@@ -467,9 +524,9 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
         dgh,      # [T, B, G*H]   out (s layout)
         hp,       # [T, B, P]     out: h entering step s (s layout)
         dv_acc,   # [B, V, H]     cell-vector gradients, accumulated
-        RTp,      # [NC, G*H, MV, LANES] R's columns packed (`pack_columns`)
+        RTp,      # [NC, MV//V, G*H, V, LANES] R's columns packed (`pack_columns`)
         steps,    # int     the longest length
-        Wc,       # [NCH, P, MV, LANES] projection: W_proj's columns packed (`pack_columns`)
+        Wc,       # [NCH, MV//V, P, V, LANES] projection: W_proj's columns packed (`pack_columns`)
         dht,      # [B, P]        projection: dy + dh of the step
         dm,       # [B, H]        projection: W_proj^T (dy + dh), the step's dm_proj ([0, P] without)
         dh_all,   # [T, B, P]     projection: dy + dh at [t, b] (for dW_proj)
@@ -477,7 +534,7 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
         KEY  # noqa: B018  (the variant's fingerprint, see forward_loop)
         B = dh.shape[0]
         P = dh.shape[1]
-        K = RTp.shape[1]
+        K = RTp.shape[2]
         NC = RTp.shape[0]
         H = cs.shape[2]                         # units (projection only: a projection needs a cell state)
         dgh_addr = i64(dgh.ctypes.data)

@@ -102,19 +102,19 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order,
     NT = -(-H // LANES)
     HP = NT * LANES
     padded = lambda name, rows, src: _padded(scratch(name, (rows, HP), ct), src)
-    Rp = scratch("fused_Rp", (NT, P, G, LANES), ct)           # [NT, P, G, LANES] R by unit tiles
+    Rp = scratch("fused_Rp", fused.panel_shape(NT, P, G, ct), ct)   # [NT, G//V, P, V, LANES] R by unit tiles
     fused.pack(lp.R, Rp)
     if lp.W is not None:
-        Wp = scratch("fused_Wp", (NT, x_l.shape[2], G, LANES), ct)   # [NT, I, G, LANES]
+        Wp = scratch("fused_Wp", fused.panel_shape(NT, x_l.shape[2], G, ct), ct)   # [NT, G//V, I, V, LANES]
         fused.pack(lp.W, Wp)
     else:
         Wp = Rp                                                # skip input: not read
     if cfg.has_proj:
-        Wq = scratch("fused_Wq", (-(-P // (MQ * LANES)), H, MQ, LANES), ct)   # W_proj^T by column tiles
+        Wq = scratch("fused_Wq", fused.panel_shape(-(-P // (MQ * LANES)), H, MQ, ct), ct)   # W_proj^T by column tiles
         fused.pack_columns(lp.W_proj.T, Wq)
         mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
     else:
-        Wq = np.zeros((0, 0, MQ, LANES), ct)
+        Wq = np.zeros(fused.panel_shape(0, 0, MQ, ct), ct)
         mbuf = np.zeros((0, HP), ct)
     bW = padded("fused_bW", G, lp.bW.reshape(G, H))            # [G, HP]
     bR = padded("fused_bR", G, lp.bR.reshape(G, H))            # [G, HP]
@@ -286,16 +286,16 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dv_acc.fill(0)
             if use_fused:
                 LANES = fused.lanes_for(ct)
-                RTp = scratch("fused_RTp", (-(-P // (MV * LANES)), G * H, MV, LANES), ct)   # R by column tiles
+                RTp = scratch("fused_RTp", fused.panel_shape(-(-P // (MV * LANES)), G * H, MV, ct), ct)   # R by columns
                 fused.pack_columns(lp.R, RTp)
                 rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
                 loop = fused.backward_loop(cfg.cell, str(ct), rows.shape[0] > 1, MV, cfg.has_proj)
                 if cfg.has_proj:                                     # W_proj's columns, by column tiles
-                    Wc = scratch("fused_Wc", (-(-H // (MV * LANES)), P, MV, LANES), ct)
+                    Wc = scratch("fused_Wc", fused.panel_shape(-(-H // (MV * LANES)), P, MV, ct), ct)
                     fused.pack_columns(lp.W_proj, Wc)
                     proj = (Wc, dht, dm, dh_all)
                 else:
-                    proj = (np.zeros((0, 0, MV, LANES), ct), tmp[:0], tmp[:0], none3)
+                    proj = (np.zeros(fused.panel_shape(0, 0, MV, ct), ct), tmp[:0], tmp[:0], none3)
                 loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
                      *proj)
                 continue
