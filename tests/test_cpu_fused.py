@@ -50,6 +50,41 @@ def test_product_tile_is_a_matrix_product(compute, G, V, K):
     assert np.abs(out - want).max() <= tol * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.parametrize("G", [1, 4])
+def test_product_tile_with_a_bias_starts_every_row_from_it(G):
+    """bias=True: out[g, r, u] = b[g, u] + sum_k ..., the same b for every row (the fused forward's biases)."""
+    from numba import njit
+    compute = "float32"
+    LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
+    tile = fused.product_tile(compute, G, NR, LANES, bias=True)
+
+    @njit
+    def run(panel, rows, out, b):
+        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[1], out.ctypes.data, b.ctypes.data)
+
+    rng = np.random.default_rng(G)
+    V = fused.vectors_per_pass(G, NR)
+    for K in (0, 9):
+        panel = rng.standard_normal((G // V, K, V, LANES)).astype(compute)
+        source = rng.standard_normal((NR, K)).astype(compute)
+        b = rng.standard_normal((G, LANES)).astype(compute)
+        out = np.full((G, NR, LANES), np.nan, dtype=compute)
+        run(panel, np.array([r.ctypes.data for r in source], np.int64), out, b)
+        want = b[:, None, :] + np.einsum("pkvu,rk->pvru", panel, source).reshape(G, NR, LANES)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bias_tiles_lay_out_unit_tiles_with_zeros_past_H():
+    G, H, NT, LANES = 3, 5, 2, 4
+    b = np.arange(G * H, dtype=np.float32) + 1
+    out = fused.bias_tiles(b, H, NT, LANES, np.full((NT, G, LANES), np.nan, np.float32))
+    for jt in range(NT):
+        for g in range(G):
+            for u in range(LANES):
+                j = jt * LANES + u
+                assert out[jt, g, u] == (b[g * H + j] if j < H else 0.0), (jt, g, u)
+
+
 def test_product_tile_rejects_a_pass_width_that_does_not_divide_G():
     with pytest.raises(ValueError, match="V=3 must divide G=4"):
         fused.product_tile("float32", 4, 2, 8, 3)

@@ -116,8 +116,8 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order,
     else:
         Wq = np.zeros(fused.panel_shape(0, 0, MQ, ct), ct)
         mbuf = np.zeros((0, HP), ct)
-    bW = padded("fused_bW", G, lp.bW.reshape(G, H))            # [G, HP]
-    bR = padded("fused_bR", G, lp.bR.reshape(G, H))            # [G, HP]
+    bW = fused.bias_tiles(lp.bW, H, NT, LANES, scratch("fused_bW", (NT, G, LANES), ct))   # [NT, G, LANES]
+    bR = fused.bias_tiles(lp.bR, H, NT, LANES, scratch("fused_bR", (NT, G, LANES), ct))   # [NT, G, LANES]
     vec = padded("fused_vec", max(cfg.V, 1), lp.V if lp.V is not None else np.zeros((1, H), ct))   # [VL, HP]
     hbuf = scratch("fused_h", (2, B, max(HP, P)), ct)         # [2, B, HB] h, double-buffered
     hbuf.fill(0)
