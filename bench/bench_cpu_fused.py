@@ -6,7 +6,9 @@
    BLAS loops), interleaved rounds with a pause before each turn (OpenBLAS's threads spin for ~0.1 s after a
    product: see bench_cpu.py).  Both validated against each other first.
 
-    python bench/bench_cpu_fused.py [--reps 7] [--pause 0.2]
+3. `--tile-shapes`: the micro-kernel alone on one thread for several V x NR tiles (`fused.tile_shape`).
+
+    python bench/bench_cpu_fused.py [--reps 7] [--pause 0.2] [--tile-shapes]
 """
 from __future__ import annotations
 
@@ -70,6 +72,58 @@ def product_only(T=100, B=32, H=512, G=4, reps=7, pause=0.2):
         print(f"  {k:28s} {np.median(v):7.1f} ({min(v):6.1f}) ms  {flops / min(v) / 1e6:6.0f} GFLOP/s at best")
 
 
+#: (G, V, NR) micro-kernel shapes `tile_shapes` times: the LSTM's one and two passes, GRU's, RNN's
+SHAPES_TRIED = ((4, 4, 2), (4, 4, 3), (4, 4, 4), (4, 2, 4), (4, 2, 6), (3, 3, 4), (1, 1, 4), (1, 1, 8), (1, 1, 12))
+
+
+def tile_shapes(K=512, B=48, steps=20, reps=5):
+    """GFLOP/s of the micro-kernel alone on one thread for several V x NR tiles (G // V passes over k):
+    panels of 2048 rows (all of them in L2/L3 as in the op), B rows, product_tile called as in the fused loop.
+    Shapes whose registers (V*NR accumulators + V panel vectors + a broadcast) exceed the ISA's spill."""
+    ct = np.float32
+    LANES = fused.lanes_for(ct)
+    rng = np.random.default_rng(0)
+    print(f"micro-kernel alone, one thread, K={K}, B={B} rows, {fused.registers()} vector registers, best of {reps}:")
+    for G, V, NR in SHAPES_TRIED:
+        tile = fused.product_tile("float32", G, NR, LANES, V)
+        NT = 2048 // (G * LANES)
+        R = rng.standard_normal((G * NT * LANES, K)).astype(ct)
+        Rp = np.empty((NT, G // V, K, V, LANES), ct)
+        fused.pack(R, Rp)
+        NB = -(-B // NR)
+        h = rng.standard_normal((NB * NR, K)).astype(ct)
+        rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)
+        out = np.empty((NT, NB, G, NR, LANES), ct)
+
+        run = _steps_runner(tile)
+        run(Rp, rows, out, 1)
+        got = out.transpose(2, 0, 4, 1, 3).reshape(G * NT * LANES, NB * NR)      # [g, jt, u] x [bt, r]
+        assert relative_error(got, R @ h.T) < 1e-5
+        best = min(_timed(run, Rp, rows, out, steps) for _ in range(reps))
+        fits = "fits" if fused.fits(V, NR) else "spills"
+        passes = f"{G // V} pass{'es' if G > V else ''}"
+        print(f"  G={G} V={V} NR={NR:2d} ({passes}, {V * NR + V + 1:2d} registers, {fits:6s})"
+              f" {2.0 * G * NT * LANES * K * NB * NR * steps / best / 1e9:6.1f} GFLOP/s")
+
+
+def _steps_runner(tile):
+    """steps x (every row tile x every unit tile) calls of `tile`, as the fused loop makes them."""
+    @njit
+    def run(Rp, rows, out, steps):
+        panel = Rp[0].size * 4
+        for _ in range(steps):
+            for bt in range(rows.shape[0]):
+                for jt in range(Rp.shape[0]):
+                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
+    return run
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
 def whole_op(reps=7, pause=0.2):
     from bench_cpu import (  # the bench's shapes and contracting weights
         SHAPES,
@@ -107,9 +161,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--pause", type=float, default=0.2)
+    ap.add_argument("--tile-shapes", action="store_true", help="only the micro-kernel's V x NR tile shapes")
     args = ap.parse_args(argv)
     print(f"numba threads {numba.get_num_threads()}, {fused.simd_bytes() * 8}-bit vectors, "
-          f"LANES={fused.lanes_for(np.float32)} NR={fused.rows_for(4)} (float32 LSTM)")
+          f"LANES={fused.lanes_for(np.float32)} V x NR={fused.tile_shape(4)} (float32 LSTM)")
+    if args.tile_shapes:
+        tile_shapes(reps=args.reps)
+        return
     product_only(reps=args.reps, pause=args.pause)
     whole_op(reps=args.reps, pause=args.pause)
 

@@ -240,3 +240,21 @@ def test_other_vector_widths(vector_width, nbytes, mode):
     compare(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
     if mode == "lstm":
         compare(_wide_case(mode, np.float32, num_proj=nbytes // 4 + 1))
+
+
+def test_bench_cpu_fused_runs_at_tiny_sizes(capsys):
+    """bench/bench_cpu_fused.py validates before it times: its micro-kernel sections at tiny sizes (the script
+    had assumed NR divides B, which broke on AVX2's NR)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "bench" / "bench_cpu_fused.py"
+    spec = importlib.util.spec_from_file_location("bench_cpu_fused", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.product_only(T=2, B=5, H=16, reps=1, pause=0.0)
+    bench.tile_shapes(K=16, B=5, steps=1, reps=1)
+    out = capsys.readouterr().out
+    assert "OpenBLAS np.matmul" in out
+    for G, V, NR in bench.SHAPES_TRIED:
+        assert f"G={G} V={V} NR={NR:2d}" in out
+        assert ("spills" in out.split(f"G={G} V={V} NR={NR:2d}")[1].splitlines()[0]) == (not fused.fits(V, NR))

@@ -87,8 +87,7 @@ def vectors_per_pass(G: int, NR: int) -> int:
     """V, the vectors one k loop of `product_tile` accumulates for NR rows: the largest divisor of G that
     `fits` (G // V passes over k).  AVX-512: V = G for every built-in cell.  AVX2 (16 registers), LSTM: G = 4
     gates x NR = 3 rows was one pass of 12 accumulators + 4 panel vectors + a broadcast = 17 registers: LLVM
-    spilled, 43 GFLOP/s on one Zen 3 core; two passes of 2 gates x 6 rows run at 99 GFLOP/s (near that core's
-    FMA peak; `python bench/bench_cpu_fused.py`, the micro-kernel alone)."""
+    spilled, 39-43 GFLOP/s on one Zen 3 core; two passes of 2 gates x 4 rows run at 88-91 (see tile_shape)."""
     return max([V for V in range(1, G + 1) if G % V == 0 and fits(V, NR)], default=1)
 
 
@@ -96,9 +95,10 @@ def tile_shape(G: int) -> tuple[int, int]:
     """(V, NR) for a product of G vectors (gates, or column vectors): the most accumulators that `fit`, then
     the fewest loads per multiply-add ((V + NR) / (V * NR)).  NR is a power of two (batch sizes mostly are: a
     partial row tile computes spare rows), at most 4 with 32 registers (LSTM 4 gates x 4 rows, measured at
-    peak on Zen 4) and 8 with 16.  Zen 3 (AVX2), one core, the micro-kernel alone for B = 48 rows, GFLOP/s:
-    V x NR = 2 x 6: 99, 3 x 4: 98, 2 x 4: 94, 1 x 8: 82, 1 x 6: 69, 1 x 12: 67, 4 x 2: 66; LSTM at B = 32:
-    two passes of 2 x 4 beat 2 x 6, whose sixth tile is two thirds spare rows."""
+    peak on Zen 4) and 8 with 16.  Zen 3 (AVX2), one core, the micro-kernel alone
+    (`python bench/bench_cpu_fused.py --tile-shapes`), GFLOP/s: LSTM one pass of 4 x 2: 54-63, 4 x 3: 39-43
+    (spills), two passes of 2 x 4: 88-91, of 2 x 6: 94-98; GRU 3 x 4: 90-97; RNN 1 x 8: 77-81, 1 x 12: 63-67,
+    1 x 4: 50.  LSTM at B = 32: 2 x 4 rather than 2 x 6, whose sixth row tile is two thirds spare rows."""
     nr_max = 4 if registers() == 32 else 8
     shapes = [(V, NR) for V in range(1, G + 1) if G % V == 0
               for NR in (1, 2, 4, 8) if NR <= nr_max and fits(V, NR)]
@@ -121,12 +121,14 @@ def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None
                      b)       # int     (only with `bias`) address of [G, LANES] values every row starts from
 
     out[g, r, u] = b[g, u] + sum_k panel[g // V, k, g % V, u] * row_r[k] (b = 0 without `bias`), k in order
-    (fused multiply-add where the CPU has one).  The bias as the accumulators' start, not added by the fused
-    forward's gather (2*G*NR slice loops of LANES per tile): LSTM T=100 B=32 I=H=512 float32 forward, Zen 3,
-    2 threads, best of 7: 91.8 ms against 98.5.  G // V passes over k, each V vectors x NR rows of accumulators (V: `vectors_per_pass` unless
-    given), each over its own contiguous part of the panel (one part per pass: measured on Zen 3, LSTM G = 4
-    in two passes of 2 x 6 over a [K, G, LANES] panel, each pass pulling both halves of every k's cache lines:
-    87 GFLOP/s, against 99 for one pass of 2 x 6).
+    (fused multiply-add where the CPU has one).
+
+    G // V passes over k, each V vectors x NR rows of accumulators (V: `vectors_per_pass` unless given), each
+    over its own contiguous part of the panel (measured on Zen 3 with the earlier [K, G, LANES] panel: two
+    passes of 2 x 6, each pulling both halves of every k's cache lines, 87 GFLOP/s against 99 for the same
+    tile over a panel of its own).  The bias as the accumulators' start, not added by the fused forward's
+    gather (2*G*NR slice loops of LANES per tile): LSTM T=100 B=32 I=H=512 float32 forward, Zen 3, 2 threads,
+    best of 7: 91.8 ms against 98.5.
     """
     V = vectors_per_pass(G, NR) if V is None else V
     if G % V:
