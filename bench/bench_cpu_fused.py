@@ -39,17 +39,7 @@ def product_only(T=100, B=32, H=512, G=4, reps=7, pause=0.2):
     rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)  # [NB, NR]
     out = np.empty((NT, NB, G, NR, LANES), ct)
 
-    def make(parallel):
-        @njit(parallel=parallel)
-        def run(Rp, rows, out, steps):
-            panel = Rp[0].size * 4
-            for _ in range(steps):
-                for bt in prange(rows.shape[0]):
-                    for jt in range(Rp.shape[0]):
-                        tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
-        return run
-
-    one, par = make(False), make(True)
+    one, par = _steps_runner(tile, False), _steps_runner(tile, True)
     ghT, hT = np.empty((G * H, B), ct), np.ascontiguousarray(h[:B].T)
     want = R @ hT
     one(Rp, rows, out, 1)
@@ -106,13 +96,14 @@ def tile_shapes(K=512, B=48, steps=20, reps=5):
               f" {2.0 * G * NT * LANES * K * NB * NR * steps / best / 1e9:6.1f} GFLOP/s")
 
 
-def _steps_runner(tile):
-    """steps x (every row tile x every unit tile) calls of `tile`, as the fused loop makes them."""
-    @njit
+def _steps_runner(tile, parallel=False):
+    """steps x (every row tile x every unit tile) calls of `tile`, as the fused loop makes them (`parallel`: the
+    row tiles split over numba's threads)."""
+    @njit(parallel=parallel)
     def run(Rp, rows, out, steps):
         panel = Rp[0].size * 4
         for _ in range(steps):
-            for bt in range(rows.shape[0]):
+            for bt in prange(rows.shape[0]):
                 for jt in range(Rp.shape[0]):
                     tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
     return run
