@@ -11,6 +11,8 @@ contrib cells through ops.cudnn_rnn_backprop_v3(backend="cpu"), and the default 
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -367,6 +369,55 @@ def test_step_loop_cache_keys_follow_the_cells_code():
                        backward=backward_other, split_recurrent=MINGRU.split_recurrent)
     assert cells.variant_key(changed, "float32", False, False) != cells.variant_key(MINGRU, "float32", False, False)
 
+
+def test_step_loop_cache_keys_follow_the_library_sources(monkeypatch):
+    """variant_key (the cache key of every step and fused loop) changes with `cells.sources_fingerprint`, the
+    hash of numbarnn/cpu and numbarnn/cells."""
+    from numbarnn.cells import get_cell
+    from numbarnn.cpu import cells
+    fingerprint = cells.sources_fingerprint()
+    assert len(fingerprint) == 64 and fingerprint == cells.sources_fingerprint()
+    key = cells.variant_key.__wrapped__(get_cell("lstm"), "float32", False, False)
+    monkeypatch.setattr(cells, "sources_fingerprint", lambda: "another version of the library")
+    assert cells.variant_key.__wrapped__(get_cell("lstm"), "float32", False, False) != key
+
+
+_STALE_PROBE = """
+import numpy as np
+from numbarnn.config import rnn_config
+from numbarnn.testing import make_rnn_case, run_forward
+case = make_rnn_case(rnn_config(1, 5, 3, "lstm"), 3, 2, [3, 2], seed=0, dtype=np.float64)
+print(run_forward(case, "cpu")[0].tobytes().hex())
+"""
+
+
+def test_an_edit_to_the_library_recompiles_the_cached_loops(tmp_path):
+    """numba invalidates a cached function when its own file changes, not when code it compiles in from another
+    file does: the fused loops (fused.py) inline cells.py's helper twins.  In a copy of the package, an edit to
+    cells.py's sigmoid twin must change the cpu output in the next process (before `cells.sources_fingerprint`
+    joined the cache key it did not: the stale machine code ran)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    src = Path(__file__).parent.parent / "numbarnn"
+    shutil.copytree(src, tmp_path / "numbarnn", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")} | {"PYTHONPATH": str(tmp_path)}
+
+    def probe():
+        done = subprocess.run([sys.executable, "-c", _STALE_PROBE], cwd=tmp_path, env=env, capture_output=True, check=False,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    before = probe()
+    assert probe() == before                                  # the cache itself is deterministic
+    path = tmp_path / "numbarnn" / "cpu" / "cells.py"
+    code = path.read_text()
+    line = "        return half * th(half * x) + half             # = 1/(1+e^-x), no exp to overflow\n"
+    assert line in code
+    path.write_text(code.replace(line, "        return half\n"))
+    assert probe() != before
 
 # ----------------------------------------------------------------------------------------------
 # the workspace (numbarnn/cpu/workspace.py): scratch reused across calls, never read stale, never returned

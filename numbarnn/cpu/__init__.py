@@ -45,9 +45,11 @@ for a descheduled thread: measured (2 cores, load ~3.5) examples/char_lstm.py 40
 with OPENBLAS_NUM_THREADS=1, 200-237 ms with 2 (the reference backend: 67 and 406 ms).  Set
 OPENBLAS_NUM_THREADS=1 there, or for small models.
 
-Compile: every njit function is cached on disk (numba ``cache=True``; the per-cell step loops too, keyed by
-a fingerprint of the cell's code, `cells.variant_key`), so only the first process after an install or a change
-compiles (seconds); later processes load the machine code.
+Compile: every njit function is cached on disk (numba ``cache=True``; the per-cell step loops and the fused
+loops too, keyed by a fingerprint of the cell's code and of the library's sources, `cells.variant_key`), so only
+the first process after an install or a change compiles (seconds); later processes load the machine code.
+numba alone invalidates a cached function only when its own file changes: an edit to a helper in another file
+would otherwise keep running the old machine code (tests/test_cpu_backend.py checks it does not).
 
 Modules: `fused.py` (the fused loops and their micro-kernel), `cells.py` (njit twins of the cell helpers,
 per-cell step loops), `network.py` (the layer/direction/step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'

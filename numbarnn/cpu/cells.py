@@ -24,14 +24,16 @@ B=32 H=512 float32, 100 forward steps, one core: 74 ms scalar, 14 ms vectorized.
 
 Caching: ``cache=True`` everywhere (here, `network.py`, `block_lstm.py`, `philox.py`).  The per-cell step loops
 are closures made at run time; `cached_step` keeps their closure to plain values plus a fingerprint of the
-cell's code (`variant_key`), which is what numba keys a cached closure by, so a new process loads them
-(measured cold compile and warm load: see bench/results/cpu.md).
+cell's code and of the library sources they compile in (`variant_key`, `sources_fingerprint`), which is what
+numba keys a cached closure by, so a new process loads them (measured cold compile and warm load: see
+bench/results/cpu.md), and an edit to any file of numbarnn/cpu or numbarnn/cells compiles them again.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import math
+import pathlib
 import types as pytypes
 
 import numba
@@ -189,7 +191,8 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
     numba keys an on-disk cache entry by the function's bytecode and its pickled closure values, not by its
     globals; the closure holds plain values only (sizes, flags and KEY, the fingerprint of the cell's code and
     the variant, `variant_key`), so every cell, dtype and variant gets its own entry and a new process loads
-    the machine code instead of compiling it again (seconds per loop).  A change to this file invalidates all.
+    the machine code instead of compiling it again (seconds per loop).  A change to any file of numbarnn/cpu or
+    numbarnn/cells changes every KEY (`sources_fingerprint`): numba itself would only notice the loop's own file.
     error_model="numpy": x / 0 gives inf/nan as in NumPy; numba's default ZeroDivisionError check would keep
     the pointwise loops from vectorizing."""
     globals_ = dict(step.__globals__, pointwise=pointwise_fn, lanes_G=stack_buffer(G * U),
@@ -229,10 +232,27 @@ def _hash_function(fn, h, seen):
 
 
 @functools.cache
+def sources_fingerprint() -> str:
+    """A hash of the library code the compiled loops are made of: every .py file of numbarnn/cpu and
+    numbarnn/cells (the loops, the micro-kernel, the helpers they inline, the helpers' twins, the built-in
+    cells).  numba invalidates a cached function when ITS file changes, not when a function it compiles in
+    from another file does: before this, an edit to the sigmoid twin in this file left fused.py's cached
+    loops running the old machine code (checked in a copy of the package: the same output after making
+    sigmoid a constant)."""
+    h = hashlib.sha256()
+    for package in (pathlib.Path(__file__).parent, pathlib.Path(__file__).parent.parent / "cells"):
+        for path in sorted(package.glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@functools.cache
 def variant_key(cell, compute: str, has_proj: bool, parallel: bool) -> str:
-    """A fingerprint of a step loop variant: the cell's description and code, the compute dtype and flags."""
+    """A fingerprint of a step loop variant: the cell's description and code, the compute dtype and flags, and
+    the library sources the loop compiles in (`sources_fingerprint`)."""
     h = hashlib.sha256(repr((cell.name, cell.gates, cell.saved, cell.vectors, cell.split_recurrent,
-                             cell.cell_state, compute, has_proj, parallel, UNITS)).encode())
+                             cell.cell_state, compute, has_proj, parallel, UNITS, sources_fingerprint())).encode())
     seen = set()
     for fn in (cell.forward, cell.backward):
         _hash_function(fn, h, seen)
