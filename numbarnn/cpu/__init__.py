@@ -49,9 +49,11 @@ Compile: every njit function is cached on disk (numba ``cache=True``; the per-ce
 loops too, keyed by a fingerprint of the cell's code and of the library's sources, `cells.variant_key`), so only
 the first process after an install or a change compiles (seconds); later processes load the machine code.
 numba alone invalidates a cached function only when its own file changes: an edit to a helper in another file
-would otherwise keep running the old machine code (tests/test_cpu_backend.py checks it does not).
+would otherwise keep running the old machine code (tests/test_cpu_backend.py checks it does not).  Processes
+compiling at the same time (test workers, DDP ranks on a cold cache) share the cache safely: numba's own
+index + data files race there (numba issue #4807), `jitcache.py` locks them.
 
-Modules: `fused.py` (the fused loops and their micro-kernel), `cells.py` (njit twins of the cell helpers,
+Modules: `fused.py` (the fused loops and their micro-kernel), `jitcache.py` (numba's disk cache, locked), `cells.py` (njit twins of the cell helpers,
 per-cell step loops), `network.py` (the layer/direction/step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'
 Philox device functions compiled for the CPU), `backend.py` (the backend contract), `workspace.py` (scratch
 kept across calls).

@@ -12,17 +12,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from .cells import compute_dtype
+from .jitcache import njit_cached
 
 
-@njit(cache=True, inline="always")
+@njit_cached(inline="always")
 def _sigmoid(x):
     return 0.5 * math.tanh(0.5 * x) + 0.5
 
 
-@njit(cache=True)
+@njit_cached
 def cell_forward(
     gates,       # [B, 4C]  x_t @ w_x + b + h_p @ w_h of this step
     cs_p,        # [B, C]   previous cell state
@@ -66,7 +66,7 @@ def cell_forward(
             h[b, j] = o_ * co_
 
 
-@njit(cache=True)
+@njit_cached
 def cell_backward(
     i, cs, f, o, ci, co,   # [B, C] this step's saved outputs
     cs_p,        # [B, C]  previous cell state

@@ -22,7 +22,9 @@ vectorizes them (AVX: 8 or 16 units per instruction); indexing the big arrays at
 arrays allocated with np.empty, keeps it scalar (possible aliasing, negative-index checks): measured LSTM
 B=32 H=512 float32, 100 forward steps, one core: 74 ms scalar, 14 ms vectorized.
 
-Caching: ``cache=True`` everywhere (here, `network.py`, `block_lstm.py`, `philox.py`).  The per-cell step loops
+Caching: ``cache=True`` everywhere (here, `fused.py`, `network.py`, `block_lstm.py`), with numba's cache index
+locked across processes (`jitcache.py`: two processes compiling at once could otherwise leave one variant's
+machine code filed under another's key).  The per-cell step loops
 are closures made at run time; `cached_step` keeps their closure to plain values plus a fingerprint of the
 cell's code and of the library sources they compile in (`variant_key`, `sources_fingerprint`), which is what
 numba keys a cached closure by, so a new process loads them (measured cold compile and warm load: see
@@ -44,6 +46,7 @@ from numba.extending import intrinsic
 
 from ..cells import HELPERS
 from ..cells.functions import compile_with_twins
+from .jitcache import locked
 
 #: below this many (row, unit) pairs per step the serial twin of a step loop runs (no parallel region).
 #: Measured on 2 cores (LSTM B=32 H=512, 100 steps): the serial loop 47 ms, the prange loop 94 ms: numba's
@@ -199,7 +202,7 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
                     lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U), **extra)
     fn = pytypes.FunctionType(step.__code__, globals_, step.__name__, None, step.__closure__)
     fn.__qualname__, fn.__module__ = step.__qualname__, step.__module__
-    return njit(cache=True, parallel=parallel, error_model="numpy")(fn)
+    return locked(njit(cache=True, parallel=parallel, error_model="numpy")(fn))     # jitcache.py: safe in parallel
 
 
 def _hash_code(code, h):

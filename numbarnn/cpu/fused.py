@@ -40,17 +40,19 @@ Used for every call (network.py); `network.FUSED = False` selects the BLAS loops
 from __future__ import annotations
 
 import functools
+import platform
 
 import llvmlite.binding as llvm_binding
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import cells
 from .cells import accumulate, load
+from .jitcache import njit_cached
 
 #: vector registers the micro-kernel may fill with accumulators (of 32 with AVX-512, 16 with AVX2)
 ACCUMULATORS = {32: 16, 16: 12}
@@ -72,9 +74,15 @@ def lanes_for(compute) -> int:
     return simd_bytes() // np.dtype(compute).itemsize
 
 
+def machine() -> str:
+    """The host's architecture, as `platform.machine()` names it (x86_64, aarch64, arm64, ...)."""
+    return platform.machine().lower()
+
+
 def registers() -> int:
-    """Vector registers of the host's ISA: 32 with AVX-512, 16 with AVX/AVX2 and SSE."""
-    return 32 if simd_bytes() == 64 else 16
+    """Vector registers of the host's ISA: 32 with AVX-512 and on AArch64 (NEON's v0-v31: Apple silicon,
+    Graviton; 16-byte vectors), 16 with AVX/AVX2 and SSE."""
+    return 32 if simd_bytes() == 64 or machine() in ("aarch64", "arm64") else 16
 
 
 def fits(V: int, NR: int) -> bool:
@@ -232,7 +240,7 @@ def panel_shape(tiles: int, K: int, G: int, compute) -> tuple:
     return (tiles, G // V, K, V, lanes_for(compute))
 
 
-@njit(cache=True)
+@njit_cached
 def pack(
     W,        # [G*H, K]  a gate-stacked weight matrix (W or R)
     out,      # [NT, G//V, K, V, LANES] out (`panel_shape`): unit tile jt holds units jt*LANES .. +LANES of
@@ -480,7 +488,7 @@ def bias_tiles(b, H: int, NT: int, LANES: int, out):
     return out
 
 
-@njit(cache=True)
+@njit_cached
 def pack_columns(
     R,        # [K, P]  (R: K = G*H rows, P columns)
     out,      # [NC, MV//V, K, V, LANES] out (`panel_shape` of MV vectors): column tile ct holds columns

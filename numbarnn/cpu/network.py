@@ -7,18 +7,18 @@ NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries
 from . import cells, fused
+from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
 
 
-@njit(cache=True)
+@njit_cached
 def commit_projection(
     s,        # int     step index
     d,        # int     direction
@@ -36,7 +36,7 @@ def commit_projection(
                 y[t, b, d * P + k] = h_new[b, k]
 
 
-@njit(cache=True)
+@njit_cached
 def total_dh(
     s,        # int     step index
     d,        # int     direction
