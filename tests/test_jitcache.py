@@ -50,3 +50,17 @@ def test_njit_cached_compiles_and_caches(tmp_path):
 
     assert twice(np.float32(2.5)) == 5.0 and np.isinf(ratio(1.0, 0.0))
     assert type(twice._cache._cache_file) is jitcache.LockedCacheFile
+
+
+def test_a_filesystem_without_locks_saves_unlocked(tmp_path, monkeypatch):
+    """flock failing (some NFS mounts: ENOLCK) falls back to numba's unlocked save instead of failing."""
+    if jitcache.fcntl is None:
+        pytest.skip("no fcntl on this platform")
+
+    def no_locks(handle, op):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(jitcache.fcntl, "flock", no_locks)
+    f = jitcache.LockedCacheFile(cache_path=str(tmp_path), filename_base="f", source_stamp=("s", 1))
+    f.save("a", 1)
+    assert f.load("a") == 1

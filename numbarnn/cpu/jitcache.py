@@ -33,15 +33,23 @@ except ImportError:                                   # Windows: numba's behavio
 
 @contextlib.contextmanager
 def _exclusive(path: str):
-    if fcntl is None:
-        yield
-        return
-    with open(path, "ab") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    """An exclusive lock on `path` for the block; none where the platform or the filesystem has no locks
+    (some NFS mounts): numba's own behaviour there."""
+    handle = None
+    if fcntl is not None:
         try:
-            yield
-        finally:
+            handle = open(path, "ab")   # noqa: SIM115  (closed below, after the unlock)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            if handle is not None:
+                handle.close()
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
             fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
 
 
 class LockedCacheFile(IndexDataCacheFile):
