@@ -17,6 +17,7 @@ from test_cpu_backend import ALL_CELLS, QUICK, compare, named
 
 import numbarnn.contrib.cifg_lstm
 import numbarnn.contrib.peephole_lstm  # noqa: F401
+from numbarnn.cells import CellSpec, dtanh, register, tanh
 from numbarnn.config import rnn_config
 from numbarnn.cpu import fused, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
@@ -262,3 +263,33 @@ def test_bench_cpu_fused_runs_at_tiny_sizes(capsys):
     for G, V, NR in bench.SHAPES_TRIED:
         assert f"G={G} V={V} NR={NR:2d}" in out
         assert ("spills" in out.split(f"G={G} V={V} NR={NR:2d}")[1].splitlines()[0]) == (not fused.fits(V, NR))
+
+
+def _leaky_forward(wx, rh, v, h, c, saved):
+    g = tanh(wx[0] + rh[0])
+    c_new = 0.5 * c + g
+    saved[0] = g
+    return tanh(c_new), c_new
+
+
+def _leaky_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    tc = tanh(c_new)
+    dcell = dc + dm * dtanh(tc)
+    dwx[0] = dcell * dtanh(saved[0])
+    return 0.0, 0.5 * dcell
+
+
+#: a one-gate cell with a state and a projection (this file only): its forward row tiles (NR = rows_for(1),
+#: 8 with 16 registers) differ from the projection's own tile shape (tile_shape(4): NR 4)
+LEAKY = register(CellSpec(name="test_fused_leaky", gates=("g",), saved=("g",), forward=_leaky_forward,
+                          backward=_leaky_backward, cell_state=True, projection=True))
+
+
+@pytest.mark.parametrize("nbytes", [16, 32])
+def test_projection_panel_follows_the_forward_row_tiles(vector_width, nbytes):
+    """The forward's projection reads W_proj^T by the micro-kernel with the FORWARD's NR (rows_for(G)); its
+    panel must be packed for that NR's pass width.  With 16 registers and G = 1 the two differ (1 vector per
+    pass for 8 rows, 2 for tile_shape(4)'s 4 rows): packed by tile_shape, that projection was wrong."""
+    vector_width(nbytes)
+    assert fused.rows_for(1) == 8 and fused.vectors_per_pass(fused.COLUMN_VECTORS, 8) != fused.tile_shape(4)[0]
+    compare(_wide_case(LEAKY.name, np.float32, num_proj=nbytes // 4 + 1))

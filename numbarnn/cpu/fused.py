@@ -233,10 +233,13 @@ def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None
     return tile
 
 
-def panel_shape(tiles: int, K: int, G: int, compute) -> tuple:
-    """The shape of `tiles` packed panels of G vectors over K: [tiles, G // V, K, V, LANES], V of `tile_shape`
-    (the vectors of one pass of the micro-kernel)."""
-    V = tile_shape(G)[0]
+def panel_shape(tiles: int, K: int, G: int, compute, NR: int | None = None) -> tuple:
+    """The shape of `tiles` packed panels of G vectors over K for a micro-kernel of NR rows (its own
+    `tile_shape` NR unless given): [tiles, G // V, K, V, LANES], V = `vectors_per_pass(G, NR)`, the vectors of
+    one pass of the `product_tile` that reads it.  (The forward's projection reads W_proj's MQ column vectors
+    with the forward's NR, rows_for(G): with V from tile_shape(MQ) instead, an AVX2 cell of G = 1 or 5 read
+    its panel in the wrong layout.)"""
+    V = vectors_per_pass(G, rows_for(G) if NR is None else NR)
     return (tiles, G // V, K, V, lanes_for(compute))
 
 

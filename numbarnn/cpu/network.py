@@ -110,11 +110,12 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order,
     else:
         Wp = Rp                                                # skip input: not read
     if cfg.has_proj:
-        Wq = scratch("fused_Wq", fused.panel_shape(-(-P // (MQ * LANES)), H, MQ, ct), ct)   # W_proj^T by column tiles
+        # W_proj^T by column tiles, for the forward's row tiles (NR of G)
+        Wq = scratch("fused_Wq", fused.panel_shape(-(-P // (MQ * LANES)), H, MQ, ct, fused.rows_for(G)), ct)
         fused.pack_columns(lp.W_proj.T, Wq)
         mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
     else:
-        Wq = np.zeros(fused.panel_shape(0, 0, MQ, ct), ct)
+        Wq = np.zeros(fused.panel_shape(0, 0, MQ, ct, fused.rows_for(G)), ct)
         mbuf = np.zeros((0, HP), ct)
     bW = fused.bias_tiles(lp.bW, H, NT, LANES, scratch("fused_bW", (NT, G, LANES), ct))   # [NT, G, LANES]
     bR = fused.bias_tiles(lp.bR, H, NT, LANES, scratch("fused_bR", (NT, G, LANES), ct))   # [NT, G, LANES]
