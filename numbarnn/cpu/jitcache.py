@@ -89,7 +89,7 @@ def race(cache_file_class, path: str, processes: int = 2, saves: int = 150) -> t
     another function's machine code."""
     import multiprocessing
 
-    context = multiprocessing.get_context("fork" if fcntl is not None else "spawn")
+    context = multiprocessing.get_context("spawn")   # no fork of a process that runs OpenMP/BLAS threads
     workers = [context.Process(target=_race_worker, args=(cache_file_class, path, w, saves))
                for w in range(processes)]
     for w in workers:
