@@ -46,7 +46,7 @@ from numba.extending import intrinsic
 
 from ..cells import HELPERS
 from ..cells.functions import compile_with_twins
-from .jitcache import locked
+from .jitcache import njit_cached
 
 #: below this many (row, unit) pairs per step the serial twin of a step loop runs (no parallel region).
 #: Measured on 2 cores (LSTM B=32 H=512, 100 steps): the serial loop 47 ms, the prange loop 94 ms: numba's
@@ -202,7 +202,7 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
                     lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U), **extra)
     fn = pytypes.FunctionType(step.__code__, globals_, step.__name__, None, step.__closure__)
     fn.__qualname__, fn.__module__ = step.__qualname__, step.__module__
-    return locked(njit(cache=True, parallel=parallel, error_model="numpy")(fn))     # jitcache.py: safe in parallel
+    return njit_cached(fn, parallel=parallel, error_model="numpy")     # jitcache.py: safe in parallel
 
 
 def _hash_code(code, h):
