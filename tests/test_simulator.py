@@ -2,7 +2,8 @@
 
 The simulator creates a block's shared array for a source line on the first thread's request, with no lock
 between its lookup and its store; two threads inside that window get different arrays.  These tests widen the
-window (a slow ``np.empty``) so that the race happens every time without the lock.
+window (a slow allocation) so that the race happens every time without the lock.  And a new shared array
+starts as NaN (floats) or the most negative value (integers), as garbage a GPU might leave, not zeros.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from numbarnn.kernels import simulator  # noqa: E402
 
 
 class SlowEmpty:
-    """numpy, except that np.empty takes 50 ms: every thread of a block arrives inside the lookup's window
+    """numpy, except that np.empty and np.full take 50 ms: every thread of a block arrives inside the lookup's window
     (even on a loaded machine, where starting a thread can take milliseconds)."""
 
     def __getattr__(self, name):
@@ -31,6 +32,11 @@ class SlowEmpty:
     def empty(*args, **kwargs):
         time.sleep(0.05)
         return np.empty(*args, **kwargs)
+
+    @staticmethod
+    def full(*args, **kwargs):
+        time.sleep(0.05)
+        return np.full(*args, **kwargs)
 
 
 @cuda.jit
@@ -68,6 +74,29 @@ def test_without_the_lock_the_race_shows(monkeypatch):
     monkeypatch.setattr(simulator, "np", SlowEmpty())
     monkeypatch.setattr(simulator, "_LOCK", contextlib.nullcontext())
     assert not np.array_equal(run(), WANT)
+
+
+@cuda.jit
+def read_before_write(out, iout):
+    f = cuda.shared.array(4, np.float32)
+    i = cuda.shared.array(4, np.int32)
+    t = cuda.threadIdx.x
+    if t < 2:
+        f[t] = 1.0
+        i[t] = 1
+    cuda.syncthreads()
+    out[t] = f[t]
+    iout[t] = i[t]
+
+
+def test_unwritten_shared_memory_reads_as_garbage():
+    """Shared memory a kernel never wrote is not zero (a padded column it forgot to zero would pass in the
+    simulator and read whatever is there on a GPU): NaN for floats, the most negative value for integers."""
+    out, iout = np.zeros(4, np.float32), np.zeros(4, np.int32)
+    read_before_write[1, 4](out, iout)
+    np.testing.assert_array_equal(out[:2], 1.0)
+    assert np.isnan(out[2:]).all()
+    np.testing.assert_array_equal(iout, [1, 1, np.iinfo(np.int32).min, np.iinfo(np.int32).min])
 
 
 @cuda.jit

@@ -33,7 +33,7 @@ CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm")
 TOL = {"float64": 1e-13, "float32": 1e-5, "float16": 1e-3}
 
 
-def _run_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
+def _run_steps(version, cell, dtype, H, B, D, T, lens, seed=0, sl=SL):
     """Run T steps of one layer's forward step kernel (v1 or the v3 per-step variant) on random inputs."""
     rng = np.random.default_rng(seed)
     G, acc = cell.G, acc_dtype(dtype)
@@ -49,7 +49,7 @@ def _run_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
     if version == 1:
         kernel, grid, block = jit(make_forward_step, cell, dtype, False), (2, B, D), -(-H // 2)
     else:
-        kernel, grid, block = jit(step_v3.make_forward_step_v3, cell, dtype, SL), (-(-H // SL.TJ), 1, D), SL.threads
+        kernel, grid, block = jit(step_v3.make_forward_step_v3, cell, dtype, sl), (-(-H // sl.TJ), 1, D), sl.threads
     names = used_args(FORWARD_ARGS, cell, False)
     for s in range(max(lens)):
         args.update(s=s, h_in=h_in, h_out=h_out)
@@ -75,7 +75,7 @@ def test_per_step_body_on_many_blocks_equals_v1(name, dtype):
                                    atol=TOL[dtype], err_msg=f"{key} ({name}, {dtype})")
 
 
-def _run_backward_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
+def _run_backward_steps(version, cell, dtype, H, B, D, T, lens, seed=0, sl=SL):
     """Run a layer's fused backward (s = max(len)-1 .. 0, then -1) with v2's step kernel or v3's per-step
     variant on random inputs (the same arguments: BACKWARD_V2_ARGS); -> every output."""
     rng = np.random.default_rng(seed)
@@ -96,7 +96,7 @@ def _run_backward_steps(version, cell, dtype, H, B, D, T, lens, seed=0):
         t = step_v2.SIM_TILES
         kernel, grid, block = jit(step_v2.make_backward_step_v2, cell, dtype, t), step_v2.grid(H, B, D, t), t.threads
     else:
-        kernel, grid, block = jit(step_v3.make_backward_step_v3, cell, dtype, SL), (-(-H // SL.TJ), 1, D), SL.threads
+        kernel, grid, block = jit(step_v3.make_backward_step_v3, cell, dtype, sl), (-(-H // sl.TJ), 1, D), sl.threads
     names = step_v2.backward_v2_args(cell)
     for s in range(max(lens) - 1, -2, -1):
         args.update(s=s)
@@ -119,6 +119,32 @@ def test_backward_per_step_body_on_many_blocks_equals_v2(name, dtype):
     for key, w in want.items():
         np.testing.assert_allclose(got[key].astype(np.float64), w.astype(np.float64), rtol=TOL[dtype],
                                    atol=TOL[dtype], err_msg=f"{key} ({name}, {dtype})")
+
+
+@pytest.mark.parametrize("name,dtype,sl,B,lens", [
+    # no prefetch (PF False: what `plan` picks where the prefetched values would not fit in registers, float64
+    # at TJ = 1), 4 rows a thread, TB = 8 > B: one split
+    ("lstm", "float64", SL._replace(RB=4, PF=False), 5, [3, 0, 2, 1, 3]),
+    ("gru", "float32", SL._replace(RB=4, PF=False), 5, [3, 0, 2, 1, 3]),
+    ("rnn_tanh", "float16", SL._replace(RB=4, PF=False), 5, [3, 0, 2, 1, 3]),
+    # 4 row groups of 1 row: a tile of 1 row splits K 4 ways over 3 chunks (a split with no chunk), 2 rows 2 ways
+    ("lstm", "float64", SL._replace(RG=4, RB=1), 5, [3, 0, 2, 1, 3]),
+    ("peephole_lstm", "float32", SL._replace(RG=4, RB=1), 2, [3, 1]),
+    ("cifg_lstm", "float64", SL._replace(RG=4, RB=1), 1, [3]),
+])
+def test_step_bodies_on_other_slices(name, dtype, sl, B, lens):
+    """The forward and backward bodies on many blocks against v1 and v2 (as above) with other slices: without
+    prefetching, and with the splits of K a small batch leaves to idle row groups (`make_split_k`)."""
+    cell = get_cell(name)
+    assert not step_v3.prefetches("float64", step_v3.Slice(TJ=1, RG=64, RB=1, KC=32, KMAX=512))
+    assert step_v3.prefetches("float32", step_v3.plan(4, 768, 768, "float32", simulator=False))
+    H, D, T = 5, 2, 3
+    for run, version in ((_run_steps, 1), (_run_backward_steps, 2)):
+        want = run(version, cell, dtype, H, B, D, T, lens)
+        got = run(3, cell, dtype, H, B, D, T, lens, sl=sl)
+        for key, w in want.items():
+            np.testing.assert_allclose(got[key].astype(np.float64), w.astype(np.float64), rtol=TOL[dtype],
+                                       atol=TOL[dtype], err_msg=f"{key} ({name}, {dtype}, after v{version})")
 
 
 @pytest.mark.parametrize("mode,dtype,lengths", [("lstm", "float64", [3, 0, 2, 1, 3]),

@@ -20,6 +20,11 @@ from numba.np.numpy_support import from_dtype
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 DTYPES = ("float16", "float32", "float64")
 
+#: the type of shared-memory indices in hot loops: numba wraps a negative *signed* index Python-style (a shift,
+#: a mask and an add per access, and the wrapped address kept in a register), an unsigned one is a plain
+#: address.  Measured in v3's k loop (python -m numbarnn.kernels.sass), as earlier in GEMM v4's registers.
+U = np.uint64
+
 if SIMULATOR:
     # numba's CUDA simulator hands the threads of a block their static shared arrays without a lock (rarely two
     # threads get different arrays: a silently wrong result), polls its barrier, and runs cooperative grids of

@@ -46,7 +46,7 @@ KERNEL_MODULES = (
 )
 
 #: submodules of numbarnn.kernels that are not kernel modules
-_NOT_KERNEL_MODULES = {"numbarnn.kernels.registry", "numbarnn.kernels.report"}
+_NOT_KERNEL_MODULES = {"numbarnn.kernels.registry", "numbarnn.kernels.report", "numbarnn.kernels.sass"}
 
 
 @dataclass(frozen=True)

@@ -368,8 +368,9 @@ def persistent_co_residency(rows: list[dict]) -> list[dict]:
     fails unless all its blocks are resident at once) fits on the reference GPU of each compiled compute
     capability (roofline.GPUS: A100 for sm_80, H100 for sm_90), LSTM float32 at H = P = CO_RESIDENCY_H, one
     and two directions: the slice step_v3.plan picks (its shared memory) and the registers compiled here (the
-    kernels are compiled at the H = 512 slice; their loops are not unrolled, so other slices allocate about the
-    same).  The driver asks the device itself (max_cooperative_grid_blocks) and runs v2 where this says no."""
+    kernels are compiled at the H = 512 slice; the TJ = 2 slices of H = 768 and 1024 stage twice the rows a
+    thread and take more: roofline.V3_REGISTERS).  The driver asks the device itself
+    (max_cooperative_grid_blocks) and runs v2 where this says no."""
     from . import roofline
     gpus = {tuple(g.cc): g for g in reversed(list(roofline.GPUS.values()))}     # the first GPU listed per cc
     out = []

@@ -30,6 +30,8 @@ published times) and says whether the model meets them.  Nothing in here is tune
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 
@@ -211,11 +213,13 @@ SM_LIMITS_EXTRA = {
 }
 
 #: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
-#: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice; the loops are not unrolled,
-#: so other slices allocate about the same).  The co-residency estimate below uses it for every GPU.
-V3_REGISTERS = 168
+#: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice, TJ = 4).  The co-residency
+#: estimate below uses it for every GPU and slice; the TJ = 2 slices (H = 768, 1024) stage 16 rows a thread and
+#: take more (forward 186, backward 164 on sm_90: 660 blocks fit on an H100 instead of 792), which the driver
+#: on a GPU gets right (it asks the device with the compiled kernel: step_v3.device_cooperative_limit).
+V3_REGISTERS = 138
 #: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`)
-V3_BACKWARD_REGISTERS = 113
+V3_BACKWARD_REGISTERS = 166
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(
@@ -332,8 +336,8 @@ def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="flo
 
 
 def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None) -> tuple:
-    """What the v3 forward and backward share, for slice `sl`: (blocks, warps per block, row tiles, wavefronts of
-    a warp's R-slice load R_slice[g*TJ + jj, k] (rows KMAX+1 words apart), of its staged-tile load
+    """What the v3 forward and backward share, for slice `sl`: (blocks, warps per block, row tiles,
+    wavefronts of a warp's R-slice load R_slice[g*TJ + jj, k] (rows KMAX+1 words apart), of its staged-tile load
     tile[rg*RB + r, kk] (rows h_pitch words apart, default step_v3.h_pitch), how much more than its useful bytes
     an epilogue row's sector carries (TJ consecutive units per row)."""
     TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
@@ -346,6 +350,52 @@ def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None)
     return -(-H // TJ) * D, -(-NT // WARP), -(-B // TB), wf_R, wf_h, max(1.0, SECTOR / (TJ * s))
 
 
+def v3_splits(B: int, sl) -> list[tuple[int, int]]:
+    """(RN, KS) of each row tile of a v3 block (step_v3.make_split_k): a tile of fewer rows than TB splits its
+    chunks of K over KS = TB // RN splits of RN rows (the rows rounded up to a multiple of lcm(RH, RB)); one split
+    without prefetching."""
+    RS = sl.threads // sl.KC
+    RH = -(-sl.TB // RS)
+    L = RH * sl.RB // math.gcd(RH, sl.RB)
+    out = []
+    for b0 in range(0, B, sl.TB):
+        RN = -(-min(sl.TB, B - b0) // L) * L if sl.PF else sl.TB
+        out.append((RN, max(1, sl.TB // RN)))
+    return out
+
+
+def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, red_pitch: int) -> int:
+    """Shared-memory wavefronts of one block's products over all of its row tiles (step_v3's step body: NG = 1,
+    per_k = G*wf_R + RB*wf_h; its staged product: NG gates, per_k = wf_R + RB*wf_h), counted as the kernel runs
+    them: per round TB*KC staged words stored (a warp's 32 lanes one row's 32 columns: one wavefront each); per
+    round and column k, per_k for every warp with a thread of a split that has a chunk in that round; with
+    KS > 1 the reduction through `red` (rows red_pitch words apart): each live thread stores its NV x RB partial
+    sums, split 0's threads load the other splits' (`bank_wavefronts` of the lanes' words)."""
+    TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
+    total = 0
+    for RN, KS in v3_splits(B, sl):
+        RGN, NR = RN // RB, -(-NCH // KS)
+        total += NG * NR * (TB * KC // WARP)
+        for c in range(NR):
+            for w0 in range(0, NT, WARP):
+                if any((t // TJ) // RGN < KS and c * KS + (t // TJ) // RGN < NCH for t in range(w0, min(NT, w0 + WARP))):
+                    total += NG * KC * per_k
+        if KS > 1:
+            for w0 in range(0, NT, WARP):
+                lanes = range(w0, min(NT, w0 + WARP))
+                live = [t for t in lanes if (t // TJ) // RGN < KS]
+                own = [t for t in lanes if t // TJ < RGN]
+                for v in range(NV):
+                    for r in range(RB):
+                        if live:
+                            total += bank_wavefronts((t // TJ * RB + r) * red_pitch + v * TJ + t % TJ for t in live)
+                        for sp in range(1, KS):
+                            if own:
+                                total += bank_wavefronts(((sp * RGN + t // TJ) * RB + r) * red_pitch + v * TJ + t % TJ
+                                                         for t in own)
+    return total
+
+
 def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P: int | None = None,
                h_pitch: int | None = None) -> dict:
     """The persistent v3 forward (step_v3.py) of one layer (no projection: P = H unless given) with slice `sl`:
@@ -356,8 +406,9 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     step   every block stages ALL B rows of h (it owns units, not rows): ceil(H/TJ) x B x P x s of L2
            traffic, coalesced; the epilogue (v2's) touches TJ consecutive units of 32/TJ rows a request, so
            each row's sector carries TJ*s useful bytes: its compulsory bytes x max(1, 32 / (TJ*s)) in L1/L2;
-           smem: per row tile and K chunk TB*KC h words stored; per column k each warp loads G words of the
-           R slice (rows padded to KMAX+1: conflict-free) and RB of the h tile, whose rows are h_pitch words
+           smem (`v3_product_wavefronts`): per round of chunks TB*KC h words stored; per column k each warp with
+           a split that has a chunk loads G words of the R slice (rows padded to KMAX+1: conflict-free) and RB of
+           the h tile, whose rows are h_pitch words
            apart: the 32/TJ row groups of a warp read 32/TJ distinct words, of one bank when h_pitch*s is a
            multiple of 128 (`bank_wavefronts` of the kernel's addresses); + one grid barrier (not traffic:
            GPU.grid_sync_us).
@@ -374,7 +425,8 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
                   flops=0, blocks=nb)
     h_l2 = nb * B * P * s
     other = D * _other_forward(B, H, P, G, s) * spread
-    step_wf = nb * row_tiles * (-(-P // KC) * (TB * KC // WARP) + warps * P * (G * wf_R + RB * wf_h))
+    from .step_v3 import red_pitch
+    step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl))
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
                 flops=2 * G * nb * TJ * row_tiles * TB * P + 12 * D * B * H, blocks=nb)
@@ -391,8 +443,9 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
            32 words a request, whose banks (jj*(KMAX+1) + k) collide `wf_slice`-way (2-way at TJ = 2).
     step   every block stages ALL B rows of dgh_{s+1}, all G gates: ceil(H/TJ) x B x G*H x s of L2 traffic,
            coalesced (G times the forward's h); the epilogue's compulsory bytes (launch plan: B(3GH + SH + 3P)s)
-           spread like the forward's; smem: per row tile, gate and K chunk TB*KC dgh words stored; per (gate,
-           column k) each warp loads one word of the R slice and RB of the dgh tile; one grid barrier.
+           spread like the forward's; smem (`v3_product_wavefronts`): per gate and round TB*KC dgh words stored;
+           per (gate, column k) each warp with a split that has a chunk loads one word of the R slice and RB of
+           the dgh tile, and the splits' reduction; one grid barrier.
     """
     TJ, RB, KC, KMAX, TB = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
@@ -409,7 +462,8 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
                   sectors_per_request=(WARP // TJ) * run)
     dgh_l2 = nb * B * GH * s
     other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
-    step_wf = nb * row_tiles * G * (-(-H // KC) * (TB * KC // WARP) + warps * H * (wf_R + RB * wf_h))
+    from .step_v3 import red_pitch
+    step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl))
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
                 flops=2 * GH * nb * TJ * row_tiles * TB + 20 * D * B * H, blocks=nb)

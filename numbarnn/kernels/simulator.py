@@ -14,7 +14,12 @@ lookup (keyed by the caller's file and line, as the simulator does) under a lock
 24.4/26.0 s before, 22.8/23.3 s after, with the simulator's barrier).  The profiler's recording wrapper
 uses `static_shared_array` too.
 
-2. `syncthreads`: a barrier on a condition variable instead of the simulator's polling loop (below); and
+2. Uninitialised shared memory: a GPU's shared memory holds whatever the last block left there; the simulator's
+``np.empty`` usually gives zeros, so a kernel that reads shared memory it never wrote (a padded column, a row
+past the batch) passed in the simulator and could read NaN on a GPU.  Floating-point shared arrays now start
+as NaN (integers as the most negative value), so such a read shows in the result.
+
+3. `syncthreads`: a barrier on a condition variable instead of the simulator's polling loop (below); and
 with it, cooperative launches of more than one block (the simulator ran blocks one after another, so a grid
 barrier could only work with one): a kernel marked ``cooperative`` runs all its blocks at once, and
 ``cuda.cg.this_grid().sync()`` waits for every thread of the grid.
@@ -46,8 +51,19 @@ def static_shared_array(shared, caller, shape, dtype):
     with _LOCK:
         ary = shared._allocations.get(key)
         if ary is None:
-            ary = shared._allocations[key] = np.empty(shape, dtype)
+            ary = shared._allocations[key] = poisoned(shape, dtype)
     return ary, key
+
+
+def poisoned(shape, dtype) -> np.ndarray:
+    """A new static shared array as a GPU may hand it over: NaN (floats) or the most negative value (integers),
+    never the zeros a kernel might silently rely on (module docstring, 2)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.full(shape, np.nan, dtype)
+    if dtype.kind in "iu":
+        return np.full(shape, np.iinfo(dtype).min, dtype)
+    return np.empty(shape, dtype)
 
 
 def _shared_array(self, shape, dtype, alignment=None):

@@ -47,7 +47,7 @@ from numba import cuda, int64
 from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
-from .common import DTYPES, acc_dtype, arr, nb
+from .common import DTYPES, U, acc_dtype, arr, nb
 
 
 class Tiles(NamedTuple):
@@ -180,26 +180,53 @@ def make_forward_epilogue(cell, dtype, RB: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_stage_rows(dtype, TB: int, RS: int):
-    """Device function: tile[bb, kc] = h[d, b0 + bb, k] for this thread's rows bb = r0, r0 + RS, ... < TB
-    (zeros past the batch B or the width P): LOADS_IN_FLIGHT loads before the stores, constant trip counts
-    (unrolled), no index division.  The h tile of v2's forward and of v3's step body."""
+def make_fetch_rows(dtype, TB: int, RS: int):
+    """Device function: buf[i] = h[d, b0 + bb, k] for this thread's rows bb = r0 + i*RS < TB of a tile (zeros
+    past the tile, the batch B or the width P): every load issued before any is used, constant trip counts
+    (unrolled), no index division.  v3 issues the next chunk's loads before this chunk's products."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
-    U = LOADS_IN_FLIGHT
     RH = -(-TB // RS)                           # a thread's rows of the tile
+    FULL = TB % RS == 0                         # every thread's rows lie in the tile (r0 < RS): no check
+
+    @cuda.jit(device=True, inline="always")
+    def fetch_rows(h, buf, d, b0, k, r0, B, P):
+        for i in range(RH):
+            bb = r0 + i * RS
+            b = b0 + bb
+            buf[i] = h[d, U(b), U(k)] if (FULL or bb < TB) and b < B and k < P else zero
+
+    return fetch_rows
+
+
+@functools.lru_cache(maxsize=None)
+def make_put_rows(TB: int, RS: int):
+    """Device function: tile[bb, kc] = buf[i] for this thread's rows bb = r0 + i*RS < TB (fetch_rows' loads)."""
+    RH = -(-TB // RS)
+    FULL = TB % RS == 0                         # every thread's rows lie in the tile (r0 < RS): no check
+
+    @cuda.jit(device=True, inline="always")
+    def put_rows(tile, buf, kc, r0):
+        for i in range(RH):
+            bb = r0 + i * RS
+            if FULL or bb < TB:
+                tile[U(bb), U(kc)] = buf[i]          # unsigned indices: no wrap-around code (common.U)
+
+    return put_rows
+
+
+@functools.lru_cache(maxsize=None)
+def make_stage_rows(dtype, TB: int, RS: int):
+    """Device function: tile[bb, kc] = h[d, b0 + bb, k] for this thread's rows bb = r0, r0 + RS, ... < TB
+    (zeros past the batch B or the width P): all loads in flight before the stores (fetch_rows, put_rows;
+    buf holds ceil(TB / RS) values).  The h tile of v2's forward."""
+    fetch_rows = make_fetch_rows(dtype, TB, RS)
+    put_rows = make_put_rows(TB, RS)
 
     @cuda.jit(device=True, inline="always")
     def stage_rows(h, tile, buf, d, b0, k, kc, r0, B, P):
-        for i0 in range(0, RH, U):
-            for u in range(U):
-                bb = r0 + (i0 + u) * RS
-                b = b0 + bb
-                buf[u] = h[d, b, k] if bb < TB and b < B and k < P else zero
-            for u in range(U):
-                bb = r0 + (i0 + u) * RS
-                if bb < TB:
-                    tile[bb, kc] = buf[u]
+        fetch_rows(h, buf, d, b0, k, r0, B, P)
+        put_rows(tile, buf, kc, r0)
 
     return stage_rows
 
@@ -245,6 +272,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
     RS = NT // KC                               # staging: rows apart of one thread's elements
     RJ = -(-TJ // RS)                           # a thread's rows per gate of the R tile
+    NBUF = max(U, -(-TB // RS))                 # loads in flight: U for R's tile, a thread's rows for h's
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
     epilogue = make_forward_epilogue(cell, dtype, RB)
@@ -266,7 +294,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
         h_tile = cuda.shared.array((TB, KC), acc)       # h[d, b0+bb, k0+kk]
         rh = cuda.local.array((G, RB), acc)             # the product, G gates x RB rows, in registers
         r_k = cuda.local.array(G, acc)
-        buf = cuda.local.array(U, acc)                  # staged loads in flight (registers)
+        buf = cuda.local.array(NBUF, acc)               # staged loads in flight (registers)
         for g in range(G):
             for r in range(RB):
                 rh[g, r] = zero

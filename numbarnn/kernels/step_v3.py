@@ -15,60 +15,54 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               runs all blocks of a cooperative launch at once, so the persistent loop is
                               tested on many blocks too.)
 
-step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced, loads in
-flight: `step_v2.make_stage_rows`), the product comes from the R slice in shared memory (rows padded by one
-column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
+step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced:
+`make_fetch_indexed_rows`, `step_v2.make_put_rows`), the product comes from the R slice in shared memory (rows padded
+by one column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
 (`step_v2.make_forward_epilogue`).
 
 The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
 kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
-block before the barrier) is staged like h (`step_v2.make_stage_steps`), and the cell's backward is v2's
-epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1 finishes dh0.
+block before the barrier) is staged like h (`make_fetch_steps`, row times looked up once per tile), and the
+cell's backward is v2's epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
+finishes dh0.
 
-    backward_persistent_v3    grid (ceil(H/TJ), 1, D), one launch per layer, v2's arguments with steps for s
-        R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj]                           once
-        for s in steps-1 .. -1:  step_body(s) ; grid.sync() (not after -1)
-    backward_step_v3          the same body, one launch per step (the many-block test)
-
-On an H100 (bench/results/gpu_h100.md) v3 ran correctly from the first launch (384 co-resident blocks at
-H=768) and was faster than v2 at every measured shape (768x16x1024 forward: 80 ms, v2 184 ms, cuDNN 21 ms), so
-the driver runs it by default on a GPU.  What limits it now: ~95 us per step at H=768 B=16, each thread's
-serial K loop and the h staging of every step (a split of K over more threads is the next version).
-
-The slice must fit: G*TJ*(KMAX+1) compute-dtype values of static shared memory (at most 48 KiB, 40 KiB
-used here), and every block must be resident at once (a cooperative launch of more blocks fails).
-`plan(...)` picks TJ for a shape; the driver asks the device how many blocks can be co-resident and falls
-back to v2 otherwise, saying why (per phase: the backward kernel has its own registers).
-
-With a projection (LSTM num_proj = P < H) a step has two phases, each needing every block's results of the
-one before, so two grid barriers per step.  A block then also owns TQ = ceil(P / blocks) projected outputs
-p0 .. p0+TQ-1 (`Slice.TQ`) and keeps a second slice in shared memory:
-
-    forward   A: the cell for its TJ units (R rows as above, h is P wide) -> m    ; grid.sync()
-              B: h'[b, p] = sum_j W_proj[p, j] m[b, j] for its TQ outputs        ; grid.sync()
-                 (W_proj rows p0 .. p0+TQ-1 in shared memory, m staged like h)
-    backward  P: dh[b, p] = sum_gk dgh_s[b, gk] R[gk, p] for its TQ columns p  (R's columns p0.., all gates),
-                 then dht = dy + dh of step s-1 (-> dh_total, for dW_proj), h_prev of step s-1 ; grid.sync()
-              U: dm[b, j] = sum_p W_proj[p, j] dht[b, p] for its TJ units (W_proj's columns j0..), then the
-                 cell's backward (v2's epilogue, projection flavour)                 ; grid.sync()
-              s runs steps .. 0 for P (P at s = steps only starts dht; P at 0 leaves dh0), U at s-1 between.
-
-Every product of both phases is one device function (`make_staged_product`): a slice in shared memory
-times rows of a [D, T, B, K] array staged through the tile at each row's time index.
+The product loops, revised (what the H100 run measured, bench/results/gpu_h100.md: latency bound, one warp per
+scheduler, so the instructions a thread issues per step are its time; `python -m numbarnn.kernels.sass` counts
+them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before -> after:
+  - k loop with a constant trip count: the slices are zero-padded to their capacity (KMAX, HMAX: whole chunks),
+    so a chunk always has KC columns; the k loop runs KC // UNROLL trips of UNROLL = 8 unrolled ks (NVVM
+    unrolls 8, not 32) and its shared indices are unsigned (`common.U`: no wrap-around code).  Forward k loop
+    79 instructions per 8 FMAs (9.9 a FMA) -> 85 per 32 (2.7; the floor is 2.25: 5 loads per 4 FMAs).
+  - the next chunk's global loads are issued before this chunk's products (registers, `Slice.PF`; not where
+    they would not fit: float64 at TJ = 1), and the backward looks up each staged row's time index once per
+    row tile, not per element: its chunk, staging and barriers included, 1002 instructions + 7 x 105 of k loop
+    for 32 FMAs -> 268 for 33 (8.1 a FMA); even and odd k in two accumulators (two FMA chains, not one).
+  - a row tile with fewer rows than the block holds (B = 16 on the 32 rows of H = 768's TJ = 2 slice, B = 4 on
+    the 8 of H = 256's) splits its chunks of K over the row groups its rows leave idle (`make_split_k`: rounds
+    of KS chunks, one per split, then the splits' partial sums added through shared memory, `red`); v3 had
+    half of those warps compute zeros.  Each staging thread owns RH consecutive tile rows, all in one split,
+    so its rows share one column per round.
+  Per step and thread at the DeepBench shapes (SASS loop counts x trips, sm_90, LSTM float32), before -> after:
+  768x16 forward 41,016 -> 6,480 instructions, backward 192,672 -> 15,775; 256x4 forward 12,744 -> 1,716,
+  backward 55,584 -> 3,305; 512x32 forward 50,976 -> 14,752, backward 222,336 -> 33,264; 1024x64 forward
+  109,376 -> 34,560, backward 513,792 -> 84,134.  Registers (compile report, H = 512 slice) forward 193/168 ->
+  167/138 (sm_80/sm_90), backward 216/113 -> 204/166; at the TJ = 2 slices of H = 768 and 1024 (16 staged
+  rows a thread) forward 215/186, backward 216/164; 0 spills in every v3 kernel.
 """
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
-from numba import cuda
+from numba import cuda, types
 
 from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
-from .common import DTYPES, SIMULATOR, acc_dtype, arr
+from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
 from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, make_backward_epilogue, make_forward_epilogue,
-                      make_stage_rows, make_stage_steps)
+                      make_put_rows, make_stage_rows, make_stage_steps)
 
 
 if SIMULATOR:
@@ -95,7 +89,8 @@ def _cooperative(kernel):
 class Slice(NamedTuple):
     """A v3 block: TJ units x all gates, rows TB = RG*RB at a time, h staged KC columns at a time, R slice
     capacity KMAX columns (>= P).  With a projection also TQ projected outputs (<= TJ: P <= H) and HMAX (>= H)
-    columns for the W_proj rows (forward) and R's columns (backward); 0 without."""
+    columns for the W_proj rows (forward) and R's columns (backward); 0 without.  PF: whether the products
+    prefetch (`prefetches`)."""
 
     TJ: int
     RG: int
@@ -104,6 +99,7 @@ class Slice(NamedTuple):
     KMAX: int
     TQ: int = 0
     HMAX: int = 0
+    PF: bool = True     # fetch the next chunk into registers during this chunk's products (`prefetches`)
 
     @property
     def TB(self) -> int:
@@ -114,19 +110,41 @@ class Slice(NamedTuple):
         return self.TJ * self.RG
 
 
+#: the k loop of a chunk runs as KC // UNROLL trips of UNROLL ks: NVVM unrolls a constant trip count of 8 fully
+#: (every shared load at a constant offset, no loop code) but not one of 16 or 32 (unrolled by 2-4, a
+#: counter and selects per k).  LSTM forward, H = 512 slice, sm_90 (python -m numbarnn.kernels.sass):
+#: 8 -> 86 SASS instructions for 32 FMAs, 16 -> 88 for 16.
+UNROLL = 8
+
+
+def prefetches(dtype, sl: Slice) -> bool:
+    """Whether a slice's products fetch the next chunk during this one's products: a thread's staged values
+    (ceil(TB / RS) rows) and their rows' time indexes stay live in registers meanwhile, so only where they are
+    few (at most 16 words: float64 at TJ = 1 stages 32 rows a thread, and its backward spilled 180 bytes on
+    sm_80 with them); else each chunk is staged just before it is stored, as in v2."""
+    RS = sl.threads // sl.KC
+    return -(-sl.TB // RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
+
+
+def unroll(dtype, KC: int) -> int:
+    """ks per trip of a chunk's k loop: UNROLL, half of it in float64 (twice the registers per value: the
+    backward's float64 kernel spilled 188 bytes on sm_80 at 8), at most KC."""
+    return min(KC, UNROLL if acc_dtype(dtype).itemsize <= 4 else UNROLL // 2)
+
 SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
 SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
 THREADS = 64
 
 
 def slice_bytes(G: int, sl: Slice, dtype) -> int:
-    """Shared memory of a block: the R slice (padded rows) and the h tile, in the compute dtype; with a
-    projection the larger phase pair: forward R rows + W_proj rows, backward W_proj columns + R columns."""
+    """Shared memory of a block: the R slice (padded rows), the h tile and the splits' partial sums (TB x G*TJ),
+    in the compute dtype; with a projection the larger phase pair: forward R rows + W_proj rows, backward
+    W_proj columns + R columns."""
     size = acc_dtype(dtype).itemsize
     words = G * sl.TJ * (sl.KMAX + 1)
     if sl.TQ:
         words = max(words + sl.TQ * (sl.HMAX + 1), sl.TJ * (sl.KMAX + 1) + G * sl.TQ * (sl.HMAX + 1))
-    return (words + sl.TB * h_pitch(sl)) * size
+    return (words + sl.TB * h_pitch(sl) + sl.TB * red_pitch(G, sl)) * size   # + `red`: the splits' partial sums
 
 
 def projected_per_block(H: int, P: int, TJ: int) -> int:
@@ -139,6 +157,13 @@ def h_pitch(sl: Slice) -> int:
     at once; with rows KC = 32 words apart they would all hit one bank (a 32/TJ-way conflict, 16-way at TJ = 2,
     found by the profiler's model); one word of padding puts each row in its own bank."""
     return sl.KC + 1
+
+
+def red_pitch(G: int, sl: Slice) -> int:
+    """Words between rows of `red`, the splits' partial sums (a thread's G gates x TJ units per row): G*TJ + 1, odd,
+    so the 32 / TJ row groups of a warp store into different banks (G*TJ words apart they hit G*TJ / 32 x as few;
+    the profiler's model counts them, roofline.v3_product_wavefronts)."""
+    return G * sl.TJ + 1
 
 
 def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj: bool = False) -> Slice | None:
@@ -155,7 +180,7 @@ def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj:
         if has_proj:
             sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=-(-H // 32) * 32)
         if slice_bytes(G, sl, dtype) <= SMEM_BUDGET and TJ <= max(H, 1):
-            return sl
+            return sl._replace(PF=prefetches(dtype, sl))
     return None
 
 
@@ -198,10 +223,11 @@ PERSISTENT_ARGS = _persistent_forward_table()
 # ---------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def make_load_rows(dtype, G: int, TJ: int, NT: int):
+def make_load_rows(dtype, G: int, TJ: int, NT: int, KCAP: int):
     """Device function load_rows(R, R_slice, j0, H, K): R_slice[g*TJ + jj, k] = R[g*H + j0+jj, k] for k < K,
-    zeros for units j0+jj >= H: consecutive threads read consecutive k (coalesced).  R's rows of the block's
-    units (G gates), or W_proj's rows of its projected outputs (G = 1, TQ rows, H = P)."""
+    zeros for k in K .. KCAP-1 (the products run whole chunks up to the capacity KCAP) and for units
+    j0+jj >= H: consecutive threads read consecutive k (coalesced).  R's rows of the block's units (G gates),
+    or W_proj's rows of its projected outputs (G = 1, TQ rows, H = P)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     GJ, U = G * TJ, LOADS_IN_FLIGHT
@@ -210,27 +236,30 @@ def make_load_rows(dtype, G: int, TJ: int, NT: int):
     def load_rows(R, R_slice, j0, H, K):
         tid = cuda.threadIdx.x
         buf = cuda.local.array(U, acc)
-        for e0 in range(tid, GJ * K, NT * U):           # U loads in flight, then U stores
+        for e0 in range(tid, GJ * KCAP, NT * U):        # U loads in flight, then U stores
             for u in range(U):
                 e = e0 + u * NT
-                j = j0 + e // K % TJ
-                buf[u] = acc(R[e // K // TJ * H + j, e % K]) if e < GJ * K and j < H else zero
+                row = e // KCAP
+                k = e % KCAP
+                j = j0 + row % TJ
+                buf[u] = acc(R[row // TJ * H + j, k]) if e < GJ * KCAP and j < H and k < K else zero
             for u in range(U):
                 e = e0 + u * NT
-                if e < GJ * K:
-                    R_slice[e // K, e % K] = buf[u]
+                if e < GJ * KCAP:
+                    R_slice[e // KCAP, e % KCAP] = buf[u]
         cuda.syncthreads()
 
     return load_rows
 
 
 @functools.lru_cache(maxsize=None)
-def make_load_columns(dtype, G: int, TJ: int, NT: int):
+def make_load_columns(dtype, G: int, TJ: int, NT: int, KCAP: int):
     """Device function load_columns(R, R_slice, j0, H): R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj] for k < H,
-    zeros for columns j0+jj >= R's width.  R's columns of the block's units (backward, no projection), R's
-    columns of its projected outputs (G gates, TQ columns), or W_proj's columns of its units (G = 1, H = P).
-    Consecutive threads read runs of TJ consecutive columns (a one-off per launch: sector efficiency
-    TJ*size/32 at worst, against T steps that read no R at all)."""
+    zeros for columns j0+jj >= R's width and for k in H .. KCAP-1 (the capacity the products run to).
+    R's columns of the block's units (backward, no projection), R's columns of its projected outputs (G gates,
+    TQ columns), or W_proj's columns of its units (G = 1, H = P).  Consecutive threads read runs of TJ
+    consecutive columns (a one-off per launch: sector efficiency TJ*size/32 at worst, against T steps that read
+    no R at all)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     U = LOADS_IN_FLIGHT
@@ -251,45 +280,236 @@ def make_load_columns(dtype, G: int, TJ: int, NT: int):
                 if e < n:
                     gk = e // TJ                        # the row of R: gate gk // H, k = gk % H
                     R_slice[gk // H * TJ + e % TJ, gk % H] = buf[u]
+        for e in range(tid, G * TJ * KCAP, NT):         # the padding columns H .. KCAP-1
+            if e % KCAP >= H:
+                R_slice[e // KCAP, e % KCAP] = zero
         cuda.syncthreads()
 
     return load_columns
 
 
 @functools.lru_cache(maxsize=None)
-def make_staged_product(dtype, sl: Slice, NG: int, TX: int):
-    """Device function: out[r] = sum_{g < NG} sum_{k < K} slice_[g*TX + x, k] * src[d, t_b, b, g*K + k] for the
-    thread's RB rows b = b0 + rg*RB + r, where t_b is row b's time index at step s_src (rows not active then
-    give 0: `step_v2.make_stage_steps` stages them as zeros) and x = threadIdx % TJ (clamped below TX: with
-    TX < TJ the extra threads compute a copy and discard it).  src is staged KC columns at a time through
-    `tile` (coalesced, loads in flight); the slice_ reads are a broadcast per row group."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
-    RS = NT // KC                                       # staging: rows apart of one thread's elements
-    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
-    stage = make_stage_steps(dtype, TB, RS)
+def make_split_rows(TB: int, RS: int):
+    """Device function split_rows(rb, b0, B, RN, KS, r0) -> split: this thread stages the RH = ceil(TB/RS)
+    consecutive tile rows bb = r0*RH + i (all in one split: RN, the rows per split, is a multiple of RH); a
+    row tile of b0 .. runs KS splits of K side by side (`make_split_k`), split s on tile rows s*RN ..
+    s*RN + RN-1, which hold batch rows b0 .. b0+RN-1.  rb[i] = the batch row of tile row bb, -1 past the splits
+    or the batch; returns the thread's split.  Once per row tile: a round's loads then test one register, and
+    all of a thread's rows share one column (one address computation per row, as without splits)."""
+    RH = -(-TB // RS)
 
     @cuda.jit(device=True, inline="always")
-    def product(s_src, lens, src, slice_, tile, out, d, b0, K):
+    def split_rows(rb, b0, B, RN, KS, r0):
+        sp = r0 * RH // RN
+        for i in range(RH):
+            b = b0 + r0 * RH + i - sp * RN
+            rb[i] = b if sp < KS and b < B and r0 * RH + i < TB else -1
+        return sp
+
+    return split_rows
+
+
+@functools.lru_cache(maxsize=None)
+def make_put_split_rows(TB: int, RS: int):
+    """Device function put(tile, buf, kc, r0): tile[r0*RH + i, kc] = buf[i] (`make_split_rows`' rows)."""
+    RH = -(-TB // RS)
+    FULL = TB % RS == 0                         # every thread's rows lie in the tile: no check
+
+    @cuda.jit(device=True, inline="always")
+    def put(tile, buf, kc, r0):
+        for i in range(RH):
+            bb = r0 * RH + i
+            if FULL or bb < TB:
+                tile[U(bb), U(kc)] = buf[i]
+
+    return put
+
+
+@functools.lru_cache(maxsize=None)
+def make_row_times(TB: int, RS: int):
+    """Device function row_times(s_src, lens, rb, tb, d): tb[i] = the time index of batch row rb[i] at step
+    s_src (s_src forward, len[b]-1-s_src in reverse), or -1 where rb[i] < 0 or the row is not active at s_src
+    (s_src < 0 or >= len[b]).  Once per row tile, not per staged element."""
+    RH = -(-TB // RS)
+
+    @cuda.jit(device=True, inline="always")
+    def row_times(s_src, lens, rb, tb, d):
+        for i in range(RH):
+            b = rb[i]
+            t_ = -1
+            if b >= 0:
+                n = lens[b]
+                if s_src >= 0 and s_src < n:
+                    t_ = s_src if d == 0 else n - 1 - s_src
+            tb[i] = t_
+
+    return row_times
+
+
+@functools.lru_cache(maxsize=None)
+def make_fetch_split_rows(dtype, TB: int, RS: int):
+    """Device function fetch(h, rb, buf, d, k, P): buf[i] = h[d, rb[i], k], zeros where rb[i] < 0 or k >= P;
+    every load in flight before any is used (stored with `make_put_split_rows`)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    RH = -(-TB // RS)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(h, rb, buf, d, k, P):
+        for i in range(RH):
+            buf[i] = acc(h[d, U(rb[i]), U(k)]) if rb[i] >= 0 and k < P else zero
+
+    return fetch
+
+
+@functools.lru_cache(maxsize=None)
+def make_fetch_split_steps(dtype, TB: int, RS: int):
+    """Device function fetch(src, tb, rb, buf, d, col, ok): buf[i] = src[d, tb[i], rb[i], col], zeros where
+    tb[i] < 0 (no row, or not active) or `ok` is False (a column past the product's width); every load in flight
+    before any is used (stored with `make_put_split_rows`)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    RH = -(-TB // RS)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(src, tb, rb, buf, d, col, ok):
+        for i in range(RH):
+            t_ = tb[i]
+            buf[i] = acc(src[d, U(t_), U(rb[i]), U(col)]) if ok and t_ >= 0 else zero
+
+    return fetch
+
+
+@functools.lru_cache(maxsize=None)
+def make_split_k(RG: int, RB: int, TB: int, RS: int):
+    """Device function split_k(b0, B, NCH, pf) -> (RGN, KS, NR): a tile of rows b0 .. with fewer rows than the
+    TB a block holds splits its NCH chunks of K over the row groups the rows leave idle.  Split s works on tile
+    rows s*RN .. s*RN + RN-1 (the batch rows b0 ..; RN = the rows rounded up to a multiple of lcm(RH, RB), so
+    a staging thread's rows and a row group's rows lie in one split) and on chunks s, s + KS, ...: RGN = RN / RB
+    row groups per split, KS = TB // RN splits, NR = ceil(NCH / KS) rounds of KS chunks.  A batch smaller than
+    the tile (B = 16 on the 32 rows of H = 768's slice, B = 4 on H = 256's 8) would otherwise leave half the row
+    groups idle while the others run every chunk.  Without prefetching (pf False): one split."""
+    RH = -(-TB // RS)
+    L = RH * RB // math.gcd(RH, RB)
+
+    @cuda.jit(device=True, inline="always")
+    def split_k(b0, B, NCH, pf):
+        RN = (min(TB, B - b0) + L - 1) // L * L if pf else TB
+        KS = max(1, TB // RN)
+        return RN // RB, KS, (NCH + KS - 1) // KS
+
+    return split_k
+
+
+@functools.lru_cache(maxsize=None)
+def make_reduce_splits(dtype, RB: int, NV: int, TX: int):
+    """Device function reduce(vals, red, rg, x, RGN, KS, live): the NV x RB partial sums vals[v, r] of the KS splits
+    summed into split 0's threads (rg < RGN) through shared memory red[rg*RB + r, v*TX + x]; a no-op with one
+    split.  Every thread of the block calls it (two barriers)."""
+
+    @cuda.jit(device=True, inline="always")
+    def reduce(vals, red, rg, x, RGN, KS, live):
+        if KS > 1:                                      # the same for the whole block
+            if live:
+                for v in range(NV):
+                    for r in range(RB):
+                        red[U(rg * RB + r), U(v * TX + x)] = vals[v, r]
+            cuda.syncthreads()
+            if rg < RGN:
+                for sp in range(1, KS):
+                    for v in range(NV):
+                        for r in range(RB):
+                            vals[v, r] += red[U((sp * RGN + rg) * RB + r), U(v * TX + x)]
+            cuda.syncthreads()
+
+    return reduce
+
+
+@functools.lru_cache(maxsize=None)
+def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
+    """Device function: out[r] = sum_{g < NG} sum_{k < K} slice_[g*TX + x, k] * src[d, t_b, b, g*K + k] for the
+    thread's RB rows b = b0 + rg*RB + r, where t_b is row b's time index at step s_src (rows not active then
+    give 0) and x = threadIdx % TJ (clamped below TX: with TX < TJ the extra threads compute a copy and discard
+    it).  slice_ holds KCAP columns, zeros from K on (`make_load_rows`, `make_load_columns`).  A tile with fewer
+    rows than row groups splits the NG x KCAP/KC chunks over them (`make_split_k`) and sums the splits through
+    shared memory `red` into split 0 (rg < RGN): the other row groups' rows b lie past the batch, as before.
+
+    src is staged KC columns at a time through `tile` (coalesced), a round of KS chunks (one per split) at a
+    time; rows and time indexes are looked up once per row tile (`make_split_rows`, `make_row_times`), and the
+    next round's loads are issued before this round's products (they land while it runs).  The k loop has a
+    constant trip count KC (unrolled: shared loads at constant offsets, no index arithmetic per k); even and
+    odd k accumulate apart (two chains of dependent FMAs instead of one: with RB = 1 a thread has no other
+    independent work).  The slice_ reads are a broadcast per row group.  Without prefetching (sl.PF False) each
+    chunk is staged by v2's `stage_steps` just before it is stored, one split."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    TJ, RG, RB, KC, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.TB, sl.threads
+    RS = NT // KC                                       # staging: rows apart of one thread's elements
+    RH = -(-TB // RS)                                   # a thread's rows of the tile
+    NCH = KCAP // KC                                    # chunks per gate
+    KU = unroll(dtype, KC)
+    PREFETCH = sl.PF
+    NBUF = max(RH, LOADS_IN_FLIGHT)
+    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
+    assert KCAP % KC == 0, "the slice's capacity is whole chunks"
+    split_k = make_split_k(RG, RB, TB, RS)
+    split_rows = make_split_rows(TB, RS)
+    row_times = make_row_times(TB, RS)
+    fetch = make_fetch_split_steps(dtype, TB, RS)
+    put = make_put_split_rows(TB, RS)
+    stage = make_stage_steps(dtype, TB, RS)
+    reduce = make_reduce_splits(dtype, RB, 1, TJ)
+
+    @cuda.jit(device=True, inline="always")
+    def product(s_src, lens, src, slice_, tile, red, out, d, b0, K):
         tid = cuda.threadIdx.x
         x = min(tid % TJ, TX - 1)
         rg = tid // TJ
         kc = tid % KC                                   # this thread's column of each staged chunk
-        r0 = tid // KC                                  # and its first row, then every RS-th row
-        buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
+        r0 = tid // KC                                  # and its block of staged rows
+        RGN, KS, NR = split_k(b0, lens.shape[0], NCH, PREFETCH)   # NR rounds per gate
+        sp = rg // RGN                                  # this thread's split: chunks sp, sp + KS, ... of a gate
+        live = sp < KS                                  # a row group past the batch and the splits only stages
+        buf = cuda.local.array(NBUF, acc)               # the next round, in flight
+        rb = cuda.local.array(RH, types.int32)          # the batch row of each staged row, -1: none
+        tb = cuda.local.array(RH, types.int32)          # its time index at s_src, -1: zeros
+        part = cuda.local.array((2, RB), acc)           # even and odd k: two chains of FMAs, not one
         for r in range(RB):
-            out[r] = zero
+            part[0, r] = zero
+            part[1, r] = zero
+        kq = kc                                         # the column this thread stages of a round's first chunk
+        if PREFETCH:
+            kq += split_rows(rb, b0, lens.shape[0], RGN * RB, KS, r0) * KC
+            row_times(s_src, lens, rb, tb, d)
+            fetch(src, tb, rb, buf, d, kq, kq < K)      # gate 0, round 0
         for g in range(NG):
-            for k0 in range(0, K, KC):
-                k = k0 + kc
-                stage(s_src, lens, src, tile, buf, d, b0, g * K + k, k < K, kc, r0)
+            for c in range(NR):
+                k0 = (c * KS + sp) * KC                 # this thread's chunk: columns k0 .. of gate g
+                if PREFETCH:
+                    put(tile, buf, kc, r0)
+                else:                                   # this chunk's loads, now (v2's staging)
+                    stage(s_src, lens, src, tile, buf, d, b0, g * K + k0 + kc, k0 + kc < K, kc, r0)
                 cuda.syncthreads()
-                for kk in range(min(KC, K - k0)):
-                    w = slice_[g * TX + x, k0 + kk]
-                    for r in range(RB):
-                        out[r] += w * tile[rg * RB + r, kk]   # a broadcast within the row group
+                gn = g                                  # the next round: (g, c + 1), or the next gate's first
+                kn = (c + 1) * KS * KC + kq
+                if c + 1 == NR:
+                    gn = g + 1
+                    kn = kq
+                if PREFETCH and gn < NG:                # its loads, in flight during this round's products
+                    fetch(src, tb, rb, buf, d, gn * K + kn, kn < K)
+                if live and k0 < KCAP:
+                    for k8 in range(0, KC, KU):
+                        for k1 in range(KU):            # unrolled: constant offsets, no loop code
+                            kk = k8 + k1
+                            w = slice_[U(g * TX + x), U(k0 + kk)]
+                            for r in range(RB):         # tile: a broadcast within the row group
+                                part[k1 % 2, r] += w * tile[U(rg * RB + r), U(kk)]
                 cuda.syncthreads()
+        for r in range(RB):
+            part[0, r] += part[1, r]
+        reduce(part, red, rg, tid % TJ, RGN, KS, live)
+        for r in range(RB):
+            out[r] = part[0, r]
 
     return product
 
@@ -297,46 +517,81 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int):
 @functools.lru_cache(maxsize=None)
 def make_step_body(cell, dtype, sl: Slice):
     """Device functions (load_slice, step_body) shared by the per-step and the persistent kernel.  With a
-    projection step_body is phase A (h_out and y None: m goes to ms; h is P wide)."""
+    projection step_body is phase A (h_out and y None: m goes to ms; h is P wide).
+
+    The product runs KMAX // KC whole chunks (the slice's columns from P on are zeros, and so are the staged
+    h's), so its k loop has a constant trip count KC: unrolled, every shared load at a constant offset from
+    the chunk's base, no index arithmetic per k.  A tile with fewer rows than row groups (B = 16 on the 32 of
+    H = 768's slice) splits the chunks over the idle row groups (`make_split_k`: rounds of KS chunks, one per
+    split, then a reduction through shared memory `red`); the next round of h is fetched into registers before
+    this round's products (its global-memory latency overlaps them)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G = cell.G
-    TJ, RB, KC, TB, NT, U = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads, LOADS_IN_FLIGHT
+    TJ, RG, RB, KC, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.TB, sl.threads
     RS = NT // KC                                       # staging h: rows apart of one thread's elements
+    RH = -(-TB // RS)                                   # a thread's rows of the h tile
+    NCH = sl.KMAX // KC                                 # chunks of the slice's columns
+    KU = unroll(dtype, KC)
+    PREFETCH = sl.PF
+    NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
+    assert sl.KMAX % KC == 0, "the slice's capacity is whole chunks"
+    split_k = make_split_k(RG, RB, TB, RS)
+    split_rows = make_split_rows(TB, RS)
+    fetch_h = make_fetch_split_rows(dtype, TB, RS)
     stage_h = make_stage_rows(dtype, TB, RS)
+    put_h = make_put_split_rows(TB, RS)
+    reduce = make_reduce_splits(dtype, RB, G, TJ)
     epilogue = make_forward_epilogue(cell, dtype, RB)
-    load_slice = make_load_rows(dtype, G, TJ, NT)
+    load_slice = make_load_rows(dtype, G, TJ, NT, sl.KMAX)
 
     @cuda.jit(device=True, inline="always")
-    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, ms, h_tile, rh, r_k, j0, d):
+    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, ms, h_tile, red, rh, r_k, j0, d):
         tid = cuda.threadIdx.x
         jj = tid % TJ
         rg = tid // TJ
         P = h_in.shape[2]
         B = lens.shape[0]
         H = unit_params.shape[2]
-        buf = cuda.local.array(U, acc)                  # staged loads in flight (step_v2.LOADS_IN_FLIGHT)
+        buf = cuda.local.array(NBUF, acc)               # the next round of h, in flight
+        rb = cuda.local.array(RH, types.int32)          # the batch row of each staged row, -1: none
         kc = tid % KC                                   # this thread's column of each staged h chunk
-        r0 = tid // KC                                  # and its first row, then every RS-th row
+        r0 = tid // KC                                  # and its block of staged rows
         for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
+            RGN, KS, NR = split_k(b0, B, NCH, PREFETCH)
+            sp = rg // RGN                              # this thread's split: chunks sp, sp + KS, ...
+            live = sp < KS                              # a row group past the batch and the splits only stages
             for g in range(G):
                 for r in range(RB):
                     rh[g, r] = zero
-            for k0 in range(0, P, KC):
-                k = k0 + kc
-                stage_h(h_in, h_tile, buf, d, b0, k, kc, r0, B, P)   # coalesced along k, loads in flight
+            kq = kc                                     # the column this thread stages of a round's first chunk
+            if PREFETCH:
+                kq += split_rows(rb, b0, B, RGN * RB, KS, r0) * KC
+                fetch_h(h_in, rb, buf, d, kq, P)        # round 0
+            for rnd in range(NR):
+                ch = rnd * KS + sp                      # this thread's chunk
+                if PREFETCH:
+                    put_h(h_tile, buf, kc, r0)
+                else:                                   # this chunk's loads, now (v2's staging)
+                    stage_h(h_in, h_tile, buf, d, b0, ch * KC + kc, kc, r0, B, P)
                 cuda.syncthreads()
-                for kk in range(min(KC, P - k0)):
-                    for g in range(G):
-                        r_k[g] = R_slice[g * TJ + jj, k0 + kk]
-                    for r in range(RB):
-                        hk = h_tile[rg * RB + r, kk]
-                        for g in range(G):
-                            rh[g, r] += r_k[g] * hk
+                if PREFETCH and rnd + 1 < NR:           # the next round's loads, in flight during the products
+                    fetch_h(h_in, rb, buf, d, (rnd + 1) * KS * KC + kq, P)
+                if live and ch < NCH:
+                    for k8 in range(0, KC, KU):
+                        for k1 in range(KU):            # unrolled: constant offsets, no loop code
+                            kk = k8 + k1
+                            for g in range(G):
+                                r_k[g] = R_slice[U(g * TJ + jj), U(ch * KC + kk)]
+                            for r in range(RB):
+                                hk = h_tile[U(rg * RB + r), U(kk)]
+                                for g in range(G):
+                                    rh[g, r] += r_k[g] * hk
                 cuda.syncthreads()
+            reduce(rh, red, rg, jj, RGN, KS, live)
             j = j0 + jj
-            if j < H:
+            if j < H and rg < RGN:
                 epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b0 + rg * RB)
 
     return load_slice, step_body
@@ -348,10 +603,10 @@ def make_project_body(dtype, sl: Slice):
     p = p0 + q (Wp_slice[q, j] = W_proj[p0+q, j] in shared memory), m of step s staged from the reserve ms at
     each row's time index; y[t, b, d*P + p] too; rows past their length carry h."""
     TJ, RB, TB = sl.TJ, sl.RB, sl.TB
-    product = make_staged_product(dtype, sl, 1, sl.TQ)
+    product = make_staged_product(dtype, sl, 1, sl.TQ, sl.HMAX)
 
     @cuda.jit(device=True, inline="always")
-    def project_body(s, lens, ms, Wp_slice, h_in, h_out, y, tile, out, p0, d):
+    def project_body(s, lens, ms, Wp_slice, h_in, h_out, y, tile, red, out, p0, d):
         q = cuda.threadIdx.x % TJ
         rg = cuda.threadIdx.x // TJ
         H = ms.shape[3]
@@ -359,7 +614,7 @@ def make_project_body(dtype, sl: Slice):
         B = lens.shape[0]
         p = p0 + q
         for b0 in range(0, B, TB):
-            product(s, lens, ms, Wp_slice, tile, out, d, b0, H)
+            product(s, lens, ms, Wp_slice, tile, red, out, d, b0, H)
             if q < sl.TQ and p < P:
                 for r in range(RB):
                     b = b0 + rg * RB + r
@@ -380,19 +635,21 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     """The v3 step body as one launch per step (grid (ceil(H/TJ), 1, D)): the many-block test of the body."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
     load_slice, step_body = make_step_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         R_slice = cuda.shared.array((GJ, KMAX1), acc)
         h_tile = cuda.shared.array((TB, HP), acc)
+        red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         rh = cuda.local.array((G, RB), acc)
         r_k = cuda.local.array(G, acc)
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
         load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_in.shape[2])
-        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, rh, r_k, j0, d)
+        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, red, rh, r_k, j0,
+                  d)
 
     return _wrap(f"{cell.name}_forward_step_v3", forward_body, FORWARD_ARGS, cell, False)
 
@@ -405,7 +662,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
     prunes one, which tripled the compile time.)"""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
     load_slice, step_body = make_step_body(cell, dtype, sl)
     name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
 
@@ -415,6 +672,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
                             ms):
             R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
             h_tile = cuda.shared.array((TB, HP), acc)
+            red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
             rh = cuda.local.array((G, RB), acc)
             r_k = cuda.local.array(G, acc)
             d = cuda.blockIdx.z
@@ -423,7 +681,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
             for s in range(steps):
                 h_in = h_a if s % 2 == 0 else h_b
                 h_out = h_b if s % 2 == 0 else h_a
-                step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, rh, r_k,
+                step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, red, rh, r_k,
                           j0, d)
                 grid_sync()                            # every unit's h' is written before step s+1 reads it
 
@@ -431,7 +689,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
 
     assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
     TQ, HMAX1 = sl.TQ, sl.HMAX + 1
-    load_wp = make_load_rows(dtype, 1, TQ, sl.threads)
+    load_wp = make_load_rows(dtype, 1, TQ, sl.threads, sl.HMAX)
     project_body = make_project_body(dtype, sl)
 
     @cuda.jit(device=True, inline="always")
@@ -440,6 +698,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
         R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
         Wp_slice = cuda.shared.array((TQ, HMAX1), acc)  # its W_proj rows
         h_tile = cuda.shared.array((TB, HP), acc)
+        red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         rh = cuda.local.array((G, RB), acc)
         r_k = cuda.local.array(G, acc)
         h_proj = cuda.local.array(RB, acc)              # phase B's products
@@ -453,9 +712,10 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
         for s in range(steps):
             h_in = h_a if s % 2 == 0 else h_b
             h_out = h_b if s % 2 == 0 else h_a
-            step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, rh, r_k, j0, d)
+            step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, red, rh, r_k, j0,
+                      d)
             grid_sync()                                # every unit's m is written before phase B reads it
-            project_body(s, lens, ms, Wp_slice, h_in, h_out, y, h_tile, h_proj, p0, d)
+            project_body(s, lens, ms, Wp_slice, h_in, h_out, y, h_tile, red, h_proj, p0, d)
             grid_sync()                                # every h' is written before step s+1 reads it
 
     return _cooperative(_wrap(name, persistent_proj_body, PERSISTENT_ARGS, cell, True))
@@ -493,19 +753,19 @@ def make_backward_body(cell, dtype, sl: Slice):
     epilogue (`step_v2.make_backward_epilogue`)."""
     G = cell.G
     TJ, RB, TB = sl.TJ, sl.RB, sl.TB
-    product = make_staged_product(dtype, sl, G, TJ)
+    product = make_staged_product(dtype, sl, G, TJ, sl.KMAX)
     epilogue = make_backward_epilogue(cell, dtype, RB)
-    load_columns = make_load_columns(dtype, G, TJ, sl.threads)
+    load_columns = make_load_columns(dtype, G, TJ, sl.threads, sl.KMAX)
 
     @cuda.jit(device=True, inline="always")
     def step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
-                  g_tile, from_R, j0, d):
+                  g_tile, red, from_R, j0, d):
         H = dgx.shape[3] // G
         B = lens.shape[0]
         j = j0 + cuda.threadIdx.x % TJ
         for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
             # dgh of step s+1 (zeros where s+1 >= len[b]): written by every block before the barrier
-            product(s + 1, lens, dgh, R_slice, g_tile, from_R, d, b0, H)
+            product(s + 1, lens, dgh, R_slice, g_tile, red, from_R, d, b0, H)
             if j < H:
                 epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R,
                          d, j, b0 + cuda.threadIdx.x // TJ * RB)
@@ -526,12 +786,12 @@ def make_backward_proj_phases(cell, dtype, sl: Slice):
     acc = acc_dtype(dtype).type
     G = cell.G
     TJ, RB, TB, TQ = sl.TJ, sl.RB, sl.TB, sl.TQ
-    dgh_R = make_staged_product(dtype, sl, G, TQ)
-    wp_dht = make_staged_product(dtype, sl, 1, TJ)
+    dgh_R = make_staged_product(dtype, sl, G, TQ, sl.HMAX)
+    wp_dht = make_staged_product(dtype, sl, 1, TJ, sl.KMAX)
     epilogue = make_backward_epilogue(cell, dtype, RB, True)
 
     @cuda.jit(device=True, inline="always")
-    def dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, tile, out, p0, d):
+    def dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, tile, red, out, p0, d):
         q = cuda.threadIdx.x % TJ
         rg = cuda.threadIdx.x // TJ
         H = dgh.shape[3] // G
@@ -540,7 +800,7 @@ def make_backward_proj_phases(cell, dtype, sl: Slice):
         p = p0 + q
         for b0 in range(0, B, TB):
             if s < steps:                               # (at s = steps no row is active: dh is dhT)
-                dgh_R(s, lens, dgh, R_cols, tile, out, d, b0, H)
+                dgh_R(s, lens, dgh, R_cols, tile, red, out, d, b0, H)
             if q < TQ and p < P:
                 for r in range(RB):
                     b = b0 + rg * RB + r
@@ -555,13 +815,13 @@ def make_backward_proj_phases(cell, dtype, sl: Slice):
 
     @cuda.jit(device=True, inline="always")
     def unit_phase(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, dh_total, WpT,
-                   tile, out, j0, d):
+                   tile, red, out, j0, d):
         H = dgx.shape[3] // G
         P = dh.shape[2]
         B = lens.shape[0]
         j = j0 + cuda.threadIdx.x % TJ
         for b0 in range(0, B, TB):
-            wp_dht(s, lens, dh_total, WpT, tile, out, d, b0, P)
+            wp_dht(s, lens, dh_total, WpT, tile, red, out, d, b0, P)
             if j < H:
                 epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, out, d, j,
                          b0 + cuda.threadIdx.x // TJ * RB)
@@ -575,7 +835,7 @@ def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     test of the body (s = T-1 .. 0, then -1 to finish dh0, as v2's fused backward)."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
     load_columns, step_body = make_backward_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
@@ -583,12 +843,13 @@ def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
                       h_prev):
         R_slice = cuda.shared.array((GJ, KMAX1), acc)
         g_tile = cuda.shared.array((TB, HP), acc)
+        red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         from_R = cuda.local.array(RB, acc)
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
         load_columns(R_fwd if d == 0 else R_rev, R_slice, j0, dgx.shape[3] // G)
         step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice, g_tile,
-                  from_R, j0, d)
+                  red, from_R, j0, d)
 
     return _wrap(f"{cell.name}_backward_step_v3", backward_body, BACKWARD_V2_ARGS, cell, False)
 
@@ -601,7 +862,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     s = steps .. 0 and the unit phase at s-1 between them, a grid barrier after each (module docstring)."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
     name = f"{cell.name}_backward_persistent_v3" + ("_proj" if has_proj else "")
 
     if not has_proj:
@@ -612,6 +873,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
                             dc, dgx, dgh, dvec, h_prev, dh_total):
             R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R, kept for all steps
             g_tile = cuda.shared.array((TB, HP), acc)
+            red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
             from_R = cuda.local.array(RB, acc)
             d = cuda.blockIdx.z
             j0 = cuda.blockIdx.x * sl.TJ
@@ -619,7 +881,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
             for i in range(steps + 1):
                 s = steps - 1 - i
                 step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
-                          g_tile, from_R, j0, d)
+                          g_tile, red, from_R, j0, d)
                 if s >= 0:
                     grid_sync()                         # every unit's dgh of step s is written before s-1
 
@@ -629,8 +891,8 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     TQ, HMAX1, TJ = sl.TQ, sl.HMAX + 1, sl.TJ
     GQ = G * TQ                                         # rows of R_cols: gate g of projected output q at g*TQ + q
     dh_phase, unit_phase = make_backward_proj_phases(cell, dtype, sl)
-    load_r_cols = make_load_columns(dtype, G, TQ, sl.threads)
-    load_wp_cols = make_load_columns(dtype, 1, TJ, sl.threads)
+    load_r_cols = make_load_columns(dtype, G, TQ, sl.threads, sl.HMAX)
+    load_wp_cols = make_load_columns(dtype, 1, TJ, sl.threads, sl.KMAX)
 
     @cuda.jit(device=True, inline="always")
     def persistent_proj_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
@@ -638,6 +900,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
         WpT = cuda.shared.array((TJ, KMAX1), acc)       # W_proj's columns of this block's units
         R_cols = cuda.shared.array((GQ, HMAX1), acc)    # R's columns of its projected outputs
         g_tile = cuda.shared.array((TB, HP), acc)
+        red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         out = cuda.local.array(RB, acc)
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * TJ
@@ -646,11 +909,11 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
         load_r_cols(R_fwd if d == 0 else R_rev, R_cols, p0, dgx.shape[3] // G)
         for i in range(steps + 1):
             s = steps - i
-            dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, g_tile, out, p0, d)
+            dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, g_tile, red, out, p0, d)
             if s > 0:
                 grid_sync()                             # all of dht of step s-1 is written
                 unit_phase(s - 1, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, None,
-                           dh_total, WpT, g_tile, out, j0, d)
+                           dh_total, WpT, g_tile, red, out, j0, d)
                 grid_sync()                             # every unit's dgh of step s-1 is written
 
     return _cooperative(_wrap(name, persistent_proj_body, PERSISTENT_BACKWARD_ARGS, cell, True))

@@ -1,0 +1,199 @@
+"""What the GPU would execute, without a GPU: the SASS of a kernel's hot loops (issue 8's proxies).
+
+nvJitLink links a kernel's PTX to a cubin for sm_XY (as the compile report does) and nvdisasm
+(``pip install 'cuda-toolkit[nvdisasm]==13.*'``, part of numbarnn's ``cuda`` extra) prints its machine code.
+A loop is a backward branch: its body runs from the branch's target label to the branch.  The loops that
+matter are the ones with floating-point multiply-adds: the innermost one is the recurrent product's k
+loop, the one around it the staging of a chunk.  Per loop this counts
+
+    instructions   SASS instructions in the body (each issues once per trip for a whole warp)
+    fma            FFMA / DFMA / HFMA2: the useful work
+    lds, ldg       shared and global loads; bar: barriers
+
+and ``instructions / fma`` is the proxy: an H100's SM issues one instruction per scheduler per cycle, so a
+latency-bound kernel with one warp per scheduler (what ncu measured for v2/v3, bench/results/gpu_h100.md)
+runs about as fast as its instruction count allows.  A k loop of 4 gates x 1 row needs at least
+4 FMA + 5 LDS = 2.25 instructions per FMA; index arithmetic on top of that is what this finds.
+
+    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple
+
+FMA_OPS = ("FFMA", "DFMA", "HFMA2")
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b")
+_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+_TARGET = re.compile(r"`\(\.(L_x_\d+)\)")
+
+
+class Loop(NamedTuple):
+    """A backward branch's body: its first and last instruction index, and the count of each opcode."""
+
+    first: int
+    last: int
+    ops: dict
+
+    @property
+    def instructions(self) -> int:
+        return self.last - self.first + 1
+
+    @property
+    def fma(self) -> int:
+        return sum(self.ops.get(op, 0) for op in FMA_OPS)
+
+    def count(self, op: str) -> int:
+        return self.ops.get(op, 0)
+
+    def contains(self, other: Loop) -> bool:
+        return self.first <= other.first and other.last <= self.last and self != other
+
+
+def nvdisasm_path() -> str | None:
+    """nvdisasm from the CUDA wheels (or a toolkit on PATH), None when neither has it."""
+    try:
+        from cuda import pathfinder
+        path = pathfinder.find_nvidia_binary_utility("nvdisasm")
+        if path:
+            return path
+    except (ImportError, AttributeError, RuntimeError, OSError):   # pragma: no cover - older cuda-pathfinder
+        pass
+    from shutil import which
+    return which("nvdisasm")
+
+
+def cubin(ptx: str, cc: tuple) -> bytes:
+    """Link PTX for sm_XY with nvJitLink (libcudadevrt too for a grid barrier, as the compile report does)."""
+    from cuda.bindings import nvjitlink
+
+    data = ptx.encode()
+    handle = nvjitlink.create(1, [f"-arch=sm_{cc[0]}{cc[1]}"])
+    try:
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
+        if "cudaCGSynchronize" in ptx:
+            from numba.cuda.cudadrv.libs import get_cudalib
+            nvjitlink.add_file(handle, nvjitlink.InputType.LIBRARY, get_cudalib("cudadevrt", static=True))
+        nvjitlink.complete(handle)
+        buf = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, buf)
+        return bytes(buf)
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def disassemble(ptx: str, cc: tuple = (9, 0)) -> str:
+    """The SASS of a kernel's PTX for sm_XY (nvdisasm's text)."""
+    tool = nvdisasm_path()
+    if tool is None:
+        raise RuntimeError("nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.*' (numbarnn's cuda extra)")
+    fd, path = tempfile.mkstemp(suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin(ptx, cc))
+        return subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(path)
+
+
+def loops(sass: str) -> list[Loop]:
+    """Every loop of a SASS listing (a branch to a label at or before it), in the order of their branches."""
+    ops, labels, found = [], {}, []
+    for line in sass.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            labels[label.group(1)] = len(ops)
+            continue
+        ins = _INSTRUCTION.search(line)
+        if not ins:
+            continue
+        ops.append(ins.group(2))
+        target = _TARGET.search(line)
+        if ins.group(2) == "BRA" and target and labels.get(target.group(1), len(ops)) < len(ops):
+            first, last = labels[target.group(1)], len(ops) - 1
+            counts: dict = {}
+            for op in ops[first:last + 1]:
+                counts[op] = counts.get(op, 0) + 1
+            found.append(Loop(first, last, counts))
+    return found
+
+
+def hot_loops(sass: str) -> tuple[Loop | None, Loop | None]:
+    """(inner, outer): the innermost loop with multiply-adds (the fewest instructions of those that contain
+    no other such loop) and the smallest loop around it (the chunk loop), either None when absent."""
+    fma_loops = [lp for lp in loops(sass) if lp.fma]
+    leaves = [lp for lp in fma_loops if not any(lp.contains(o) for o in fma_loops)]
+    if not leaves:
+        return None, None
+    inner = min(leaves, key=lambda lp: (lp.instructions, lp.first))
+    around = [lp for lp in fma_loops if lp.contains(inner)]
+    return inner, min(around, key=lambda lp: lp.instructions) if around else None
+
+
+def summary(sass: str) -> dict:
+    """{inner_instructions, inner_fma, inner_lds, inner_per_fma, chunk_instructions, chunk_fma}: the hot loops
+    of ``hot_loops`` (None where absent).  chunk_* count the outer body once, its inner loop's body included once."""
+    inner, outer = hot_loops(sass)
+    row = dict.fromkeys(("inner_instructions", "inner_fma", "inner_lds", "inner_per_fma", "chunk_instructions",
+                         "chunk_fma"))
+    if inner is not None:
+        row.update(inner_instructions=inner.instructions, inner_fma=inner.fma, inner_lds=inner.count("LDS"),
+                   inner_per_fma=round(inner.instructions / inner.fma, 2))
+    if outer is not None:
+        row.update(chunk_instructions=outer.instructions, chunk_fma=outer.fma)
+    return row
+
+
+def kernel_summary(spec, cc: tuple = (9, 0)) -> dict:
+    """``summary`` of a registry KernelSpec compiled for sm_XY, with its name and dtype."""
+    from numba import cuda
+
+    ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
+    return {"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", **summary(disassemble(ptx, cc))}
+
+
+def format_rows(rows: list[dict]) -> str:
+    head = ("kernel", "dtype", "cc", "k loop: instr", "fma", "lds", "instr/fma", "chunk loop: instr", "fma")
+    keys = ("kernel", "dtype", "cc", "inner_instructions", "inner_fma", "inner_lds", "inner_per_fma",
+            "chunk_instructions", "chunk_fma")
+    table = [head] + [tuple("-" if r.get(k) is None else str(r[k]) for k in keys) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in table)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m numbarnn.kernels.sass", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default="_v3", help="kernels whose name contains this (default: _v3)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--cc", default="90", help="compute capability, e.g. 80 or 90")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = p.parse_args(argv)
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        print("python -m numbarnn.kernels.sass: needs numba without NUMBA_ENABLE_CUDASIM", file=sys.stderr)
+        return 2
+    if nvdisasm_path() is None:
+        print("python -m numbarnn.kernels.sass: nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.*'",
+              file=sys.stderr)
+        return 2
+    from numbarnn.kernels import registry
+
+    specs = [s for s in registry.all_specs() if args.only in s.name and s.dtype == args.dtype]
+    if not specs:
+        print(f"no {args.dtype} kernel name contains {args.only!r}", file=sys.stderr)
+        return 2
+    cc = (int(args.cc[0]), int(args.cc[1]))
+    rows = [kernel_summary(s, cc) for s in specs]
+    print(json.dumps(rows, indent=1) if args.json else format_rows(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
