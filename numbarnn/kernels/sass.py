@@ -15,7 +15,7 @@ latency-bound kernel with one warp per scheduler (what ncu measured for v2/v3, b
 runs about as fast as its instruction count allows.  A k loop of 4 gates x 1 row needs at least
 4 FMA + 5 LDS = 2.25 instructions per FMA; index arithmetic on top of that is what this finds.
 
-    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json]
+    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--per-step]
 """
 from __future__ import annotations
 
@@ -158,6 +158,40 @@ def kernel_summary(spec, cc: tuple = (9, 0)) -> dict:
     return {"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", **summary(disassemble(ptx, cc))}
 
 
+def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell: str = "lstm") -> dict:
+    """Instructions one thread of the persistent v3 kernels issues per step in its products, at the slice
+    step_v3.plan picks for H = P (no projection): {"forward": {...}, "backward": {...}}, each with the rounds a
+    thread runs per step (roofline.v3_splits: splits of K for a small batch), the SASS instructions of one round
+    (its hot loops: the round loop's body once, plus the k loop's body for its other trips) and their product.
+    An estimate from static counts (the epilogue and the grid barrier are not in it), as the H100 measured these
+    kernels latency bound, with about one warp per scheduler (bench/results/gpu_h100.md)."""
+    from numba import cuda
+
+    from ..cells import get_cell
+    from . import roofline, step_v3
+    from .cell_steps import signature
+
+    c = get_cell(cell)
+    sl = step_v3.plan(c.G, H, H, dtype, simulator=False)
+    if sl is None:
+        raise ValueError(f"H={H}: no v3 slice fits ({dtype})")
+    nch = sl.KMAX // sl.KC
+    rounds = sum(-(-nch // KS) for _, KS in roofline.v3_splits(B, sl))
+    out = {"H": H, "B": B, "TJ": sl.TJ}
+    for phase, factory, table, ng, fma_round in (
+            ("forward", step_v3.make_forward_persistent_v3, step_v3.PERSISTENT_ARGS, 1, sl.KC * c.G * sl.RB),
+            ("backward", step_v3.make_backward_persistent_v3, step_v3.PERSISTENT_BACKWARD_ARGS, c.G, sl.KC * sl.RB)):
+        ptx, _ = cuda.compile_ptx(factory(c, dtype, sl), signature(table, c, dtype, False), cc=cc)
+        inner, outer = hot_loops(disassemble(ptx, cc))
+        if inner.fma >= fma_round or outer is None:     # the k loop is unrolled into the round
+            per_round = inner.instructions * fma_round / inner.fma
+        else:
+            per_round = outer.instructions + (fma_round / inner.fma - 1) * inner.instructions
+        out[phase] = {"rounds": ng * rounds, "per_round": round(per_round),
+                      "per_step": round(per_round * ng * rounds), "fma_per_step": fma_round * ng * rounds}
+    return out
+
+
 def format_rows(rows: list[dict]) -> str:
     head = ("kernel", "dtype", "cc", "k loop: instr", "fma", "lds", "instr/fma", "chunk loop: instr", "fma")
     keys = ("kernel", "dtype", "cc", "inner_instructions", "inner_fma", "inner_lds", "inner_per_fma",
@@ -174,6 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cc", default="90", help="compute capability, e.g. 80 or 90")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--per-step", action="store_true",
+                   help="instructions per step and thread of v3's products at the DeepBench shapes (per_step_v3)")
     args = p.parse_args(argv)
     from numba import config
     if config.ENABLE_CUDASIM:
@@ -183,13 +219,25 @@ def main(argv=None) -> int:
         print("python -m numbarnn.kernels.sass: nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.*'",
               file=sys.stderr)
         return 2
+    cc = (int(args.cc[0]), int(args.cc[1]))
+    if args.per_step:
+        rows = [per_step_v3(H, B, args.dtype, cc) for H, B in ((768, 16), (256, 4), (512, 32), (1024, 64))]
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print(f"v3 products, instructions per step and thread ({args.dtype}, sm_{args.cc}; SASS loop counts x "
+                  f"trips, an estimate):")
+            for r in rows:
+                print(f"  H={r['H']:<5} B={r['B']:<3} TJ={r['TJ']:<3} " + "  ".join(
+                    f"{ph} {r[ph]['per_step']:>7} ({r[ph]['rounds']} rounds x {r[ph]['per_round']})"
+                    for ph in ("forward", "backward")))
+        return 0
     from numbarnn.kernels import registry
 
     specs = [s for s in registry.all_specs() if args.only in s.name and s.dtype == args.dtype]
     if not specs:
         print(f"no {args.dtype} kernel name contains {args.only!r}", file=sys.stderr)
         return 2
-    cc = (int(args.cc[0]), int(args.cc[1]))
     rows = [kernel_summary(s, cc) for s in specs]
     print(json.dumps(rows, indent=1) if args.json else format_rows(rows))
     return 0
