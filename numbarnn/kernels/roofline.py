@@ -264,15 +264,16 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
       h     every block stages its rows of h: ceil(H/TJ) x B x P x s (coalesced the same way);
       other the epilogue's compulsory bytes (coalesced: a warp = 32 consecutive units of one row);
       smem  per K chunk the R tile (G*TJ*KC) and h tile (TB*KC) are stored, 32 words a request; per column k
-            each warp loads G words of R and RB of h: warps x P x (G + RB) requests; every request takes
+            of whole chunks (the tiles are zero past P) each warp loads G words of R and RB of h: warps x
+            ceil(P/KC)*KC x (G + RB) requests; every request takes
             `shared_wavefronts_per_request` wavefronts;
       FLOPs executed: 2 G P per (unit, row) of the padded tiles, + the cell (12 per unit and row).
     backward_step_v2 (fused: dh = dgh_{s+1} R, then the cell backward), grid (ceil(P/TJ), ceil(B/TB)):
       R     the same ceil(B/TB) x |R| per step, coalesced along k (R tile KC rows x TJ columns);
       dgh   every block stages its rows of dgh_{s+1}: ceil(P/TJ) x B x G*H x s;
       other the launch plan's compulsory bytes: B (3 G H + S H + 3 P) s;
-      smem  per chunk of KC gate rows: R tile (KC*TJ) and dgh tile (TB*KC) stores; per gate row each warp
-            loads 1 word of R and RB of dgh: warps x G*H x (1 + RB).
+      smem  per chunk of KC gate rows: R tile (KC*TJ) and dgh tile (TB*KC) stores; per gate row of whole chunks
+            each warp loads 1 word of R and RB of dgh: warps x ceil(G*H/KC)*KC x (1 + RB).
     """
     from . import step_v2
     t = tiles or step_v2.GPU_TILES
@@ -292,7 +293,7 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
     h_l2 = bx * B * P * s
     other = _other_forward(B, H, P, G, s)
     chunks = -(-P // KC)
-    wavefronts = bx * by * (chunks * (G * TJ * KC + TB * KC) // WARP + warps * P * (G + RB)) * wf
+    wavefronts = bx * by * (chunks * (G * TJ * KC + TB * KC) // WARP + warps * chunks * KC * (G + RB)) * wf
     fwd = dict(R_l2=R_l2, R_l1=per_request(R_l2, "R_sectors_per_request"), h_l2=h_l2,
                smem_wavefronts=wavefronts, smem=wavefronts * WAVEFRONT, blocks=bx * by)
     fwd.update(l2=R_l2 + h_l2 + other, l1=fwd["R_l1"] + per_request(h_l2, "h_sectors_per_request") + other,
@@ -303,7 +304,7 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
     dgh_l2 = bx * B * GH * s
     other = B * (3 * GH + 4 * H + 3 * P) * s
     chunks = -(-GH // KC)
-    wavefronts = bx * by * (chunks * (KC * TJ + TB * KC) // WARP + warps * GH * (1 + RB)) * wf
+    wavefronts = bx * by * (chunks * (KC * TJ + TB * KC) // WARP + warps * chunks * KC * (1 + RB)) * wf
     bwd = dict(R_l2=R_l2, R_l1=per_request(R_l2, "R_sectors_per_request"), h_l2=dgh_l2,
                smem_wavefronts=wavefronts, smem=wavefronts * WAVEFRONT, blocks=bx * by)
     bwd.update(l2=R_l2 + dgh_l2 + other, l1=bwd["R_l1"] + per_request(dgh_l2, "h_sectors_per_request") + other,

@@ -29,6 +29,14 @@ global loads before their shared-memory stores.  The first version walked flat e
 e % KC per element, ~45 PTX instructions of int64 index arithmetic) and stored each element before loading
 the next (one memory latency each): the forward step at H=768 B=16 took 808 us, now 255 us.
 
+k loops (2026-11-24, counted in the SASS with `python -m numbarnn.kernels.sass`, not timed): a chunk's k loop
+ran `range(min(KC, P - k0))`, a run-time trip count that NVVM neither unrolled nor freed of numba's range
+iterator, with Python's wrap-around of negative indices on every shared load.  The tiles are zero past the
+product's width, so every chunk now runs all KC columns, V2_UNROLL = 8 ks unrolled per trip, with unsigned
+shared indices (`common.U`): forward 65 SASS instructions per 18 FMAs (3.6) -> 74 per 32 (2.3), the backward's
+dgh R 129 per 16 (8.1) -> 85 per 32 (2.7), LSTM float32 sm_90; registers 95/72 -> 94/72 and 135/126 ->
+128/128 (sm_80/sm_90), 0 spills.
+
 Tiles (`Tiles`): on a GPU TJ = 32 units (a warp: coalesced gx/y/acts rows in the epilogue and a 128-byte R row
 segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 reads R exactly once; 4 x RB
 accumulators per thread), KC = 32 columns per chunk (one 128-byte float32 line per R row).  The R tile is
@@ -48,6 +56,8 @@ from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, U, acc_dtype, arr, nb
+
+UX = U   # unsigned shared indices (common.U) where a factory's U is LOADS_IN_FLIGHT
 
 
 class Tiles(NamedTuple):
@@ -72,6 +82,10 @@ class Tiles(NamedTuple):
 #: step at H=768 B=16 took 808 us, 69% of it stalled on L1TEX, with 64 threads each walking 64 elements of R
 #: per chunk one at a time).  A fixed trip count, so numba unrolls it and the loads are in flight together.
 LOADS_IN_FLIGHT = 8
+#: the k loop of a chunk: KC // V2_UNROLL trips of V2_UNROLL ks, unrolled (as step_v3.UNROLL); the tiles are zero
+#: past the product's width, so every chunk runs all KC (a run-time trip count was neither unrolled nor free of
+#: numba's range-iterator code)
+V2_UNROLL = 8
 
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
 GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
@@ -273,6 +287,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     RS = NT // KC                               # staging: rows apart of one thread's elements
     RJ = -(-TJ // RS)                           # a thread's rows per gate of the R tile
     NBUF = max(U, -(-TB // RS))                 # loads in flight: U for R's tile, a thread's rows for h's
+    KU = min(KC, V2_UNROLL)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
     epilogue = make_forward_epilogue(cell, dtype, RB)
@@ -317,13 +332,15 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
                             R_tile[g * TJ + jj_, kc] = buf[u]
             stage_h(h_in, h_tile, buf, d, b0, k, kc, r0, B, P)   # TB rows x KC columns the same way
             cuda.syncthreads()
-            for kk in range(min(KC, P - k0)):   # a run-time trip count: not unrolled 32 times (registers)
-                for g in range(G):
-                    r_k[g] = R_tile[g * TJ + jj, kk]
-                for r in range(RB):
-                    hk = h_tile[rg * RB + r, kk]    # the same for the whole warp: a broadcast
+            for k8 in range(0, KC, KU):         # whole chunks (the tiles are zero past P), KU ks unrolled
+                for k1 in range(KU):
+                    kk = k8 + k1
                     for g in range(G):
-                        rh[g, r] += r_k[g] * hk
+                        r_k[g] = R_tile[UX(g * TJ + jj), UX(kk)]
+                    for r in range(RB):
+                        hk = h_tile[UX(rg * RB + r), UX(kk)]   # the same for the whole warp: a broadcast
+                        for g in range(G):
+                            rh[g, r] += r_k[g] * hk
             cuda.syncthreads()
 
         j = j0 + jj
@@ -349,6 +366,7 @@ def make_dgh_R(dtype, t: Tiles):
     RR = -(-KC // RG)                                   # a thread's rows of the R tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     stage_dgh = make_stage_steps(dtype, TB, GS)
+    KU = min(KC, V2_UNROLL)
 
     @cuda.jit(device=True, inline="always")
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):
@@ -380,10 +398,12 @@ def make_dgh_R(dtype, t: Tiles):
                         R_tile[row, kx] = buf[u]
             stage_dgh(s_src, lens, dgh, g_tile, buf, d, b0, gj0 + cg, gj0 + cg < GH, cg, rb0)  # coalesced along gj
             cuda.syncthreads()
-            for kk in range(min(KC, GH - gj0)):
-                rk = R_tile[kk, kx]                     # consecutive threads, consecutive banks
-                for r in range(RB):
-                    out[r] += g_tile[rg * RB + r, kk] * rk   # broadcast
+            for k8 in range(0, KC, KU):             # whole chunks (the tiles are zero past GH), KU ks unrolled
+                for k1 in range(KU):
+                    kk = k8 + k1
+                    rk = R_tile[UX(kk), UX(kx)]         # consecutive threads, consecutive banks
+                    for r in range(RB):
+                        out[r] += g_tile[UX(rg * RB + r), UX(kk)] * rk   # broadcast
             cuda.syncthreads()
 
     return dgh_R
