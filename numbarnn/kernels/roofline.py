@@ -419,7 +419,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     TJ, RB, KC, TB = sl.TJ, sl.RB, sl.KC, sl.TB
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H if P is None else P
-    nb, warps, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s, h_pitch)
+    nb, _, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s, h_pitch)
     R_bytes = D * G * H * P * s
     slice_wf = nb * (-(-G * TJ * P // WARP))
     slice_ = dict(dram=R_bytes, l2=R_bytes, l1=R_bytes, smem_wavefronts=slice_wf, smem=slice_wf * WAVEFRONT,
@@ -452,7 +452,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H
     GH = G * H
-    nb, warps, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s)
+    nb, _, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s)
     wf_slice = bank_wavefronts((e % TJ) * (KMAX + 1) + e // TJ for e in range(WARP))
     R_bytes = D * GH * P * s
     run = -(-TJ * s // SECTOR)                      # sectors of one row's TJ columns

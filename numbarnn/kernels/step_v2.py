@@ -197,7 +197,7 @@ def make_forward_epilogue(cell, dtype, RB: int):
 def make_fetch_rows(dtype, TB: int, RS: int):
     """Device function: buf[i] = h[d, b0 + bb, k] for this thread's rows bb = r0 + i*RS < TB of a tile (zeros
     past the tile, the batch B or the width P): every load issued before any is used, constant trip counts
-    (unrolled), no index division.  v3 issues the next chunk's loads before this chunk's products."""
+    (unrolled), no index division."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     RH = -(-TB // RS)                           # a thread's rows of the tile

@@ -16,13 +16,13 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               tested on many blocks too.)
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced:
-`make_fetch_indexed_rows`, `step_v2.make_put_rows`), the product comes from the R slice in shared memory (rows padded
+`make_fetch_split_rows`, `make_put_split_rows`), the product comes from the R slice in shared memory (rows padded
 by one column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
 (`step_v2.make_forward_epilogue`).
 
 The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
 kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
-block before the barrier) is staged like h (`make_fetch_steps`, row times looked up once per tile), and the
+block before the barrier) is staged like h (`make_fetch_split_steps`, row times looked up once per tile), and the
 cell's backward is v2's epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
 finishes dh0.
 
@@ -62,7 +62,7 @@ from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_C
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
 from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, make_backward_epilogue, make_forward_epilogue,
-                      make_put_rows, make_stage_rows, make_stage_steps)
+                      make_stage_rows, make_stage_steps)
 
 
 if SIMULATOR:
