@@ -32,7 +32,7 @@ the next (one memory latency each): the forward step at H=768 B=16 took 808 us, 
 k loops (2026-11-24, counted in the SASS with `python -m numbarnn.kernels.sass`, not timed): a chunk's k loop
 ran `range(min(KC, P - k0))`, a run-time trip count that NVVM neither unrolled nor freed of numba's range
 iterator, with Python's wrap-around of negative indices on every shared load.  The tiles are zero past the
-product's width, so every chunk now runs all KC columns, V2_UNROLL = 8 ks unrolled per trip, with unsigned
+product's width, so every chunk now runs all KC columns, UNROLL = 8 ks unrolled per trip, with unsigned
 shared indices (`common.U`): forward 65 SASS instructions per 18 FMAs (3.6) -> 74 per 32 (2.3), the backward's
 dgh R 129 per 16 (8.1) -> 85 per 32 (2.7), LSTM float32 sm_90; registers 95/72 -> 94/72 and 135/126 ->
 128/128 (sm_80/sm_90), 0 spills.
@@ -82,10 +82,12 @@ class Tiles(NamedTuple):
 #: step at H=768 B=16 took 808 us, 69% of it stalled on L1TEX, with 64 threads each walking 64 elements of R
 #: per chunk one at a time).  A fixed trip count, so numba unrolls it and the loads are in flight together.
 LOADS_IN_FLIGHT = 8
-#: the k loop of a chunk: KC // V2_UNROLL trips of V2_UNROLL ks, unrolled (as step_v3.UNROLL); the tiles are zero
-#: past the product's width, so every chunk runs all KC (a run-time trip count was neither unrolled nor free of
-#: numba's range-iterator code)
-V2_UNROLL = 8
+#: the k loop of a chunk (v2 and v3) runs KC // UNROLL trips of UNROLL ks: NVVM unrolls a constant trip count
+#: of 8 fully (every shared load at a constant offset, no loop code), not 16 or 32 (by 2-4, with a counter and
+#: selects per k): v3's LSTM forward k loop, H = 512 slice, sm_90 (python -m numbarnn.kernels.sass), 86 SASS
+#: instructions per 32 FMAs at 8, 88 per 16 at 16.  The tiles are zero past the product's width, so every chunk
+#: runs all KC (a run-time trip count was neither unrolled nor free of numba's range-iterator code).
+UNROLL = 8
 
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
 GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
@@ -194,53 +196,26 @@ def make_forward_epilogue(cell, dtype, RB: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_fetch_rows(dtype, TB: int, RS: int):
-    """Device function: buf[i] = h[d, b0 + bb, k] for this thread's rows bb = r0 + i*RS < TB of a tile (zeros
-    past the tile, the batch B or the width P): every load issued before any is used, constant trip counts
-    (unrolled), no index division."""
+def make_stage_rows(dtype, TB: int, RS: int):
+    """Device function: tile[bb, kc] = h[d, b0 + bb, k] for this thread's rows bb = r0, r0 + RS, ... < TB
+    (zeros past the batch B or the width P): all ceil(TB / RS) loads in flight (buf) before the stores, constant
+    trip counts (unrolled), no index division, unsigned indices.  The h tile of v2's forward (and of v3's
+    step body where it does not prefetch)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     RH = -(-TB // RS)                           # a thread's rows of the tile
     FULL = TB % RS == 0                         # every thread's rows lie in the tile (r0 < RS): no check
 
     @cuda.jit(device=True, inline="always")
-    def fetch_rows(h, buf, d, b0, k, r0, B, P):
+    def stage_rows(h, tile, buf, d, b0, k, kc, r0, B, P):
         for i in range(RH):
             bb = r0 + i * RS
             b = b0 + bb
             buf[i] = h[d, U(b), U(k)] if (FULL or bb < TB) and b < B and k < P else zero
-
-    return fetch_rows
-
-
-@functools.lru_cache(maxsize=None)
-def make_put_rows(TB: int, RS: int):
-    """Device function: tile[bb, kc] = buf[i] for this thread's rows bb = r0 + i*RS < TB (fetch_rows' loads)."""
-    RH = -(-TB // RS)
-    FULL = TB % RS == 0                         # every thread's rows lie in the tile (r0 < RS): no check
-
-    @cuda.jit(device=True, inline="always")
-    def put_rows(tile, buf, kc, r0):
         for i in range(RH):
             bb = r0 + i * RS
             if FULL or bb < TB:
                 tile[U(bb), U(kc)] = buf[i]          # unsigned indices: no wrap-around code (common.U)
-
-    return put_rows
-
-
-@functools.lru_cache(maxsize=None)
-def make_stage_rows(dtype, TB: int, RS: int):
-    """Device function: tile[bb, kc] = h[d, b0 + bb, k] for this thread's rows bb = r0, r0 + RS, ... < TB
-    (zeros past the batch B or the width P): all loads in flight before the stores (fetch_rows, put_rows;
-    buf holds ceil(TB / RS) values).  The h tile of v2's forward."""
-    fetch_rows = make_fetch_rows(dtype, TB, RS)
-    put_rows = make_put_rows(TB, RS)
-
-    @cuda.jit(device=True, inline="always")
-    def stage_rows(h, tile, buf, d, b0, k, kc, r0, B, P):
-        fetch_rows(h, buf, d, b0, k, r0, B, P)
-        put_rows(tile, buf, kc, r0)
 
     return stage_rows
 
@@ -287,7 +262,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     RS = NT // KC                               # staging: rows apart of one thread's elements
     RJ = -(-TJ // RS)                           # a thread's rows per gate of the R tile
     NBUF = max(U, -(-TB // RS))                 # loads in flight: U for R's tile, a thread's rows for h's
-    KU = min(KC, V2_UNROLL)
+    KU = min(KC, UNROLL)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
     epilogue = make_forward_epilogue(cell, dtype, RB)
@@ -366,7 +341,7 @@ def make_dgh_R(dtype, t: Tiles):
     RR = -(-KC // RG)                                   # a thread's rows of the R tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     stage_dgh = make_stage_steps(dtype, TB, GS)
-    KU = min(KC, V2_UNROLL)
+    KU = min(KC, UNROLL)
 
     @cuda.jit(device=True, inline="always")
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):

@@ -30,8 +30,8 @@ The product loops, revised (what the H100 run measured, bench/results/gpu_h100.m
 scheduler, so the instructions a thread issues per step are its time; `python -m numbarnn.kernels.sass` counts
 them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before -> after:
   - k loop with a constant trip count: the slices are zero-padded to their capacity (KMAX, HMAX: whole chunks),
-    so a chunk always has KC columns; the k loop runs KC // UNROLL trips of UNROLL = 8 unrolled ks (NVVM
-    unrolls 8, not 32) and its shared indices are unsigned (`common.U`: no wrap-around code).  Forward k loop
+    so a chunk always has KC columns; the k loop runs KC // UNROLL trips of UNROLL = 8 unrolled ks
+    (`step_v2.UNROLL`: NVVM unrolls 8, not 32) and its shared indices are unsigned (`common.U`: no wrap-around code).  Forward k loop
     79 instructions per 8 FMAs (9.9 a FMA) -> 85 per 32 (2.7; the floor is 2.25: 5 loads per 4 FMAs).
   - the next chunk's global loads are issued before this chunk's products (registers, `Slice.PF`; not where
     they would not fit: float64 at TJ = 1), and the backward looks up each staged row's time index once per
@@ -61,7 +61,7 @@ from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
-from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, make_backward_epilogue, make_forward_epilogue,
+from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, UNROLL, make_backward_epilogue, make_forward_epilogue,
                       make_stage_rows, make_stage_steps)
 
 
@@ -110,13 +110,6 @@ class Slice(NamedTuple):
         return self.TJ * self.RG
 
 
-#: the k loop of a chunk runs as KC // UNROLL trips of UNROLL ks: NVVM unrolls a constant trip count of 8 fully
-#: (every shared load at a constant offset, no loop code) but not one of 16 or 32 (unrolled by 2-4, a
-#: counter and selects per k).  LSTM forward, H = 512 slice, sm_90 (python -m numbarnn.kernels.sass):
-#: 8 -> 86 SASS instructions for 32 FMAs, 16 -> 88 for 16.
-UNROLL = 8
-
-
 def prefetches(dtype, sl: Slice) -> bool:
     """Whether a slice's products fetch the next chunk during this one's products: a thread's staged values
     (ceil(TB / RS) rows) and their rows' time indexes stay live in registers meanwhile, so only where they are
@@ -124,12 +117,6 @@ def prefetches(dtype, sl: Slice) -> bool:
     sm_80 with them); else each chunk is staged just before it is stored, as in v2."""
     RS = sl.threads // sl.KC
     return -(-sl.TB // RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
-
-
-def unroll(dtype, KC: int) -> int:
-    """ks per trip of a chunk's k loop: UNROLL, half of it in float64 (twice the registers per value: the
-    backward's float64 kernel spilled 188 bytes on sm_80 at 8), at most KC."""
-    return min(KC, UNROLL if acc_dtype(dtype).itemsize <= 4 else UNROLL // 2)
 
 SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
 SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
@@ -160,9 +147,10 @@ def h_pitch(sl: Slice) -> int:
 
 
 def red_pitch(G: int, sl: Slice) -> int:
-    """Words between rows of `red`, the splits' partial sums (a thread's G gates x TJ units per row): G*TJ + 1, odd,
-    so the 32 / TJ row groups of a warp store into different banks (G*TJ words apart they hit G*TJ / 32 x as few;
-    the profiler's model counts them, roofline.v3_product_wavefronts)."""
+    """Words between rows of `red`, the splits' partial sums (a thread's G gates x TJ units per row): G*TJ + 1,
+    padded by one word like the h tile, so the 32 / TJ row groups of a warp spread over the banks (G*TJ words
+    apart, 8 at TJ = 2, they would fall on 4 banks; the profiler's model counts the wavefronts,
+    roofline.v3_product_wavefronts)."""
     return G * sl.TJ + 1
 
 
@@ -431,7 +419,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     thread's RB rows b = b0 + rg*RB + r, where t_b is row b's time index at step s_src (rows not active then
     give 0) and x = threadIdx % TJ (clamped below TX: with TX < TJ the extra threads compute a copy and discard
     it).  slice_ holds KCAP columns, zeros from K on (`make_load_rows`, `make_load_columns`).  A tile with fewer
-    rows than row groups splits the NG x KCAP/KC chunks over them (`make_split_k`) and sums the splits through
+    rows than row groups splits each gate's KCAP/KC chunks over them (`make_split_k`) and sums the splits through
     shared memory `red` into split 0 (rg < RGN): the other row groups' rows b lie past the batch, as before.
 
     src is staged KC columns at a time through `tile` (coalesced), a round of KS chunks (one per split) at a
@@ -447,7 +435,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     RS = NT // KC                                       # staging: rows apart of one thread's elements
     RH = -(-TB // RS)                                   # a thread's rows of the tile
     NCH = KCAP // KC                                    # chunks per gate
-    KU = unroll(dtype, KC)
+    KU = min(KC, UNROLL)
     PREFETCH = sl.PF
     NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
@@ -532,7 +520,7 @@ def make_step_body(cell, dtype, sl: Slice):
     RS = NT // KC                                       # staging h: rows apart of one thread's elements
     RH = -(-TB // RS)                                   # a thread's rows of the h tile
     NCH = sl.KMAX // KC                                 # chunks of the slice's columns
-    KU = unroll(dtype, KC)
+    KU = min(KC, UNROLL)
     PREFETCH = sl.PF
     NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
