@@ -49,6 +49,13 @@ def test_loops_of_a_canned_listing():
     assert sass.summary("        /*0000*/    EXIT ;\n")["inner_per_fma"] is None
     text = sass.format_rows([{"kernel": "k", "dtype": "float32", "cc": "90", **row}])
     assert "instr/fma" in text and "3.0" in text
+    # --loops: every loop, outermost first, with its depth; a branch to itself (the trap after EXIT) is no loop
+    trap = ".L_x_9:\n        /*00e0*/                   BRA `(.L_x_9) ;\n"
+    rows = sass.loop_rows(CANNED + trap)
+    assert [(r["depth"], r["first"], r["last"], r["instructions"]) for r in rows] == [(0, 1, 12, 12), (1, 4, 9, 6)]
+    assert rows[0]["sts"] == 1 and rows[0]["ldg"] == 1 and rows[0]["bar"] == 2 and rows[1]["fma"] == 2
+    text = sass.format_loops("k", rows)
+    assert text.splitlines()[2].startswith("    [4..9] instructions 6 fma 2 lds 2")
 
 
 def _env_without_simulator():
@@ -60,9 +67,13 @@ def _env_without_simulator():
 MEASURE = """
 import json
 from numbarnn.kernels import registry, sass
+from numba import cuda
 names = ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3", "lstm_forward_step_v2", "lstm_backward_step_v2")
 specs = [s for s in registry.all_specs() if s.name in names and s.dtype == "float32"]
 rows = {s.name: sass.kernel_summary(s, (9, 0)) for s in specs}
+for s in specs:
+    if s.name.endswith("_v2"):
+        rows[s.name]["loops"] = sass.loop_rows(sass.disassemble(cuda.compile_ptx(s.pyfunc, s.signature, cc=(9, 0))[0]))
 rows["per_step_768x16"] = sass.per_step_v3(768, 16)
 print(json.dumps(rows))
 """
@@ -84,10 +95,18 @@ def test_v3_product_loops_issue_few_instructions_per_fma():
     fwd, bwd = rows["lstm_forward_persistent_v3"], rows["lstm_backward_persistent_v3"]
     assert fwd["inner_fma"] >= 32 and fwd["inner_per_fma"] <= 3.0, fwd
     assert bwd["inner_fma"] >= 32 and bwd["inner_per_fma"] <= 9.0, bwd
-    # v2's k loops the same way (whole chunks, 8 ks unrolled, unsigned indices): before 65 instructions per 18
-    # FMAs (3.6) forward, 129 per 16 (8.1) backward; now 74 per 32 (2.3) and 85 per 32 (2.7)
+    # v2's k loops the same way (whole chunks, unrolled, unsigned indices): before 65 instructions per 18
+    # FMAs (3.6) forward, 129 per 16 (8.1) backward; now 108 per 64 (1.7) and 81 per 32 (2.5)
     for name in ("lstm_forward_step_v2", "lstm_backward_step_v2"):
         assert rows[name]["inner_fma"] >= 32 and rows[name]["inner_per_fma"] <= 3.0, rows[name]
+    # v2's staging (staging.py): ~40 instructions per staged element of R before (a 64-bit row x width product
+    # and signed indices' wrap-around each; forward 343 per 8 stores), now 175 per 16; the backward's chunk loop
+    # was 1,062 instructions (a length lookup per staged dgh element too), now 302
+    for name in ("lstm_forward_step_v2", "lstm_backward_step_v2"):
+        staging = [r for r in rows[name]["loops"] if r["sts"] and not r["fma"]]
+        assert all(r["instructions"] <= 15 * r["sts"] for r in staging), rows[name]["loops"]
+    chunk = max(rows["lstm_backward_step_v2"]["loops"], key=lambda r: r["instructions"])
+    assert chunk["fma"] >= 32 and chunk["instructions"] <= 450, chunk
     # per step and thread at H = 768, B = 16 (TJ = 2: 32 rows a block, 16 in the batch: two splits of K), before
     # these changes 41,016 (forward) and 192,672 (backward) instructions, now 6,480 and 15,775
     step = rows["per_step_768x16"]

@@ -203,8 +203,19 @@ class CountingMatrix:
 
     def __getitem__(self, index):
         with self._lock:
-            self.reads.append(index)
+            self.reads.append(tuple(int(i) for i in index))
         return self.a[index]
+
+    @property
+    def flat(self):
+        """a.flat[e] (C order), as v2's staging reads R (staging.make_stage_matrix): recorded as (row, k)."""
+        matrix = self
+
+        class Flat:
+            def __getitem__(self, e):
+                return matrix[np.unravel_index(int(e), matrix.shape)]
+
+        return Flat()
 
 
 def _forward_args(cell, dtype, H, B, D, T, rng):

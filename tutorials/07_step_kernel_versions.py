@@ -98,6 +98,17 @@ class CountingMatrix:
             self.reads += 1
         return self.a[index]
 
+    @property
+    def flat(self):
+        """R.flat[e] (C order): how v2 stages R (numbarnn/kernels/staging.py), counted the same way."""
+        matrix = self
+
+        class Flat:
+            def __getitem__(self, e):
+                return matrix[np.unravel_index(int(e), matrix.shape)]
+
+        return Flat()
+
 
 def layer_arrays(H, B, T, rng):
     """Device arrays of one LSTM layer's forward (one direction, every row T steps long), R counted."""

@@ -15,7 +15,9 @@ latency-bound kernel with one warp per scheduler (what ncu measured for v2/v3, b
 runs about as fast as its instruction count allows.  A k loop of 4 gates x 1 row needs at least
 4 FMA + 5 LDS = 2.25 instructions per FMA; index arithmetic on top of that is what this finds.
 
-    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--per-step]
+    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--loops | --per-step]
+
+``--loops`` lists every loop of each kernel, nested (the staging loops too, not only the two hot ones).
 """
 from __future__ import annotations
 
@@ -192,6 +194,25 @@ def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell
     return out
 
 
+def loop_rows(sass: str) -> list[dict]:
+    """Every loop of a listing, outermost first where they nest: {depth, first, last, instructions, fma, lds,
+    sts, ldg, bar}; ldg counts global loads of either form (LDG, or the generic LD that a pointer chosen at
+    run time, such as R_fwd or R_rev, compiles to).  A branch to itself (the trap after EXIT, a spin-wait) is
+    not a loop of the kernel's work and is left out."""
+    found = sorted((lp for lp in loops(sass) if lp.instructions > 1), key=lambda lp: (lp.first, -lp.last))
+    return [{"depth": sum(o.contains(lp) for o in found), "first": lp.first, "last": lp.last,
+             "instructions": lp.instructions, "fma": lp.fma, "lds": lp.count("LDS"), "sts": lp.count("STS"),
+             "ldg": lp.count("LDG") + lp.count("LD"), "bar": lp.count("BAR")} for lp in found]
+
+
+def format_loops(name: str, rows: list[dict]) -> str:
+    keys = ("instructions", "fma", "lds", "sts", "ldg", "bar")
+    lines = [f"{name}: " + ("no loops" if not rows else "loops (instructions of one trip of each body)")]
+    lines += ["  " + "  " * r["depth"] + f"[{r['first']}..{r['last']}] " + " ".join(f"{k} {r[k]}" for k in keys)
+              for r in rows]
+    return "\n".join(lines)
+
+
 def format_rows(rows: list[dict]) -> str:
     head = ("kernel", "dtype", "cc", "k loop: instr", "fma", "lds", "instr/fma", "chunk loop: instr", "fma")
     keys = ("kernel", "dtype", "cc", "inner_instructions", "inner_fma", "inner_lds", "inner_per_fma",
@@ -208,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cc", default="90", help="compute capability, e.g. 80 or 90")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--loops", action="store_true",
+                   help="every loop of each kernel, nested, with its counts (not only the two hot ones)")
     p.add_argument("--per-step", action="store_true",
                    help="instructions per step and thread of v3's products at the DeepBench shapes (per_step_v3)")
     args = p.parse_args(argv)
@@ -238,6 +261,14 @@ def main(argv=None) -> int:
     if not specs:
         print(f"no {args.dtype} kernel name contains {args.only!r}", file=sys.stderr)
         return 2
+    if args.loops:
+        from numba import cuda
+        found = {}
+        for spec in specs:
+            ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
+            found[spec.name] = loop_rows(disassemble(ptx, cc))
+        print(json.dumps(found, indent=1) if args.json else "\n".join(format_loops(n, r) for n, r in found.items()))
+        return 0
     rows = [kernel_summary(s, cc) for s in specs]
     print(json.dumps(rows, indent=1) if args.json else format_rows(rows))
     return 0

@@ -24,7 +24,7 @@ Kernels (templates over a `numbarnn.cells.CellSpec`, like `cell_steps.py`, whose
         all of dh): dh_out[b, k] += sum_gj dgh_s[b, gj] R[gj, k], carry for inactive rows (v1 semantics)
 
 Staging (measured on an H100, bench/results/gpu_h100.md): each thread owns one column of a staged chunk and
-every RS = threads/KC-th row, in loops with constant trip counts that numba unrolls, issuing LOADS_IN_FLIGHT
+a fixed set of its rows, in loops with constant trip counts that numba unrolls, issuing LOADS_IN_FLIGHT
 global loads before their shared-memory stores.  The first version walked flat element indices (e // KC,
 e % KC per element, ~45 PTX instructions of int64 index arithmetic) and stored each element before loading
 the next (one memory latency each): the forward step at H=768 B=16 took 808 us, now 255 us.
@@ -32,10 +32,22 @@ the next (one memory latency each): the forward step at H=768 B=16 took 808 us, 
 k loops (2026-11-24, counted in the SASS with `python -m numbarnn.kernels.sass`, not timed): a chunk's k loop
 ran `range(min(KC, P - k0))`, a run-time trip count that NVVM neither unrolled nor freed of numba's range
 iterator, with Python's wrap-around of negative indices on every shared load.  The tiles are zero past the
-product's width, so every chunk now runs all KC columns, UNROLL = 8 ks unrolled per trip, with unsigned
-shared indices (`common.U`): forward 65 SASS instructions per 18 FMAs (3.6) -> 74 per 32 (2.3), the backward's
-dgh R 129 per 16 (8.1) -> 85 per 32 (2.7), LSTM float32 sm_90; registers 95/72 -> 94/72 and 135/126 ->
-128/128 (sm_80/sm_90), 0 spills.
+product's width, so every chunk now runs all KC columns, KU ks unrolled per trip (`staging.unroll`: 8, 4
+where the body would hold more than 64 FMAs), with unsigned shared indices (`common.U`): forward 65 SASS
+instructions per 18 FMAs (3.6) -> 108 per 64 (1.7), the backward's dgh R 129 per 16 (8.1) -> 81 per 32
+(2.5), LSTM float32 sm_90.
+
+Staging, revised (2026-11-24, the same count; `python -m numbarnn.kernels.sass --only _v2 --loops` lists every
+loop's body): the staging loops, not the k loops, were most of a chunk's instructions.  R's rows cost ~40
+instructions a load (a 64-bit row x width product and the wrap-around of two signed indices per element), and
+the backward looked up each dgh row's length per element.  Now (`staging.py`, shared with v3) R is read
+through `R.flat` from a per-thread offset that steps by RS*W (one 64-bit add a load), h's and dgh's rows and
+time indexes are looked up once per launch (`make_tile_rows`, `make_row_times`), their loads are issued
+before R's and stored after, and every index is unsigned.  One chunk of KC = 32 columns (body x trips: chunk
+loop + staging loops + k loops), LSTM float32 sm_90: forward 140 + 4 x 43 + 8 x 343 + 4 x 17 + 16 x 74 = 4,308
+instructions -> 161 + 4 x 175 + 8 x 108 = 1,725 for its 512 FMAs (8.4 -> 3.4 a FMA); backward 666 + 2 x 311
++ 4 x 85 = 1,628 -> 221 + 4 x 81 = 545 for 128 (12.7 -> 4.3).  Registers (compile report, sm_80/sm_90)
+forward 94/72 -> 109/92 (4 ks unrolled, h's rows live), backward 128/128 -> 56/56; 0 spills.
 
 Tiles (`Tiles`): on a GPU TJ = 32 units (a warp: coalesced gx/y/acts rows in the epilogue and a 128-byte R row
 segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 reads R exactly once; 4 x RB
@@ -50,14 +62,14 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from numba import cuda, int64
+from numba import cuda, int64, types
 
 from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, U, acc_dtype, arr, nb
-
-UX = U   # unsigned shared indices (common.U) where a factory's U is LOADS_IN_FLIGHT
+from .staging import (LOADS_IN_FLIGHT, make_fetch_rows, make_fetch_steps, make_put_rows, make_row_times,
+                      make_stage_matrix, make_tile_rows, unroll)
 
 
 class Tiles(NamedTuple):
@@ -76,18 +88,6 @@ class Tiles(NamedTuple):
     def threads(self) -> int:
         return self.TJ * self.RG
 
-
-#: loads each thread issues before its first store when it stages a tile: a staging loop that stores each load
-#: before the next one waits one full global-memory latency per element (measured on an H100: the v2 forward
-#: step at H=768 B=16 took 808 us, 69% of it stalled on L1TEX, with 64 threads each walking 64 elements of R
-#: per chunk one at a time).  A fixed trip count, so numba unrolls it and the loads are in flight together.
-LOADS_IN_FLIGHT = 8
-#: the k loop of a chunk (v2 and v3) runs KC // UNROLL trips of UNROLL ks: NVVM unrolls a constant trip count
-#: of 8 fully (every shared load at a constant offset, no loop code), not 16 or 32 (by 2-4, with a counter and
-#: selects per k): v3's LSTM forward k loop, H = 512 slice, sm_90 (python -m numbarnn.kernels.sass), 86 SASS
-#: instructions per 32 FMAs at 8, 88 per 16 at 16.  The tiles are zero past the product's width, so every chunk
-#: runs all KC (a run-time trip count was neither unrolled nor free of numba's range-iterator code).
-UNROLL = 8
 
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
 GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
@@ -196,77 +196,23 @@ def make_forward_epilogue(cell, dtype, RB: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_stage_rows(dtype, TB: int, RS: int):
-    """Device function: tile[bb, kc] = h[d, b0 + bb, k] for this thread's rows bb = r0, r0 + RS, ... < TB
-    (zeros past the batch B or the width P): all ceil(TB / RS) loads in flight (buf) before the stores, constant
-    trip counts (unrolled), no index division, unsigned indices.  The h tile of v2's forward (and of v3's
-    step body where it does not prefetch)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    RH = -(-TB // RS)                           # a thread's rows of the tile
-    FULL = TB % RS == 0                         # every thread's rows lie in the tile (r0 < RS): no check
-
-    @cuda.jit(device=True, inline="always")
-    def stage_rows(h, tile, buf, d, b0, k, kc, r0, B, P):
-        for i in range(RH):
-            bb = r0 + i * RS
-            b = b0 + bb
-            buf[i] = h[d, U(b), U(k)] if (FULL or bb < TB) and b < B and k < P else zero
-        for i in range(RH):
-            bb = r0 + i * RS
-            if FULL or bb < TB:
-                tile[U(bb), U(kc)] = buf[i]          # unsigned indices: no wrap-around code (common.U)
-
-    return stage_rows
-
-
-@functools.lru_cache(maxsize=None)
-def make_stage_steps(dtype, TB: int, RS: int):
-    """Device function: tile[bb, kc] = dgh[d, t_b, b0 + bb, col] of step `s_src` for this thread's rows
-    bb = r0, r0 + RS, ... < TB, where t_b is row b's time index at that step (s_src, or len[b]-1-s_src in
-    reverse); zeros for rows past B, rows not active at s_src (s_src < 0 or >= len[b]) and `ok` False (a
-    column past the product's width).  LOADS_IN_FLIGHT loads before the stores, constant trip counts.
-    The dgh tile of v2's backward product and of v3's backward step body."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    U = LOADS_IN_FLIGHT
-    RH = -(-TB // RS)                           # a thread's rows of the tile
-
-    @cuda.jit(device=True, inline="always")
-    def stage_steps(s_src, lens, dgh, tile, buf, d, b0, col, ok, kc, r0):
-        B = lens.shape[0]
-        for i0 in range(0, RH, U):
-            for u in range(U):
-                bb = r0 + (i0 + u) * RS
-                b = b0 + bb
-                buf[u] = zero
-                if ok and bb < TB and b < B and s_src >= 0 and s_src < lens[b]:
-                    t_ = s_src if d == 0 else lens[b] - 1 - s_src
-                    buf[u] = acc(dgh[d, t_, b, col])
-            for u in range(U):
-                bb = r0 + (i0 + u) * RS
-                if bb < TB:
-                    tile[bb, kc] = buf[u]
-
-    return stage_steps
-
-
-@functools.lru_cache(maxsize=None)
 def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     """Tiled recurrent product for TJ units x G gates x TB rows, then the cell's pointwise forward."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     G = cell.G
-    TJ, RB, KC, TB, NT, U = t.TJ, t.RB, t.KC, t.TB, t.threads, LOADS_IN_FLIGHT
+    TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
     GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
-    RS = NT // KC                               # staging: rows apart of one thread's elements
-    RJ = -(-TJ // RS)                           # a thread's rows per gate of the R tile
-    NBUF = max(U, -(-TB // RS))                 # loads in flight: U for R's tile, a thread's rows for h's
-    KU = min(KC, UNROLL)
+    RS = NT // KC                               # staging: rows apart of one thread's R elements
+    RH = -(-TB // RS)                           # a thread's rows of the h tile
+    KU = unroll(KC, G * RB)                     # ks per trip of the k loop: G*RB FMAs each
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
     epilogue = make_forward_epilogue(cell, dtype, RB)
-    stage_h = make_stage_rows(dtype, TB, RS)
+    stage_R = make_stage_matrix(dtype, G, TJ, RS)
+    tile_rows = make_tile_rows(TB, RS)
+    fetch_h = make_fetch_rows(dtype, TB, RS)
+    put_h = make_put_rows(TB, RS)
 
     @cuda.jit(device=True, inline="always")
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
@@ -284,36 +230,29 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
         h_tile = cuda.shared.array((TB, KC), acc)       # h[d, b0+bb, k0+kk]
         rh = cuda.local.array((G, RB), acc)             # the product, G gates x RB rows, in registers
         r_k = cuda.local.array(G, acc)
-        buf = cuda.local.array(NBUF, acc)               # staged loads in flight (registers)
+        buf = cuda.local.array(LOADS_IN_FLIGHT, acc)    # R's loads in flight (registers)
+        h_buf = cuda.local.array(RH, acc)               # h's
+        rb = cuda.local.array(RH, types.int32)          # the batch row of each staged h row, -1: none
         for g in range(G):
             for r in range(RB):
                 rh[g, r] = zero
 
         kc = tid % KC                           # this thread's column of every staged chunk
-        r0 = tid // KC                          # and its first row, then every RS-th row
+        r0 = tid // KC                          # and its rows: R's r0, r0 + RS, ...; h's r0*RH .. r0*RH + RH-1
+        tile_rows(rb, b0, B, TB, 1, r0)         # once: h's rows of this block (no splits of K in v2)
         for k0 in range(0, P, KC):
             k = k0 + kc
-            # stage R: GJ rows x KC columns, consecutive threads -> consecutive k (coalesced).  Constant trip
-            # counts: unrolled, no index division per element, U loads in flight before the stores
-            for g in range(G):
-                for i0 in range(0, RJ, U):
-                    for u in range(U):
-                        jj_ = r0 + (i0 + u) * RS
-                        j = j0 + jj_
-                        buf[u] = acc(R[g * H + j, k]) if jj_ < TJ and j < H and k < P else zero
-                    for u in range(U):
-                        jj_ = r0 + (i0 + u) * RS
-                        if jj_ < TJ:
-                            R_tile[g * TJ + jj_, kc] = buf[u]
-            stage_h(h_in, h_tile, buf, d, b0, k, kc, r0, B, P)   # TB rows x KC columns the same way
+            fetch_h(h_in, rb, h_buf, d, k, P)   # h's loads first: in flight while R's are issued
+            stage_R(R, R_tile, buf, j0, H, H, k, k < P, kc, r0)   # G*TJ rows x KC columns, coalesced along k
+            put_h(h_tile, h_buf, kc, r0)
             cuda.syncthreads()
             for k8 in range(0, KC, KU):         # whole chunks (the tiles are zero past P), KU ks unrolled
                 for k1 in range(KU):
                     kk = k8 + k1
                     for g in range(G):
-                        r_k[g] = R_tile[UX(g * TJ + jj), UX(kk)]
+                        r_k[g] = R_tile[U(g * TJ + jj), U(kk)]
                     for r in range(RB):
-                        hk = h_tile[UX(rg * RB + r), UX(kk)]   # the same for the whole warp: a broadcast
+                        hk = h_tile[U(rg * RB + r), U(kk)]    # the same for the whole warp: a broadcast
                         for g in range(G):
                             rh[g, r] += r_k[g] * hk
             cuda.syncthreads()
@@ -336,12 +275,16 @@ def make_dgh_R(dtype, t: Tiles):
     rows are those of step `s_src` (t_b its time index; rows with s_src >= len[b], or s_src < 0, give 0)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
-    TJ, RB, KC, TB, NT, U, RG = t.TJ, t.RB, t.KC, t.TB, t.threads, LOADS_IN_FLIGHT, t.RG
+    TJ, RB, KC, TB, NT, RG = t.TJ, t.RB, t.KC, t.TB, t.threads, t.RG
     GS = NT // KC                                       # staging dgh: rows apart of one thread's elements
-    RR = -(-KC // RG)                                   # a thread's rows of the R tile
+    RH = -(-TB // GS)                                   # a thread's rows of the dgh tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
-    stage_dgh = make_stage_steps(dtype, TB, GS)
-    KU = min(KC, UNROLL)
+    stage_R = make_stage_matrix(dtype, 1, KC, RG)
+    tile_rows = make_tile_rows(TB, GS)
+    row_times = make_row_times(TB, GS)
+    fetch_dgh = make_fetch_steps(dtype, TB, GS)
+    put_dgh = make_put_rows(TB, GS)
+    KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
 
     @cuda.jit(device=True, inline="always")
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):
@@ -353,32 +296,28 @@ def make_dgh_R(dtype, t: Tiles):
         d = cuda.blockIdx.z
         GH = R.shape[0]
         P = R.shape[1]
-        buf = cuda.local.array(U, acc)                  # staged loads in flight (see LOADS_IN_FLIGHT)
+        buf = cuda.local.array(LOADS_IN_FLIGHT, acc)    # R's loads in flight (see staging.LOADS_IN_FLIGHT)
+        g_buf = cuda.local.array(RH, acc)               # dgh's
+        rb = cuda.local.array(RH, types.int32)          # the batch row of each staged dgh row, -1: none
+        tb = cuda.local.array(RH, types.int32)          # its time index at s_src, -1: zeros
         for r in range(RB):
             out[r] = zero
         cg = tid % KC                                   # this thread's gj column of the dgh tile
-        rb0 = tid // KC                                 # and its first row there, then every GS-th
+        rb0 = tid // KC                                 # and its rows there, rb0*RH .. rb0*RH + RH-1
+        tile_rows(rb, b0, lens.shape[0], TB, 1, rb0)    # once: rows and their time indexes at s_src
+        row_times(s_src, lens, rb, tb, d)
+        k = k0 + kx
         for gj0 in range(0, GH, KC):
-            # stage R: KC rows gj x TJ columns k, consecutive threads -> consecutive k (coalesced); constant
-            # trip counts (unrolled), U loads in flight before the stores
-            for i0 in range(0, RR, U):
-                for u in range(U):
-                    row = rg + (i0 + u) * RG
-                    gj = gj0 + row
-                    k = k0 + kx
-                    buf[u] = acc(R[gj, k]) if row < KC and gj < GH and k < P else zero
-                for u in range(U):
-                    row = rg + (i0 + u) * RG
-                    if row < KC:
-                        R_tile[row, kx] = buf[u]
-            stage_dgh(s_src, lens, dgh, g_tile, buf, d, b0, gj0 + cg, gj0 + cg < GH, cg, rb0)  # coalesced along gj
+            fetch_dgh(dgh, tb, rb, g_buf, d, gj0 + cg, gj0 + cg < GH)   # coalesced along gj, in flight ...
+            stage_R(R, R_tile, buf, gj0, 0, GH, k, k < P, kx, rg)     # ... while KC rows gj x TJ columns k of R
+            put_dgh(g_tile, g_buf, cg, rb0)
             cuda.syncthreads()
             for k8 in range(0, KC, KU):             # whole chunks (the tiles are zero past GH), KU ks unrolled
                 for k1 in range(KU):
                     kk = k8 + k1
-                    rk = R_tile[UX(kk), UX(kx)]         # consecutive threads, consecutive banks
+                    rk = R_tile[U(kk), U(kx)]           # consecutive threads, consecutive banks
                     for r in range(RB):
-                        out[r] += g_tile[UX(rg * RB + r), UX(kk)] * rk   # broadcast
+                        out[r] += g_tile[U(rg * RB + r), U(kk)] * rk   # broadcast
             cuda.syncthreads()
 
     return dgh_R

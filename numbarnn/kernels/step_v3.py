@@ -16,13 +16,13 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               tested on many blocks too.)
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced:
-`make_fetch_split_rows`, `make_put_split_rows`), the product comes from the R slice in shared memory (rows padded
+`make_fetch_rows`, `make_put_rows`), the product comes from the R slice in shared memory (rows padded
 by one column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
 (`step_v2.make_forward_epilogue`).
 
 The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
 kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
-block before the barrier) is staged like h (`make_fetch_split_steps`, row times looked up once per tile), and the
+block before the barrier) is staged like h (`make_fetch_steps`, row times looked up once per tile), and the
 cell's backward is v2's epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
 finishes dh0.
 
@@ -30,9 +30,10 @@ The product loops, revised (what the H100 run measured, bench/results/gpu_h100.m
 scheduler, so the instructions a thread issues per step are its time; `python -m numbarnn.kernels.sass` counts
 them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before -> after:
   - k loop with a constant trip count: the slices are zero-padded to their capacity (KMAX, HMAX: whole chunks),
-    so a chunk always has KC columns; the k loop runs KC // UNROLL trips of UNROLL = 8 unrolled ks
-    (`step_v2.UNROLL`: NVVM unrolls 8, not 32) and its shared indices are unsigned (`common.U`: no wrap-around code).  Forward k loop
-    79 instructions per 8 FMAs (9.9 a FMA) -> 85 per 32 (2.7; the floor is 2.25: 5 loads per 4 FMAs).
+    so a chunk always has KC columns; the k loop runs KC // KU trips of KU = 8 unrolled ks
+    (`staging.unroll`: NVVM unrolls 8, not 32) and its shared indices are unsigned (`common.U`: no wrap-around
+    code).  Forward k loop 79 instructions per 8 FMAs (9.9 a FMA) -> 85 per 32 (2.7; the floor is 2.25: 5
+    loads per 4 FMAs).
   - the next chunk's global loads are issued before this chunk's products (registers, `Slice.PF`; not where
     they would not fit: float64 at TJ = 1), and the backward looks up each staged row's time index once per
     row tile, not per element: its chunk, staging and barriers included, 1002 instructions + 7 x 105 of k loop
@@ -61,8 +62,9 @@ from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
-from .step_v2 import (BACKWARD_V2_ARGS, LOADS_IN_FLIGHT, UNROLL, make_backward_epilogue, make_forward_epilogue,
-                      make_stage_rows, make_stage_steps)
+from .staging import (LOADS_IN_FLIGHT, make_fetch_rows, make_fetch_steps, make_put_rows, make_row_times,
+                      make_stage_rows, make_stage_steps, make_tile_rows, unroll)
+from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
 
 
 if SIMULATOR:
@@ -277,98 +279,6 @@ def make_load_columns(dtype, G: int, TJ: int, NT: int, KCAP: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_split_rows(TB: int, RS: int):
-    """Device function split_rows(rb, b0, B, RN, KS, r0) -> split: this thread stages the RH = ceil(TB/RS)
-    consecutive tile rows bb = r0*RH + i (all in one split: RN, the rows per split, is a multiple of RH); a
-    row tile of b0 .. runs KS splits of K side by side (`make_split_k`), split s on tile rows s*RN ..
-    s*RN + RN-1, which hold batch rows b0 .. b0+RN-1.  rb[i] = the batch row of tile row bb, -1 past the splits
-    or the batch; returns the thread's split.  Once per row tile: a round's loads then test one register, and
-    all of a thread's rows share one column (one address computation per row, as without splits)."""
-    RH = -(-TB // RS)
-
-    @cuda.jit(device=True, inline="always")
-    def split_rows(rb, b0, B, RN, KS, r0):
-        sp = r0 * RH // RN
-        for i in range(RH):
-            b = b0 + r0 * RH + i - sp * RN
-            rb[i] = b if sp < KS and b < B and r0 * RH + i < TB else -1
-        return sp
-
-    return split_rows
-
-
-@functools.lru_cache(maxsize=None)
-def make_put_split_rows(TB: int, RS: int):
-    """Device function put(tile, buf, kc, r0): tile[r0*RH + i, kc] = buf[i] (`make_split_rows`' rows)."""
-    RH = -(-TB // RS)
-    FULL = TB % RS == 0                         # every thread's rows lie in the tile: no check
-
-    @cuda.jit(device=True, inline="always")
-    def put(tile, buf, kc, r0):
-        for i in range(RH):
-            bb = r0 * RH + i
-            if FULL or bb < TB:
-                tile[U(bb), U(kc)] = buf[i]
-
-    return put
-
-
-@functools.lru_cache(maxsize=None)
-def make_row_times(TB: int, RS: int):
-    """Device function row_times(s_src, lens, rb, tb, d): tb[i] = the time index of batch row rb[i] at step
-    s_src (s_src forward, len[b]-1-s_src in reverse), or -1 where rb[i] < 0 or the row is not active at s_src
-    (s_src < 0 or >= len[b]).  Once per row tile, not per staged element."""
-    RH = -(-TB // RS)
-
-    @cuda.jit(device=True, inline="always")
-    def row_times(s_src, lens, rb, tb, d):
-        for i in range(RH):
-            b = rb[i]
-            t_ = -1
-            if b >= 0:
-                n = lens[b]
-                if s_src >= 0 and s_src < n:
-                    t_ = s_src if d == 0 else n - 1 - s_src
-            tb[i] = t_
-
-    return row_times
-
-
-@functools.lru_cache(maxsize=None)
-def make_fetch_split_rows(dtype, TB: int, RS: int):
-    """Device function fetch(h, rb, buf, d, k, P): buf[i] = h[d, rb[i], k], zeros where rb[i] < 0 or k >= P;
-    every load in flight before any is used (stored with `make_put_split_rows`)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    RH = -(-TB // RS)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(h, rb, buf, d, k, P):
-        for i in range(RH):
-            buf[i] = acc(h[d, U(rb[i]), U(k)]) if rb[i] >= 0 and k < P else zero
-
-    return fetch
-
-
-@functools.lru_cache(maxsize=None)
-def make_fetch_split_steps(dtype, TB: int, RS: int):
-    """Device function fetch(src, tb, rb, buf, d, col, ok): buf[i] = src[d, tb[i], rb[i], col], zeros where
-    tb[i] < 0 (no row, or not active) or `ok` is False (a column past the product's width); every load in flight
-    before any is used (stored with `make_put_split_rows`)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    RH = -(-TB // RS)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(src, tb, rb, buf, d, col, ok):
-        for i in range(RH):
-            t_ = tb[i]
-            buf[i] = acc(src[d, U(t_), U(rb[i]), U(col)]) if ok and t_ >= 0 else zero
-
-    return fetch
-
-
-@functools.lru_cache(maxsize=None)
 def make_split_k(RG: int, RB: int, TB: int, RS: int):
     """Device function split_k(b0, B, NCH, pf) -> (RGN, KS, NR): a tile of rows b0 .. with fewer rows than the
     TB a block holds splits its NCH chunks of K over the row groups the rows leave idle.  Split s works on tile
@@ -423,28 +333,28 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     shared memory `red` into split 0 (rg < RGN): the other row groups' rows b lie past the batch, as before.
 
     src is staged KC columns at a time through `tile` (coalesced), a round of KS chunks (one per split) at a
-    time; rows and time indexes are looked up once per row tile (`make_split_rows`, `make_row_times`), and the
+    time; rows and time indexes are looked up once per row tile (`make_tile_rows`, `make_row_times`), and the
     next round's loads are issued before this round's products (they land while it runs).  The k loop has a
     constant trip count KC (unrolled: shared loads at constant offsets, no index arithmetic per k); even and
     odd k accumulate apart (two chains of dependent FMAs instead of one: with RB = 1 a thread has no other
     independent work).  The slice_ reads are a broadcast per row group.  Without prefetching (sl.PF False) each
-    chunk is staged by v2's `stage_steps` just before it is stored, one split."""
+    chunk is staged by `staging.make_stage_steps` just before it is stored, one split."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     TJ, RG, RB, KC, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.TB, sl.threads
     RS = NT // KC                                       # staging: rows apart of one thread's elements
     RH = -(-TB // RS)                                   # a thread's rows of the tile
     NCH = KCAP // KC                                    # chunks per gate
-    KU = min(KC, UNROLL)
+    KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
     PREFETCH = sl.PF
     NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     assert KCAP % KC == 0, "the slice's capacity is whole chunks"
     split_k = make_split_k(RG, RB, TB, RS)
-    split_rows = make_split_rows(TB, RS)
+    tile_rows = make_tile_rows(TB, RS)
     row_times = make_row_times(TB, RS)
-    fetch = make_fetch_split_steps(dtype, TB, RS)
-    put = make_put_split_rows(TB, RS)
+    fetch = make_fetch_steps(dtype, TB, RS)
+    put = make_put_rows(TB, RS)
     stage = make_stage_steps(dtype, TB, RS)
     reduce = make_reduce_splits(dtype, RB, 1, TJ)
 
@@ -466,8 +376,8 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
             part[0, r] = zero
             part[1, r] = zero
         kq = kc                                         # the column this thread stages of a round's first chunk
-        if PREFETCH:
-            kq += split_rows(rb, b0, lens.shape[0], RGN * RB, KS, r0) * KC
+        if PREFETCH:                                    # its rows and their time indexes, once
+            kq += tile_rows(rb, b0, lens.shape[0], RGN * RB, KS, r0) * KC
             row_times(s_src, lens, rb, tb, d)
             fetch(src, tb, rb, buf, d, kq, kq < K)      # gate 0, round 0
         for g in range(NG):
@@ -475,7 +385,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
                 k0 = (c * KS + sp) * KC                 # this thread's chunk: columns k0 .. of gate g
                 if PREFETCH:
                     put(tile, buf, kc, r0)
-                else:                                   # this chunk's loads, now (v2's staging)
+                else:                                   # this chunk's loads, now (nothing kept between chunks)
                     stage(s_src, lens, src, tile, buf, d, b0, g * K + k0 + kc, k0 + kc < K, kc, r0)
                 cuda.syncthreads()
                 gn = g                                  # the next round: (g, c + 1), or the next gate's first
@@ -520,16 +430,16 @@ def make_step_body(cell, dtype, sl: Slice):
     RS = NT // KC                                       # staging h: rows apart of one thread's elements
     RH = -(-TB // RS)                                   # a thread's rows of the h tile
     NCH = sl.KMAX // KC                                 # chunks of the slice's columns
-    KU = min(KC, UNROLL)
+    KU = unroll(KC, G * RB)                             # ks per trip of the k loop: G*RB FMAs each
     PREFETCH = sl.PF
     NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     assert sl.KMAX % KC == 0, "the slice's capacity is whole chunks"
     split_k = make_split_k(RG, RB, TB, RS)
-    split_rows = make_split_rows(TB, RS)
-    fetch_h = make_fetch_split_rows(dtype, TB, RS)
+    tile_rows = make_tile_rows(TB, RS)
+    fetch_h = make_fetch_rows(dtype, TB, RS)
+    put_h = make_put_rows(TB, RS)
     stage_h = make_stage_rows(dtype, TB, RS)
-    put_h = make_put_split_rows(TB, RS)
     reduce = make_reduce_splits(dtype, RB, G, TJ)
     epilogue = make_forward_epilogue(cell, dtype, RB)
     load_slice = make_load_rows(dtype, G, TJ, NT, sl.KMAX)
@@ -555,13 +465,13 @@ def make_step_body(cell, dtype, sl: Slice):
                     rh[g, r] = zero
             kq = kc                                     # the column this thread stages of a round's first chunk
             if PREFETCH:
-                kq += split_rows(rb, b0, B, RGN * RB, KS, r0) * KC
+                kq += tile_rows(rb, b0, B, RGN * RB, KS, r0) * KC
                 fetch_h(h_in, rb, buf, d, kq, P)        # round 0
             for rnd in range(NR):
                 ch = rnd * KS + sp                      # this thread's chunk
                 if PREFETCH:
                     put_h(h_tile, buf, kc, r0)
-                else:                                   # this chunk's loads, now (v2's staging)
+                else:                                   # this chunk's loads, now (nothing kept between chunks)
                     stage_h(h_in, h_tile, buf, d, b0, ch * KC + kc, kc, r0, B, P)
                 cuda.syncthreads()
                 if PREFETCH and rnd + 1 < NR:           # the next round's loads, in flight during the products
