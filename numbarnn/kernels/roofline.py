@@ -219,7 +219,7 @@ SM_LIMITS_EXTRA = {
 #: on a GPU gets right (it asks the device with the compiled kernel: step_v3.device_cooperative_limit).
 V3_REGISTERS = 138
 #: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`)
-V3_BACKWARD_REGISTERS = 166
+V3_BACKWARD_REGISTERS = 163
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(

@@ -5,9 +5,10 @@ A block computes a small product out of shared memory, so every chunk of its ope
 
   rows of an operand that every step indexes by batch row (h, or dgh of one step): thread tid owns column
       kc = tid % KC of each chunk and RH = ceil(TB / RS) consecutive tile rows r0*RH .. r0*RH + RH-1
-      (r0 = tid // KC, RS = threads // KC).  The batch rows (`make_tile_rows`) and their time indexes
-      (`make_row_times`) are looked up once per row tile, not per element; a chunk's loads
-      (`make_fetch_rows`, `make_fetch_steps`) are all in flight before the first store (`make_put_rows`),
+      (r0 = tid // KC, RS = threads // KC).  The batch rows (`make_tile_rows`), their time indexes and the
+      flat index of each row's first element (`make_row_offsets`, `make_step_offsets`) are computed once per
+      row tile, not per element; a chunk's loads (`make_fetch`: `src.flat[off + col]`, one add each) are
+      all in flight before the first store (`make_put_rows`),
       so a caller can issue the next chunk's loads before this chunk's products (v3's prefetch) or
       before its other staging (v2).  Where registers are tight (v3 without prefetch), `make_stage_rows` and
       `make_stage_steps` do the same with nothing kept between chunks.
@@ -79,56 +80,64 @@ def make_tile_rows(TB: int, RS: int):
 
 
 @functools.cache
-def make_row_times(TB: int, RS: int):
-    """Device function row_times(s_src, lens, rb, tb, d): tb[i] = the time index of batch row rb[i] at step
-    s_src (s_src forward, len[b]-1-s_src in reverse), or -1 where rb[i] < 0 or the row is not active at s_src
+def make_row_offsets(TB: int, RS: int):
+    """Device function row_offsets(h, rb, off, d): off[i] = the flat (C-order) index of h[d, rb[i], 0] in an
+    operand h[D, B, W], -1 where rb[i] < 0.  Once per row tile: a staged element is then h.flat[off[i] + k]."""
+    RH = rows_per_thread(TB, RS)
+
+    @cuda.jit(device=True, inline="always")
+    def row_offsets(h, rb, off, d):
+        B = h.shape[1]
+        W = h.shape[2]
+        for i in range(RH):
+            b = rb[i]
+            off[i] = (d * B + b) * W if b >= 0 else -1
+
+    return row_offsets
+
+
+@functools.cache
+def make_step_offsets(TB: int, RS: int):
+    """Device function step_offsets(s_src, lens, src, rb, off, d): off[i] = the flat (C-order) index of
+    src[d, t_i, rb[i], 0] in an operand src[D, T, B, W] written per step, where t_i is row rb[i]'s time index at
+    step s_src (s_src forward, len[b]-1-s_src in reverse); -1 where rb[i] < 0 or the row is not active at s_src
     (s_src < 0 or >= len[b]).  Once per row tile, not per staged element."""
     RH = rows_per_thread(TB, RS)
 
     @cuda.jit(device=True, inline="always")
-    def row_times(s_src, lens, rb, tb, d):
+    def step_offsets(s_src, lens, src, rb, off, d):
+        T = src.shape[1]
+        B = src.shape[2]
+        W = src.shape[3]
         for i in range(RH):
             b = rb[i]
-            t_ = -1
+            e = -1
             if b >= 0:
                 n = lens[b]
                 if s_src >= 0 and s_src < n:
                     t_ = s_src if d == 0 else n - 1 - s_src
-            tb[i] = t_
+                    e = ((d * T + t_) * B + b) * W
+            off[i] = e
 
-    return row_times
+    return step_offsets
 
 
 @functools.cache
-def make_fetch_rows(dtype, TB: int, RS: int):
-    """Device function fetch(h, rb, buf, d, k, P): buf[i] = h[d, rb[i], k], zeros where rb[i] < 0 or k >= P;
-    every load in flight before any is used (stored with `make_put_rows`)."""
+def make_fetch(dtype, TB: int, RS: int):
+    """Device function fetch(src, off, buf, col, ok): buf[i] = src.flat[off[i] + col], zeros where off[i] < 0
+    (no row, or not active) or `ok` is False (a column past the product's width); every load in flight before
+    any is used (stored with `make_put_rows`).  One add and an address per load: the row's part of the index
+    (`make_row_offsets`, `make_step_offsets`) is computed once, not a 64-bit product per row and chunk (v3's
+    backward recomputed 8 of them a round, ~12 instructions each, with the array's strides reloaded)."""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
     RH = rows_per_thread(TB, RS)
 
     @cuda.jit(device=True, inline="always")
-    def fetch(h, rb, buf, d, k, P):
+    def fetch(src, off, buf, col, ok):
         for i in range(RH):
-            buf[i] = acc(h[d, U(rb[i]), U(k)]) if rb[i] >= 0 and k < P else zero
-
-    return fetch
-
-
-@functools.cache
-def make_fetch_steps(dtype, TB: int, RS: int):
-    """Device function fetch(src, tb, rb, buf, d, col, ok): buf[i] = src[d, tb[i], rb[i], col], zeros where
-    tb[i] < 0 (no row, or not active) or `ok` is False (a column past the product's width); every load in flight
-    before any is used (stored with `make_put_rows`)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    RH = rows_per_thread(TB, RS)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(src, tb, rb, buf, d, col, ok):
-        for i in range(RH):
-            t_ = tb[i]
-            buf[i] = acc(src[d, U(t_), U(rb[i]), U(col)]) if ok and t_ >= 0 else zero
+            e = off[i]
+            buf[i] = acc(src.flat[U(e + col)]) if ok and e >= 0 else zero
 
     return fetch
 

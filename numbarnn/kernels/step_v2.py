@@ -34,20 +34,21 @@ ran `range(min(KC, P - k0))`, a run-time trip count that NVVM neither unrolled n
 iterator, with Python's wrap-around of negative indices on every shared load.  The tiles are zero past the
 product's width, so every chunk now runs all KC columns, KU ks unrolled per trip (`staging.unroll`: 8, 4
 where the body would hold more than 64 FMAs), with unsigned shared indices (`common.U`): forward 65 SASS
-instructions per 18 FMAs (3.6) -> 108 per 64 (1.7), the backward's dgh R 129 per 16 (8.1) -> 81 per 32
+instructions per 18 FMAs (3.6) -> 110 per 64 (1.7), the backward's dgh R 129 per 16 (8.1) -> 80 per 32
 (2.5), LSTM float32 sm_90.
 
 Staging, revised (2026-11-24, the same count; `python -m numbarnn.kernels.sass --only _v2 --loops` lists every
 loop's body): the staging loops, not the k loops, were most of a chunk's instructions.  R's rows cost ~40
 instructions a load (a 64-bit row x width product and the wrap-around of two signed indices per element), and
 the backward looked up each dgh row's length per element.  Now (`staging.py`, shared with v3) R is read
-through `R.flat` from a per-thread offset that steps by RS*W (one 64-bit add a load), h's and dgh's rows and
-time indexes are looked up once per launch (`make_tile_rows`, `make_row_times`), their loads are issued
-before R's and stored after, and every index is unsigned.  One chunk of KC = 32 columns (body x trips: chunk
+through `R.flat` from a per-thread offset that steps by RS*W (one 64-bit add a load), h's and dgh's rows, time
+indexes and flat row offsets are computed once per launch (`make_tile_rows`, `make_row_offsets`,
+`make_step_offsets`: a load is then `src.flat[off + col]`), their loads are issued before R's and stored after,
+and every index is unsigned.  One chunk of KC = 32 columns (body x trips: chunk
 loop + staging loops + k loops), LSTM float32 sm_90: forward 140 + 4 x 43 + 8 x 343 + 4 x 17 + 16 x 74 = 4,308
-instructions -> 161 + 4 x 175 + 8 x 108 = 1,725 for its 512 FMAs (8.4 -> 3.4 a FMA); backward 666 + 2 x 311
-+ 4 x 85 = 1,628 -> 221 + 4 x 81 = 545 for 128 (12.7 -> 4.3).  Registers (compile report, sm_80/sm_90)
-forward 94/72 -> 109/92 (4 ks unrolled, h's rows live), backward 128/128 -> 56/56; 0 spills.
+instructions -> 119 + 4 x 175 + 8 x 110 = 1,699 for its 512 FMAs (8.4 -> 3.3 a FMA); backward 666 + 2 x 311
++ 4 x 85 = 1,628 -> 209 + 4 x 80 = 529 for 128 (12.7 -> 4.1).  Registers (compile report, sm_80/sm_90)
+forward 94/72 -> 88/87 (4 ks unrolled, h's row offsets live), backward 128/128 -> 64/64; 0 spills.
 
 Tiles (`Tiles`): on a GPU TJ = 32 units (a warp: coalesced gx/y/acts rows in the epilogue and a 128-byte R row
 segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 reads R exactly once; 4 x RB
@@ -68,8 +69,8 @@ from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, U, acc_dtype, arr, nb
-from .staging import (LOADS_IN_FLIGHT, make_fetch_rows, make_fetch_steps, make_put_rows, make_row_times,
-                      make_stage_matrix, make_tile_rows, unroll)
+from .staging import (LOADS_IN_FLIGHT, make_fetch, make_put_rows, make_row_offsets, make_stage_matrix,
+                      make_step_offsets, make_tile_rows, unroll)
 
 
 class Tiles(NamedTuple):
@@ -211,7 +212,8 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     epilogue = make_forward_epilogue(cell, dtype, RB)
     stage_R = make_stage_matrix(dtype, G, TJ, RS)
     tile_rows = make_tile_rows(TB, RS)
-    fetch_h = make_fetch_rows(dtype, TB, RS)
+    row_offsets = make_row_offsets(TB, RS)
+    fetch_h = make_fetch(dtype, TB, RS)
     put_h = make_put_rows(TB, RS)
 
     @cuda.jit(device=True, inline="always")
@@ -233,6 +235,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
         buf = cuda.local.array(LOADS_IN_FLIGHT, acc)    # R's loads in flight (registers)
         h_buf = cuda.local.array(RH, acc)               # h's
         rb = cuda.local.array(RH, types.int32)          # the batch row of each staged h row, -1: none
+        off = cuda.local.array(RH, types.int64)         # the flat index of h[d, that row, 0], -1: none
         for g in range(G):
             for r in range(RB):
                 rh[g, r] = zero
@@ -240,9 +243,10 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
         kc = tid % KC                           # this thread's column of every staged chunk
         r0 = tid // KC                          # and its rows: R's r0, r0 + RS, ...; h's r0*RH .. r0*RH + RH-1
         tile_rows(rb, b0, B, TB, 1, r0)         # once: h's rows of this block (no splits of K in v2)
+        row_offsets(h_in, rb, off, d)
         for k0 in range(0, P, KC):
             k = k0 + kc
-            fetch_h(h_in, rb, h_buf, d, k, P)   # h's loads first: in flight while R's are issued
+            fetch_h(h_in, off, h_buf, k, k < P)     # h's loads first: in flight while R's are issued
             stage_R(R, R_tile, buf, j0, H, H, k, k < P, kc, r0)   # G*TJ rows x KC columns, coalesced along k
             put_h(h_tile, h_buf, kc, r0)
             cuda.syncthreads()
@@ -281,8 +285,8 @@ def make_dgh_R(dtype, t: Tiles):
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     stage_R = make_stage_matrix(dtype, 1, KC, RG)
     tile_rows = make_tile_rows(TB, GS)
-    row_times = make_row_times(TB, GS)
-    fetch_dgh = make_fetch_steps(dtype, TB, GS)
+    step_offsets = make_step_offsets(TB, GS)
+    fetch_dgh = make_fetch(dtype, TB, GS)
     put_dgh = make_put_rows(TB, GS)
     KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
 
@@ -299,16 +303,16 @@ def make_dgh_R(dtype, t: Tiles):
         buf = cuda.local.array(LOADS_IN_FLIGHT, acc)    # R's loads in flight (see staging.LOADS_IN_FLIGHT)
         g_buf = cuda.local.array(RH, acc)               # dgh's
         rb = cuda.local.array(RH, types.int32)          # the batch row of each staged dgh row, -1: none
-        tb = cuda.local.array(RH, types.int32)          # its time index at s_src, -1: zeros
+        off = cuda.local.array(RH, types.int64)         # the flat index of dgh[d, its time at s_src, row, 0], -1
         for r in range(RB):
             out[r] = zero
         cg = tid % KC                                   # this thread's gj column of the dgh tile
         rb0 = tid // KC                                 # and its rows there, rb0*RH .. rb0*RH + RH-1
         tile_rows(rb, b0, lens.shape[0], TB, 1, rb0)    # once: rows and their time indexes at s_src
-        row_times(s_src, lens, rb, tb, d)
+        step_offsets(s_src, lens, dgh, rb, off, d)
         k = k0 + kx
         for gj0 in range(0, GH, KC):
-            fetch_dgh(dgh, tb, rb, g_buf, d, gj0 + cg, gj0 + cg < GH)   # coalesced along gj, in flight ...
+            fetch_dgh(dgh, off, g_buf, gj0 + cg, gj0 + cg < GH)     # coalesced along gj, in flight ...
             stage_R(R, R_tile, buf, gj0, 0, GH, k, k < P, kx, rg)     # ... while KC rows gj x TJ columns k of R
             put_dgh(g_tile, g_buf, cg, rb0)
             cuda.syncthreads()

@@ -16,13 +16,13 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               tested on many blocks too.)
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced:
-`make_fetch_rows`, `make_put_rows`), the product comes from the R slice in shared memory (rows padded
+`make_fetch`, `make_put_rows`), the product comes from the R slice in shared memory (rows padded
 by one column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
 (`step_v2.make_forward_epilogue`).
 
 The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
 kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
-block before the barrier) is staged like h (`make_fetch_steps`, row times looked up once per tile), and the
+block before the barrier) is staged like h (`make_fetch`, row times and offsets looked up once per tile), and the
 cell's backward is v2's epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
 finishes dh0.
 
@@ -49,6 +49,11 @@ them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before ->
   109,376 -> 34,560, backward 513,792 -> 84,134.  Registers (compile report, H = 512 slice) forward 193/168 ->
   167/138 (sm_80/sm_90), backward 216/113 -> 204/166; at the TJ = 2 slices of H = 768 and 1024 (16 staged
   rows a thread) forward 215/186, backward 216/164; 0 spills in every v3 kernel.
+  Then (staging.py, shared with v2): each staged row's flat offset is computed once per row tile and a
+  round's load is `src.flat[off + col]` (`staging.make_fetch`), not a 64-bit product of the row's time index
+  and batch row with the array's strides per row and round: the backward's round 268 -> 232 instructions
+  (H = 512 slice); per step 768x16 forward 6,480 -> 6,312, backward 15,775 -> 14,592; 256x4 1,716 -> 1,712,
+  3,305 -> 3,152; 512x32 14,752 -> 14,688, 33,264 -> 29,696; 1024x64 34,560 -> 33,664, 84,134 -> 77,824.
 """
 from __future__ import annotations
 
@@ -62,8 +67,8 @@ from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
-from .staging import (LOADS_IN_FLIGHT, make_fetch_rows, make_fetch_steps, make_put_rows, make_row_times,
-                      make_stage_rows, make_stage_steps, make_tile_rows, unroll)
+from .staging import (LOADS_IN_FLIGHT, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
+                      make_stage_steps, make_step_offsets, make_tile_rows, unroll)
 from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
 
 
@@ -333,7 +338,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     shared memory `red` into split 0 (rg < RGN): the other row groups' rows b lie past the batch, as before.
 
     src is staged KC columns at a time through `tile` (coalesced), a round of KS chunks (one per split) at a
-    time; rows and time indexes are looked up once per row tile (`make_tile_rows`, `make_row_times`), and the
+    time; rows, time indexes and offsets are looked up once per row tile (`make_tile_rows`, `make_step_offsets`), and the
     next round's loads are issued before this round's products (they land while it runs).  The k loop has a
     constant trip count KC (unrolled: shared loads at constant offsets, no index arithmetic per k); even and
     odd k accumulate apart (two chains of dependent FMAs instead of one: with RB = 1 a thread has no other
@@ -352,8 +357,8 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     assert KCAP % KC == 0, "the slice's capacity is whole chunks"
     split_k = make_split_k(RG, RB, TB, RS)
     tile_rows = make_tile_rows(TB, RS)
-    row_times = make_row_times(TB, RS)
-    fetch = make_fetch_steps(dtype, TB, RS)
+    step_offsets = make_step_offsets(TB, RS)
+    fetch = make_fetch(dtype, TB, RS)
     put = make_put_rows(TB, RS)
     stage = make_stage_steps(dtype, TB, RS)
     reduce = make_reduce_splits(dtype, RB, 1, TJ)
@@ -370,7 +375,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
         live = sp < KS                                  # a row group past the batch and the splits only stages
         buf = cuda.local.array(NBUF, acc)               # the next round, in flight
         rb = cuda.local.array(RH, types.int32)          # the batch row of each staged row, -1: none
-        tb = cuda.local.array(RH, types.int32)          # its time index at s_src, -1: zeros
+        off = cuda.local.array(RH, types.int64)         # the flat index of src[d, its time at s_src, row, 0], -1
         part = cuda.local.array((2, RB), acc)           # even and odd k: two chains of FMAs, not one
         for r in range(RB):
             part[0, r] = zero
@@ -378,8 +383,8 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
         kq = kc                                         # the column this thread stages of a round's first chunk
         if PREFETCH:                                    # its rows and their time indexes, once
             kq += tile_rows(rb, b0, lens.shape[0], RGN * RB, KS, r0) * KC
-            row_times(s_src, lens, rb, tb, d)
-            fetch(src, tb, rb, buf, d, kq, kq < K)      # gate 0, round 0
+            step_offsets(s_src, lens, src, rb, off, d)
+            fetch(src, off, buf, kq, kq < K)            # gate 0, round 0
         for g in range(NG):
             for c in range(NR):
                 k0 = (c * KS + sp) * KC                 # this thread's chunk: columns k0 .. of gate g
@@ -394,7 +399,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
                     gn = g + 1
                     kn = kq
                 if PREFETCH and gn < NG:                # its loads, in flight during this round's products
-                    fetch(src, tb, rb, buf, d, gn * K + kn, kn < K)
+                    fetch(src, off, buf, gn * K + kn, kn < K)
                 if live and k0 < KCAP:
                     for k8 in range(0, KC, KU):
                         for k1 in range(KU):            # unrolled: constant offsets, no loop code
@@ -437,7 +442,8 @@ def make_step_body(cell, dtype, sl: Slice):
     assert sl.KMAX % KC == 0, "the slice's capacity is whole chunks"
     split_k = make_split_k(RG, RB, TB, RS)
     tile_rows = make_tile_rows(TB, RS)
-    fetch_h = make_fetch_rows(dtype, TB, RS)
+    row_offsets = make_row_offsets(TB, RS)
+    fetch_h = make_fetch(dtype, TB, RS)
     put_h = make_put_rows(TB, RS)
     stage_h = make_stage_rows(dtype, TB, RS)
     reduce = make_reduce_splits(dtype, RB, G, TJ)
@@ -454,6 +460,7 @@ def make_step_body(cell, dtype, sl: Slice):
         H = unit_params.shape[2]
         buf = cuda.local.array(NBUF, acc)               # the next round of h, in flight
         rb = cuda.local.array(RH, types.int32)          # the batch row of each staged row, -1: none
+        off = cuda.local.array(RH, types.int64)         # the flat index of h[d, that row, 0], -1: none
         kc = tid % KC                                   # this thread's column of each staged h chunk
         r0 = tid // KC                                  # and its block of staged rows
         for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
@@ -466,7 +473,8 @@ def make_step_body(cell, dtype, sl: Slice):
             kq = kc                                     # the column this thread stages of a round's first chunk
             if PREFETCH:
                 kq += tile_rows(rb, b0, B, RGN * RB, KS, r0) * KC
-                fetch_h(h_in, rb, buf, d, kq, P)        # round 0
+                row_offsets(h_in, rb, off, d)
+                fetch_h(h_in, off, buf, kq, kq < P)     # round 0
             for rnd in range(NR):
                 ch = rnd * KS + sp                      # this thread's chunk
                 if PREFETCH:
@@ -475,7 +483,8 @@ def make_step_body(cell, dtype, sl: Slice):
                     stage_h(h_in, h_tile, buf, d, b0, ch * KC + kc, kc, r0, B, P)
                 cuda.syncthreads()
                 if PREFETCH and rnd + 1 < NR:           # the next round's loads, in flight during the products
-                    fetch_h(h_in, rb, buf, d, (rnd + 1) * KS * KC + kq, P)
+                    kn = (rnd + 1) * KS * KC + kq
+                    fetch_h(h_in, off, buf, kn, kn < P)
                 if live and ch < NCH:
                     for k8 in range(0, KC, KU):
                         for k1 in range(KU):            # unrolled: constant offsets, no loop code
