@@ -12,8 +12,6 @@ The R traffic of v2 is measured, not assumed: the kernels run on an R that count
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -28,6 +26,7 @@ from numbarnn.kernels import driver, step_v2
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
 from numbarnn.kernels.common import acc_dtype, jit
 from numbarnn.kernels.recurrent import make_recurrent_backward
+from numbarnn.kernels.simulator import CountingMatrix
 from numbarnn.testing import make_rnn_case, rnn_cases, run_backward, run_forward
 
 numba_cuda = pytest.importorskip("numba.cuda")
@@ -191,32 +190,6 @@ def test_step_version_choice(monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # R traffic per step, counted
 # ----------------------------------------------------------------------------------------------
-
-class CountingMatrix:
-    """A 2-D array that records every element read (the simulator passes unknown objects through)."""
-
-    def __init__(self, a):
-        self.a = a
-        self.shape = a.shape
-        self.reads = []
-        self._lock = threading.Lock()
-
-    def __getitem__(self, index):
-        with self._lock:
-            self.reads.append(tuple(int(i) for i in index))
-        return self.a[index]
-
-    @property
-    def flat(self):
-        """a.flat[e] (C order), as v2's staging reads R (staging.make_stage_matrix): recorded as (row, k)."""
-        matrix = self
-
-        class Flat:
-            def __getitem__(self, e):
-                return matrix[np.unravel_index(int(e), matrix.shape)]
-
-        return Flat()
-
 
 def _forward_args(cell, dtype, H, B, D, T, rng):
     G, P, acc = cell.G, H, acc_dtype(dtype)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 
 from numbarnn.device import use_simulator_unless_gpu  # imports no numba
 
@@ -48,6 +47,7 @@ from numbarnn.config import rnn_config  # noqa: E402
 from numbarnn.kernels import driver, step_v2, step_v3  # noqa: E402
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args  # noqa: E402
 from numbarnn.kernels.common import acc_dtype, jit  # noqa: E402
+from numbarnn.kernels.simulator import CountingMatrix  # noqa: E402  (R as an object that records each read)
 from numbarnn.measure import timed_ms  # noqa: E402
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward  # noqa: E402
 from numbarnn.verify import TOLERANCES  # noqa: E402
@@ -87,29 +87,6 @@ def show_versions():
 # 2. Who reads R: counted in the simulator
 # ---------------------------------------------------------------------------------------------------
 
-class CountingMatrix:
-    """R as a Python object that records every element read (the simulator hands kernels what they are given)."""
-
-    def __init__(self, a):
-        self.a, self.shape, self.reads, self._lock = a, a.shape, 0, threading.Lock()
-
-    def __getitem__(self, index):
-        with self._lock:
-            self.reads += 1
-        return self.a[index]
-
-    @property
-    def flat(self):
-        """R.flat[e] (C order): how v2 stages R (numbarnn/kernels/staging.py), counted the same way."""
-        matrix = self
-
-        class Flat:
-            def __getitem__(self, e):
-                return matrix[np.unravel_index(int(e), matrix.shape)]
-
-        return Flat()
-
-
 def layer_arrays(H, B, T, rng):
     """Device arrays of one LSTM layer's forward (one direction, every row T steps long), R counted."""
     G, dt, acc = LSTM.G, "float64", acc_dtype("float64")
@@ -138,13 +115,13 @@ def count_forward_reads(H, B, T, rng):
             a.update(s=s)
             kernel[grid, block](*[a[n] for n in names])
             a["h_in"], a["h_out"] = a["h_out"], a["h_in"]
-        out[name] = (a["R_fwd"].reads, a["h_in"].copy_to_host())
+        out[name] = (len(a["R_fwd"].reads), a["h_in"].copy_to_host())
     # the persistent kernel: all T steps in one cooperative launch
     a = layer_arrays(H, B, T, np.random.default_rng(rng))
     a.update(steps=T, h_a=a["h_in"], h_b=a["h_out"])
     kernel = jit(step_v3.make_forward_persistent_v3, LSTM, "float64", sl)
     kernel[(-(-H // sl.TJ), 1, 1), sl.threads](*[a[n] for n in used_args(step_v3.PERSISTENT_ARGS, LSTM, False)])
-    out["v3 persistent"] = (a["R_fwd"].reads, (a["h_b"] if T % 2 else a["h_a"]).copy_to_host())
+    out["v3 persistent"] = (len(a["R_fwd"].reads), (a["h_b"] if T % 2 else a["h_a"]).copy_to_host())
     return out
 
 
@@ -175,7 +152,7 @@ def count_backward_reads(H, B, T, rng):
             kernel = jit(step_v3.make_backward_persistent_v3, LSTM, "float64", sl)
             kernel[(-(-H // sl.TJ), 1, 1), sl.threads](
                 *[a[n] for n in used_args(step_v3.PERSISTENT_BACKWARD_ARGS, LSTM, False)])
-        out[name] = (R.reads, a["dh"].copy_to_host())
+        out[name] = (len(R.reads), a["dh"].copy_to_host())
     return out
 
 

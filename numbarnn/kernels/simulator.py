@@ -23,6 +23,9 @@ as NaN (integers as the most negative value), so such a read shows in the result
 with it, cooperative launches of more than one block (the simulator ran blocks one after another, so a grid
 barrier could only work with one): a kernel marked ``cooperative`` runs all its blocks at once, and
 ``cuda.cg.this_grid().sync()`` waits for every thread of the grid.
+
+4. `CountingMatrix`: a matrix that records every element a kernel reads (the simulator hands kernels any
+Python object): how the tests and tutorial 07 count the reads of R per step.
 """
 from __future__ import annotations
 
@@ -242,3 +245,30 @@ def _grid_sync(group):
         t.syncthreads()
     else:
         grid.barrier.wait("grid sync")
+
+
+class CountingMatrix:
+    """A 2-D array passed to a kernel in the simulator that records every element read as (row, column) in
+    `reads`, whether read as ``M[row, k]`` or, as the v2 staging does (numbarnn/kernels/staging.py), as
+    ``M.flat[e]`` (C order).  ``a`` is the array itself."""
+
+    def __init__(self, a):
+        self.a = a
+        self.shape = a.shape
+        self.reads: list = []
+        self._lock = threading.Lock()
+
+    def __getitem__(self, index):
+        with self._lock:
+            self.reads.append(tuple(int(i) for i in index))
+        return self.a[index]
+
+    @property
+    def flat(self):
+        matrix = self
+
+        class Flat:
+            def __getitem__(self, e):
+                return matrix[np.unravel_index(int(e), matrix.shape)]
+
+        return Flat()
