@@ -8,9 +8,8 @@ A block computes a small product out of shared memory, so every chunk of its ope
       (r0 = tid // KC, RS = threads // KC).  The batch rows (`make_tile_rows`), their time indexes and the
       flat index of each row's first element (`make_row_offsets`, `make_step_offsets`) are computed once per
       row tile, not per element; a chunk's loads (`make_fetch`: `src.flat[off + col]`, one add each) are
-      all in flight before the first store (`make_put_rows`),
-      so a caller can issue the next chunk's loads before this chunk's products (v3's prefetch) or
-      before its other staging (v2).  Where registers are tight (v3 without prefetch), `make_stage_rows` and
+      all in flight before the first store (`make_put_rows`), so a caller can issue the next chunk's loads
+      before this chunk's products (v3's prefetch) or before its other staging (v2).  Where registers are tight (v3 without prefetch), `make_stage_rows` and
       `make_stage_steps` do the same with nothing kept between chunks.
   rows of a weight matrix (`make_stage_matrix`): thread tid owns one column and every RS-th row,
       LOADS_IN_FLIGHT loads before their stores.
