@@ -210,14 +210,8 @@ def _make_global_proxy_class():
         @property
         def flat(self):
             """ary.flat[e]: element e in C order (staging.make_stage_matrix reads weights so), recorded."""
-            import numpy as np
-            proxy = self
-
-            class Flat:
-                def __getitem__(self, e):
-                    return proxy[np.unravel_index(int(e), proxy._ary.shape)]
-
-            return Flat()
+            from .simulator import FlatIndex
+            return FlatIndex(self, self._ary.shape)
 
         def ravel(self, *args, **kwargs):
             return self._wrap(self._ary.ravel(*args, **kwargs))

@@ -247,6 +247,19 @@ def _grid_sync(group):
         grid.barrier.wait("grid sync")
 
 
+class FlatIndex:
+    """``m.flat`` for a Python object standing in for an array in the simulator: ``FlatIndex(m, shape)[e]`` is
+    ``m[row, ..., k]`` of the C-order index e, so whatever the object records for ``m[...]`` it records for
+    ``m.flat[e]`` too (the v2 staging reads weights so: numbarnn/kernels/staging.py)."""
+
+    def __init__(self, matrix, shape):
+        self.matrix = matrix
+        self.shape = shape
+
+    def __getitem__(self, e):
+        return self.matrix[np.unravel_index(int(e), self.shape)]
+
+
 class CountingMatrix:
     """A 2-D array passed to a kernel in the simulator that records every element read as (row, column) in
     `reads`, whether read as ``M[row, k]`` or, as the v2 staging does (numbarnn/kernels/staging.py), as
@@ -265,10 +278,4 @@ class CountingMatrix:
 
     @property
     def flat(self):
-        matrix = self
-
-        class Flat:
-            def __getitem__(self, e):
-                return matrix[np.unravel_index(int(e), matrix.shape)]
-
-        return Flat()
+        return FlatIndex(self, self.shape)

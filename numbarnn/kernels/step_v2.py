@@ -44,8 +44,8 @@ the backward looked up each dgh row's length per element.  Now (`staging.py`, sh
 through `R.flat` from a per-thread offset that steps by RS*W (one 64-bit add a load), h's and dgh's rows, time
 indexes and flat row offsets are computed once per launch (`make_tile_rows`, `make_row_offsets`,
 `make_step_offsets`: a load is then `src.flat[off + col]`), their loads are issued before R's and stored after,
-and every index is unsigned.  One chunk of KC = 32 columns (body x trips: chunk
-loop + staging loops + k loops), LSTM float32 sm_90: forward 140 + 4 x 43 + 8 x 343 + 4 x 17 + 16 x 74 = 4,308
+and every index is unsigned.  One chunk of KC = 32 columns (body x trips: chunk loop + staging loops + k
+loops), LSTM float32 sm_90: forward 140 + 4 x 43 + 8 x 343 + 4 x 17 + 16 x 74 = 4,308
 instructions -> 119 + 4 x 175 + 8 x 110 = 1,699 for its 512 FMAs (8.4 -> 3.3 a FMA); backward 666 + 2 x 311
 + 4 x 85 = 1,628 -> 209 + 4 x 80 = 529 for 128 (12.7 -> 4.1).  Registers (compile report, sm_80/sm_90)
 forward 94/72 -> 88/87 (4 ks unrolled, h's row offsets live), backward 128/128 -> 64/64; 0 spills.
@@ -70,7 +70,7 @@ from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, devi
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, U, acc_dtype, arr, nb
 from .staging import (LOADS_IN_FLIGHT, make_fetch, make_put_rows, make_row_offsets, make_stage_matrix,
-                      make_step_offsets, make_tile_rows, unroll)
+                      make_step_offsets, make_tile_rows, rows_per_thread, unroll)
 
 
 class Tiles(NamedTuple):
@@ -205,7 +205,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
     GJ = G * TJ                                 # rows of R a block owns: unit jj of gate g is row g*TJ + jj
     RS = NT // KC                               # staging: rows apart of one thread's R elements
-    RH = -(-TB // RS)                           # a thread's rows of the h tile
+    RH = rows_per_thread(TB, RS)                # a thread's rows of the h tile
     KU = unroll(KC, G * RB)                     # ks per trip of the k loop: G*RB FMAs each
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = KC + 1                                # R tile row pitch: +1 column, no bank conflicts
@@ -281,7 +281,7 @@ def make_dgh_R(dtype, t: Tiles):
     zero = acc(0.0)
     TJ, RB, KC, TB, NT, RG = t.TJ, t.RB, t.KC, t.TB, t.threads, t.RG
     GS = NT // KC                                       # staging dgh: rows apart of one thread's elements
-    RH = -(-TB // GS)                                   # a thread's rows of the dgh tile
+    RH = rows_per_thread(TB, GS)                        # a thread's rows of the dgh tile
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     stage_R = make_stage_matrix(dtype, 1, KC, RG)
     tile_rows = make_tile_rows(TB, GS)

@@ -68,7 +68,7 @@ from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_C
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
 from .staging import (LOADS_IN_FLIGHT, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
-                      make_stage_steps, make_step_offsets, make_tile_rows, unroll)
+                      make_stage_steps, make_step_offsets, make_tile_rows, rows_per_thread, unroll)
 from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
 
 
@@ -292,7 +292,7 @@ def make_split_k(RG: int, RB: int, TB: int, RS: int):
     row groups per split, KS = TB // RN splits, NR = ceil(NCH / KS) rounds of KS chunks.  A batch smaller than
     the tile (B = 16 on the 32 rows of H = 768's slice, B = 4 on H = 256's 8) would otherwise leave half the row
     groups idle while the others run every chunk.  Without prefetching (pf False): one split."""
-    RH = -(-TB // RS)
+    RH = rows_per_thread(TB, RS)
     L = RH * RB // math.gcd(RH, RB)
 
     @cuda.jit(device=True, inline="always")
@@ -348,7 +348,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     zero = acc(0.0)
     TJ, RG, RB, KC, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.TB, sl.threads
     RS = NT // KC                                       # staging: rows apart of one thread's elements
-    RH = -(-TB // RS)                                   # a thread's rows of the tile
+    RH = rows_per_thread(TB, RS)                        # a thread's rows of the tile
     NCH = KCAP // KC                                    # chunks per gate
     KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
     PREFETCH = sl.PF
@@ -433,7 +433,7 @@ def make_step_body(cell, dtype, sl: Slice):
     G = cell.G
     TJ, RG, RB, KC, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.TB, sl.threads
     RS = NT // KC                                       # staging h: rows apart of one thread's elements
-    RH = -(-TB // RS)                                   # a thread's rows of the h tile
+    RH = rows_per_thread(TB, RS)                        # a thread's rows of the h tile
     NCH = sl.KMAX // KC                                 # chunks of the slice's columns
     KU = unroll(KC, G * RB)                             # ks per trip of the k loop: G*RB FMAs each
     PREFETCH = sl.PF
