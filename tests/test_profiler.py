@@ -65,6 +65,23 @@ def shared_conflict(out):
     out[t] = sh[t * 32]
 
 
+def make_row_reads(alignment, first):
+    """Each thread sums 4 consecutive words of its own row (rows 36 words apart) from column `first`: an
+    unrolled loop NVVM fuses into one LDS.128 when the array is 16-byte aligned and `first` a multiple of 4."""
+    @cuda.jit
+    def row_reads(out):
+        sh = cuda.shared.array((32, 36), np.float32, alignment=alignment)
+        t = cuda.threadIdx.x
+        for k in range(36):
+            sh[t, k] = np.float32(k)
+        cuda.syncthreads()
+        acc = np.float32(0.0)
+        for v in range(4):
+            acc += sh[t, first + v]
+        out[t] = acc
+    return row_reads
+
+
 @cuda.jit
 def count(out):
     cuda.atomic.add(out, 0, np.float32(1.0))
@@ -149,6 +166,21 @@ def test_shared_memory_bytes_and_bank_conflicts():
     assert st["shared"]["bytes_per_block"] == 1024 * 4
     assert st["shared"]["requests"] == 2 and st["shared"]["wavefronts"] == 2 * 32
     np.testing.assert_array_equal(out.copy_to_host(), np.arange(32, dtype=np.float32))
+
+
+def test_vector_loads_are_one_request_where_nvvm_fuses_them():
+    """4 consecutive words per lane from a 16-byte aligned array, starting on a 16-byte boundary: one request
+    (an LDS.128) of 32 rows x 16 bytes, rows 36 words apart: 4 words per bank, 4 wavefronts for 512 bytes.
+    Without an alignment, or from a word off a 16-byte boundary, 4 scalar requests, each 4-way conflicted (the
+    rows start in 8 banks); 8-byte aligned from word 2: 2 requests (LDS.64) of 4 wavefronts."""
+    for alignment, first, requests, wavefronts in ((16, 4, 1, 4), (None, 4, 4, 16), (16, 1, 4, 16), (8, 2, 2, 8)):
+        out = cuda.device_array(32, np.float32)
+        st = profiler.profile_launch(make_row_reads(alignment, first), 1, 32, out)
+        loads = st["shared"]["requests"] - 36                  # 36 store requests, one a column, 4-way each
+        assert (loads, st["shared"]["wavefronts"] - 36 * 4) == (requests, wavefronts), (alignment, first)
+        np.testing.assert_array_equal(out.copy_to_host(), np.full(32, 4 * first + 6, np.float32))
+    with pytest.raises(ValueError, match="alignment"):
+        profiler.profile_launch(make_row_reads(12, 0), 1, 32, cuda.device_array(32, np.float32))
 
 
 def test_atomics_are_one_request_per_warp_and_give_the_same_result():
@@ -368,16 +400,17 @@ def test_measured_v2_figures_are_the_models():
 
 def test_measured_v3_step_is_the_models():
     """The v3 step body with a GPU-shaped slice of TJ = 2 units: R slice once, every block stages all of h,
-    and the h tile's rows, padded to KC + 1 words, put the warp's 16 row groups in 16 banks: conflict-free.
-    (Unpadded, rows 32 words apart, the model gives the 16-way conflict the first v3 had.)"""
+    the k loop's loads are 16-byte vectors (the profiler fuses them as NVVM does), and the h tile's rows,
+    padded to KC + 4 words, put the warp's 16 row groups' vectors in two wavefronts (256 bytes), the R slice's
+    2 rows in one.  (Unpadded, rows 32 words apart, the model gives the 16-way conflict the first v3 had.)"""
     f = profiler.measure_v3_figures(H=4, P=32, B=2, TJ=2)
     sl = step_v3.Slice(TJ=2, RG=32, RB=1, KC=32, KMAX=32)
-    assert step_v3.h_pitch(sl) == 33
+    assert step_v3.h_pitch(sl) == 36 and step_v3.h_pitch(sl, "float64") == 34
     t = roofline.v3_traffic(4, 4, 2, sl, P=32)
     assert f["R_l2"] == t["slice"]["l2"] == 4 * 4 * 32 * 4 and f["R_sectors_per_request"] == 4
     assert f["h_l2"] == t["step"]["h_l2"] == 2 * 2 * 32 * 4 and f["h_sectors_per_request"] == 4
     assert f["shared_wavefronts"] == t["slice"]["smem_wavefronts"] + t["step"]["smem_wavefronts"]
-    assert t["step"]["wf_h"] == 1 and t["step"]["wf_R"] == 1
+    assert t["step"]["wf_h"] == 2 and t["step"]["wf_R"] == 1
     assert roofline.v3_traffic(4, 4, 2, sl, P=32, h_pitch=32)["step"]["wf_h"] == 16
     # the backward at H = P = 32: R's columns once (a warp covers 16 rows x 2 floats: 16 sectors a request,
     # each block touches 4x the bytes it uses, |R| from DRAM), every block stages all of dgh_{s+1} (G x h)
@@ -388,7 +421,7 @@ def test_measured_v3_step_is_the_models():
     assert f["backward_dgh_l2"] == b["step"]["dgh_l2"] == 16 * 2 * 4 * 32 * 4
     assert f["backward_dgh_sectors_per_request"] == 4
     assert f["backward_shared_wavefronts"] == b["slice"]["smem_wavefronts"] + b["step"]["smem_wavefronts"]
-    assert b["slice"]["wf_slice"] == 2 and b["step"]["wf_R"] == b["step"]["wf_h"] == 1
+    assert b["slice"]["wf_slice"] == 2 and b["step"]["wf_R"] == 1 and b["step"]["wf_h"] == 2
 
 
 def test_deepbench_model_of_v1_v2_v3():

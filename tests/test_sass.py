@@ -44,8 +44,11 @@ def test_loops_of_a_canned_listing():
     assert inner.instructions == 6 and inner.fma == 2 and inner.count("LDS") == 2 and inner.count("BRA") == 1
     assert outer.count("BAR") == 2 and outer.count("LDG") == 1
     row = sass.summary(CANNED)
-    assert row == {"inner_instructions": 6, "inner_fma": 2, "inner_lds": 2, "inner_per_fma": 3.0,
-                   "chunk_instructions": 12, "chunk_fma": 2}
+    assert row == {"inner_instructions": 6, "inner_fma": 2, "inner_lds": 2, "inner_lds_vector": 0,
+                   "inner_per_fma": 3.0, "chunk_instructions": 12, "chunk_fma": 2}
+    # a vector load counts as an LDS and as a vector one; a predicated one too
+    vector = CANNED.replace("LDS R5, [R6] ;", "LDS.128 R4, [R6] ;").replace("   LDS R7", "@P2 LDS.U.64 R7")
+    assert sass.summary(vector)["inner_lds"] == 2 and sass.summary(vector)["inner_lds_vector"] == 2
     assert sass.summary("        /*0000*/    EXIT ;\n")["inner_per_fma"] is None
     text = sass.format_rows([{"kernel": "k", "dtype": "float32", "cc": "90", **row}])
     assert "instr/fma" in text and "3.0" in text
@@ -86,19 +89,27 @@ def test_v3_product_loops_issue_few_instructions_per_fma():
     rewrite the forward's k loop took 79 instructions for 8 FMAs (9.9: numba's range iterator and the
     wrap-around of signed indices around every shared load) and the backward's 105 for 4 (26.2); now the k loop
     is 8 ks unrolled with constant offsets (forward 85 for 32: 2.7, the floor being 2.25 = 5 loads per 4 FMAs),
-    and the backward's whole round, staging and barriers included, 268 for 33 (8.1)."""
+    and the backward's whole round, staging and barriers included, 268 for 33 (8.1); with 16-byte vector loads
+    (4 ks a load) the forward's k loop takes 56 for 32 (1.75)."""
     assert sass.nvdisasm_path(), "nvdisasm missing: pip install -e '.[cuda]' (cuda-toolkit[nvdisasm])"
     proc = subprocess.run([sys.executable, "-c", MEASURE], env=_env_without_simulator(), capture_output=True,
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     fwd, bwd = rows["lstm_forward_persistent_v3"], rows["lstm_backward_persistent_v3"]
-    assert fwd["inner_fma"] >= 32 and fwd["inner_per_fma"] <= 3.0, fwd
+    assert fwd["inner_fma"] >= 32 and fwd["inner_per_fma"] <= 2.0, fwd
     assert bwd["inner_fma"] >= 32 and bwd["inner_per_fma"] <= 9.0, bwd
+    # the k loops' shared loads are 16-byte vectors (rows of the tiles 16-byte aligned, staging.pitch): every
+    # one of v3's and of v2's forward, the dgh tile's of v2's backward (its R tile is read down a column);
+    # forward v3 85 instructions per 32 FMAs with scalar loads, 56 with LDS.128; v2 110 per 64 -> 86
+    for name in ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3", "lstm_forward_step_v2"):
+        assert rows[name]["inner_lds"] and rows[name]["inner_lds_vector"] == rows[name]["inner_lds"], rows[name]
+    assert 2 * rows["lstm_backward_step_v2"]["inner_lds_vector"] == rows["lstm_backward_step_v2"]["inner_lds"]
     # v2's k loops the same way (whole chunks, unrolled, unsigned indices): before 65 instructions per 18
-    # FMAs (3.6) forward, 129 per 16 (8.1) backward; now 110 per 64 (1.7) and 80 per 32 (2.5)
+    # FMAs (3.6) forward, 129 per 16 (8.1) backward; then 110 per 64 (1.7) and 80 per 32 (2.5); with vector
+    # loads 86 per 64 (1.3) and 56 per 32 (1.8)
     for name in ("lstm_forward_step_v2", "lstm_backward_step_v2"):
-        assert rows[name]["inner_fma"] >= 32 and rows[name]["inner_per_fma"] <= 3.0, rows[name]
+        assert rows[name]["inner_fma"] >= 32 and rows[name]["inner_per_fma"] <= 2.0, rows[name]
     # v2's staging (staging.py): ~40 instructions per staged element of R before (a 64-bit row x width product
     # and signed indices' wrap-around each; forward 343 per 8 stores), now 175 per 16; the backward's chunk loop
     # was 1,062 instructions (a length lookup per staged dgh element too), now 289
@@ -106,12 +117,13 @@ def test_v3_product_loops_issue_few_instructions_per_fma():
         staging = [r for r in rows[name]["loops"] if r["sts"] and not r["fma"]]
         assert all(r["instructions"] <= 15 * r["sts"] for r in staging), rows[name]["loops"]
     chunk = max(rows["lstm_backward_step_v2"]["loops"], key=lambda r: r["instructions"])
-    assert chunk["fma"] >= 32 and chunk["instructions"] <= 450, chunk
+    assert chunk["fma"] >= 32 and chunk["instructions"] <= 300, chunk
     # per step and thread at H = 768, B = 16 (TJ = 2: 32 rows a block, 16 in the batch: two splits of K), before
-    # these changes 41,016 (forward) and 192,672 (backward) instructions, now 6,312 and 14,592
+    # these changes 41,016 (forward) and 192,672 (backward) instructions, then 6,312 and 14,592, with vector
+    # loads 4,884 and 12,144
     step = rows["per_step_768x16"]
     assert step["TJ"] == 2 and step["forward"]["rounds"] == 12 and step["backward"]["rounds"] == 48, step
-    assert step["forward"]["per_step"] <= 9000 and step["backward"]["per_step"] <= 22000, step
+    assert step["forward"]["per_step"] <= 5500 and step["backward"]["per_step"] <= 13500, step
 
 
 def test_command_line_says_what_it_needs():

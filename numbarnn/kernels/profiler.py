@@ -29,7 +29,9 @@ On a GPU the 32 threads of a warp issue each memory instruction together, so the
     dram_bytes      distinct sectors of the whole launch x 32: DRAM traffic if L2 keeps everything for the
                     duration of the launch (a lower bound)
     shared          bytes allocated per block (static + dynamic), bytes loaded / stored, requests, and bank
-                    wavefronts (the most distinct 4-byte words any one of the 32 banks serves in a request)
+                    wavefronts (the most distinct 4-byte words any one of the 32 banks serves in a request);
+                    a warp's consecutive loads that NVVM fuses into one LDS.64/LDS.128 (from an array declared
+                    with an `alignment`, the k loops' tiles) are one request (`fuse_vector_loads`)
 
 Device addresses: every host buffer behind a simulated device array gets a fake device address aligned to
 256 bytes (as cudaMalloc aligns), so sector boundaries fall where they would on a GPU.  `tag(name, array)`
@@ -230,19 +232,21 @@ def _make_global_proxy_class():
 
 
 class SharedProxy:
-    """A cuda.shared.array whose loads and stores are recorded (offsets within the block's shared memory)."""
+    """A cuda.shared.array whose loads and stores are recorded (offsets within the block's shared memory).  Its
+    loads carry the array's declared `alignment` (None: its element's) in the record's tag slot: what
+    `fuse_vector_loads` needs to know which loads NVVM may fuse."""
 
-    def __init__(self, ary, recorder, base: int):
-        self.__dict__.update(_ary=ary, _rec=recorder, _base=base, _size=ary.dtype.itemsize)
+    def __init__(self, ary, recorder, base: int, alignment=None):
+        self.__dict__.update(_ary=ary, _rec=recorder, _base=base, _size=ary.dtype.itemsize, _align=alignment)
 
     def __getitem__(self, idx):
         ret = self._ary[idx]
         off = _offset(self._ary, idx)
         if off is not None:
-            self._rec.access("shared", "load", self._base + off, self._size, None)
+            self._rec.access("shared", "load", self._base + off, self._size, self._align)
         else:
             for o in _element_offsets(self._ary, idx):
-                self._rec.access("shared", "load", self._base + o, self._size, None)
+                self._rec.access("shared", "load", self._base + o, self._size, self._align)
         return ret
 
     def __setitem__(self, idx, val):
@@ -319,7 +323,7 @@ class Recorder:
         b = th.blockIdx
         self._records.append((space, kind, (b.x, b.y, b.z), th.thread_id // WARP, key, n, addr, size, tag))
 
-    def shared_array(self, ary, line):
+    def shared_array(self, ary, line, alignment=None):
         """Proxy for a shared array of the current launch: its offset in the block's shared memory is assigned per
         requesting source line, in order of first sight, so every block (each has its own arrays) has the same
         layout, and the bytes per block count each line once."""
@@ -329,7 +333,7 @@ class Recorder:
             if entry is None:
                 entry = table[line] = table["_next"]
                 table["_next"] += -(-ary.nbytes // 16) * 16
-        return SharedProxy(ary, self, entry)
+        return SharedProxy(ary, self, entry, alignment)
 
     # one launch --------------------------------------------------------------------------------------
     def begin(self):
@@ -367,12 +371,47 @@ def _sectors(addr: int, size: int):
     return range(first, last + 1)
 
 
+VECTOR_BYTES = 16    # the widest shared load, LDS.128
+
+
+def fuse_vector_loads(requests: dict) -> dict:
+    """NVVM's load vectorizer, as the profiler models it: a warp's n = alignment / element-size consecutive
+    executions o0 .. o0+n-1 (o0 a multiple of n) of one shared-load instruction of an array declared with an
+    `alignment` of 8 or 16 bytes (tag slot), whose words are those of the first execution shifted by 1 .. n-1
+    elements, all starting on an n-element boundary, are ONE request (an LDS.64 or LDS.128): what an unrolled
+    loop over k compiles to when the array's rows start on such a boundary (the SASS shows it:
+    tests/test_sass.py).  The simulator runs Python, whose loads are scalar; a loop NVVM does not unroll would
+    not fuse, so only arrays that ask for an alignment, the k loops' tiles, are considered.  Other requests are
+    returned unchanged; a fused one holds the accesses of all n executions under the key of the first."""
+    out, groups = {}, {}
+    for key, acc in requests.items():
+        space, kind, blk, warp, instr, occ = key
+        align = acc[0][2] if space == "shared" and kind == "load" else None
+        n = min(align or 0, VECTOR_BYTES) // acc[0][1]
+        if n < 2:
+            out[key] = acc
+        else:
+            groups.setdefault((space, kind, blk, warp, instr, occ // n, n), {})[occ % n] = (key, acc)
+    for (*_, n), parts in groups.items():
+        first = parts.get(0)
+        words = None if first is None else {a for a, _, _ in first[1]}
+        size = first[1][0][1] if first else 0
+        if (len(parts) == n and all(a % (n * size) == 0 for a in words)
+                and all({a for a, _, _ in parts[i][1]} == {a + i * size for a in words} for i in range(1, n))):
+            out[first[0]] = [x for i in range(n) for x in parts[i][1]]
+        else:
+            out.update(parts.values())
+    return out
+
+
 def launch_stats(records, lines, name, grid, block) -> dict:
-    """Reduce one launch's access records to its statistics (plain dict)."""
+    """Reduce one launch's access records to its statistics (plain dict); shared loads that NVVM fuses into
+    vector loads count as one request (`fuse_vector_loads`)."""
     requests = {}
     for rec in records:
         space, kind, blk, warp, key, occ, addr, size, tag = rec
         requests.setdefault((space, kind, blk, warp, key, occ), []).append((addr, size, tag))
+    requests = fuse_vector_loads(requests)
 
     def zero():
         return dict(requests=0, accesses=0, bytes_requested=0, bytes_used=0, sectors=0)
@@ -485,7 +524,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
 
-    from .simulator import static_shared_array
+    from .simulator import check_alignment, static_shared_array
 
     rec = Recorder() if recorder is None else recorder
     GlobalProxy = _make_global_proxy_class()
@@ -518,8 +557,9 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
                 [_describe(a) for a in args])
 
     def shared_array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:
-            ary, line = orig_shared(self, shape, dtype, alignment), "dynamic"
+        check_alignment(alignment)          # every array starts on a 16-byte boundary here (Recorder.shared_array)
+        if shape == 0:
+            ary, line = orig_shared(self, shape, dtype), "dynamic"
         else:
             # The simulator keys a static shared array by the line that asks for it; through this wrapper that
             # would be one line for every array of a kernel (all aliased), so key by the kernel's line here.
@@ -527,7 +567,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
             line = key[:2]
         if rec._shared is None:
             return ary
-        return rec.shared_array(ary, line)
+        return rec.shared_array(ary, line, alignment)
 
     def atomic(name):
         fn = orig_atomics[name]

@@ -217,15 +217,16 @@ SM_LIMITS_EXTRA = {
 #: estimate below uses it for every GPU and slice; the TJ = 2 slices (H = 768, 1024) stage 16 rows a thread and
 #: take more (forward 186, backward 164 on sm_90: 660 blocks fit on an H100 instead of 792), which the driver
 #: on a GPU gets right (it asks the device with the compiled kernel: step_v3.device_cooperative_limit).
-V3_REGISTERS = 138
-#: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`)
-V3_BACKWARD_REGISTERS = 163
+#: 138 before the k loop's vector loads (4 words of every gate's row and of h live at once), 168 with them.
+V3_REGISTERS = 168
+#: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`; 163
+#: before the vector loads)
+V3_BACKWARD_REGISTERS = 168
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(
     R_sectors_per_request=4,               # a warp stages 32 consecutive k of one row of R: 128 B
     h_sectors_per_request=4,               # h (forward) / dgh (backward) staged the same way
-    shared_wavefronts_per_request=1,       # R tile padded to KC+1 columns, h tile read as a broadcast
 )
 
 
@@ -235,6 +236,11 @@ def bank_wavefronts(words) -> int:
     for w in words:
         per_bank.setdefault(w % BANKS, set()).add(w)
     return max((len(v) for v in per_bank.values()), default=0)
+
+
+def fewest_wavefronts(words) -> int:
+    """The wavefronts a request of these 4-byte words needs at least: 32 distinct words (128 bytes) each."""
+    return -(-len(set(words)) // BANKS)
 
 
 def step_time(gpu: GPU, tr: dict, blocks: int) -> tuple[float, str]:
@@ -263,26 +269,31 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
             (L2, and L1: `R_sectors_per_request` sectors per 32-lane request of 32 x s bytes);
       h     every block stages its rows of h: ceil(H/TJ) x B x P x s (coalesced the same way);
       other the epilogue's compulsory bytes (coalesced: a warp = 32 consecutive units of one row);
-      smem  per K chunk the R tile (G*TJ*KC) and h tile (TB*KC) are stored, 32 words a request; per column k
-            of whole chunks (the tiles are zero past P) each warp loads G words of R and RB of h: warps x
-            ceil(P/KC)*KC x (G + RB) requests; every request takes
-            `shared_wavefronts_per_request` wavefronts;
+      smem  per K chunk the R tile (G*TJ*KC) and h tile (TB*KC) are stored, 32 words a request (one
+            wavefront); per VW = 4 columns k of whole chunks (the tiles are zero past P) each warp loads G
+            vectors of R (LDS.128: 32 rows x 16 bytes, rows staging.pitch(KC) words apart, `bank_wavefronts`:
+            4) and RB of h (a broadcast: 1);
       FLOPs executed: 2 G P per (unit, row) of the padded tiles, + the cell (12 per unit and row).
     backward_step_v2 (fused: dh = dgh_{s+1} R, then the cell backward), grid (ceil(P/TJ), ceil(B/TB)):
       R     the same ceil(B/TB) x |R| per step, coalesced along k (R tile KC rows x TJ columns);
       dgh   every block stages its rows of dgh_{s+1}: ceil(P/TJ) x B x G*H x s;
       other the launch plan's compulsory bytes: B (3 G H + S H + 3 P) s;
       smem  per chunk of KC gate rows: R tile (KC*TJ) and dgh tile (TB*KC) stores; per gate row of whole chunks
-            each warp loads 1 word of R and RB of dgh: warps x ceil(G*H/KC)*KC x (1 + RB).
+            each warp loads 1 word of R (a row of the R tile: conflict-free), per 4 gate rows RB vectors of dgh
+            (a broadcast): warps x ceil(G*H/KC) x (KC + KC/4 x RB) wavefronts.
     """
     from . import step_v2
+    from .staging import pitch, vector_words
     t = tiles or step_v2.GPU_TILES
     m = dict(V2_MEASURED, **(measured or {}))
     P = H
     TJ, RB, KC, TB, NT = t.TJ, t.RB, t.KC, t.TB, t.threads
     warps = -(-NT // WARP)
     by = -(-B // TB)
-    wf = m["shared_wavefronts_per_request"]
+    VW = vector_words("float32")
+    lanes = range(min(WARP, NT))
+    wf_R = bank_wavefronts((lane % TJ) * pitch(KC, "float32") + v for lane in lanes for v in range(VW))
+    wf_h = bank_wavefronts((lane // TJ * RB) * KC + v for lane in lanes for v in range(VW))
 
     def per_request(nbytes, key):              # L1 bytes of `nbytes` loaded 32 elements (one warp) a request
         return nbytes / (WARP * s) * m[key] * SECTOR
@@ -293,7 +304,8 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
     h_l2 = bx * B * P * s
     other = _other_forward(B, H, P, G, s)
     chunks = -(-P // KC)
-    wavefronts = bx * by * (chunks * (G * TJ * KC + TB * KC) // WARP + warps * chunks * KC * (G + RB)) * wf
+    wavefronts = bx * by * (chunks * (G * TJ * KC + TB * KC) // WARP
+                            + warps * chunks * KC // VW * (G * wf_R + RB * wf_h))
     fwd = dict(R_l2=R_l2, R_l1=per_request(R_l2, "R_sectors_per_request"), h_l2=h_l2,
                smem_wavefronts=wavefronts, smem=wavefronts * WAVEFRONT, blocks=bx * by)
     fwd.update(l2=R_l2 + h_l2 + other, l1=fwd["R_l1"] + per_request(h_l2, "h_sectors_per_request") + other,
@@ -304,7 +316,7 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
     dgh_l2 = bx * B * GH * s
     other = B * (3 * GH + 4 * H + 3 * P) * s
     chunks = -(-GH // KC)
-    wavefronts = bx * by * (chunks * (KC * TJ + TB * KC) // WARP + warps * chunks * KC * (1 + RB)) * wf
+    wavefronts = bx * by * (chunks * (KC * TJ + TB * KC) // WARP + warps * chunks * (KC + KC // VW * RB * wf_h))
     bwd = dict(R_l2=R_l2, R_l1=per_request(R_l2, "R_sectors_per_request"), h_l2=dgh_l2,
                smem_wavefronts=wavefronts, smem=wavefronts * WAVEFRONT, blocks=bx * by)
     bwd.update(l2=R_l2 + dgh_l2 + other, l1=bwd["R_l1"] + per_request(dgh_l2, "h_sectors_per_request") + other,
@@ -338,17 +350,24 @@ def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="flo
 
 def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None) -> tuple:
     """What the v3 forward and backward share, for slice `sl`: (blocks, warps per block, row tiles,
-    wavefronts of a warp's R-slice load R_slice[g*TJ + jj, k] (rows KMAX+1 words apart), of its staged-tile load
-    tile[rg*RB + r, kk] (rows h_pitch words apart, default step_v3.h_pitch), how much more than its useful bytes
-    an epilogue row's sector carries (TJ consecutive units per row)."""
+    wavefronts of a warp's R-slice load R_slice[g*TJ + jj, k .. k+VW-1] (rows staging.pitch(KMAX) words apart),
+    of its staged-tile load tile[rg*RB + r, kk .. kk+VW-1] (rows h_pitch words apart, default step_v3.h_pitch),
+    VW (words a load: the k loop's loads are LDS.128, VW = 4 fp32 words, staging.pitch), how much more than its
+    useful bytes an epilogue row's sector carries (TJ consecutive units per row), the h load's bank conflict
+    (its wavefronts over the fewest its bytes need: 1 = conflict-free)."""
+    from . import step_v3
+    from .staging import pitch, vector_words
     TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
+    VW = vector_words("float32")
     if h_pitch is None:
-        from . import step_v3
         h_pitch = step_v3.h_pitch(sl)
     lanes = range(min(WARP, NT))
-    wf_R = bank_wavefronts((lane % TJ) * (KMAX + 1) for lane in lanes)
-    wf_h = bank_wavefronts((lane // TJ * RB) * h_pitch for lane in lanes)
-    return -(-H // TJ) * D, -(-NT // WARP), -(-B // TB), wf_R, wf_h, max(1.0, SECTOR / (TJ * s))
+    R_pitch = pitch(KMAX, "float32")
+    wf_R = bank_wavefronts((lane % TJ) * R_pitch + v for lane in lanes for v in range(VW))
+    h_words = [(lane // TJ * RB) * h_pitch + v for lane in lanes for v in range(VW)]
+    wf_h = bank_wavefronts(h_words)
+    return (-(-H // TJ) * D, -(-NT // WARP), -(-B // TB), wf_R, wf_h, VW, max(1.0, SECTOR / (TJ * s)),
+            wf_h // fewest_wavefronts(h_words))
 
 
 def v3_splits(B: int, sl) -> list[tuple[int, int]]:
@@ -365,11 +384,12 @@ def v3_splits(B: int, sl) -> list[tuple[int, int]]:
     return out
 
 
-def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, red_pitch: int) -> int:
+def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, red_pitch: int, VW: int = 1) -> int:
     """Shared-memory wavefronts of one block's products over all of its row tiles (step_v3's step body: NG = 1,
     per_k = G*wf_R + RB*wf_h; its staged product: NG gates, per_k = wf_R + RB*wf_h), counted as the kernel runs
     them: per round TB*KC staged words stored (a warp's 32 lanes one row's 32 columns: one wavefront each); per
-    round and column k, per_k for every warp with a thread of a split that has a chunk in that round; with
+    round and VW columns k (one vector load each), per_k for every warp with a thread of a split that has a
+    chunk in that round; with
     KS > 1 the reduction through `red` (rows red_pitch words apart): each live thread stores its NV x RB partial
     sums, split 0's threads load the other splits' (`bank_wavefronts` of the lanes' words)."""
     TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
@@ -380,7 +400,7 @@ def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, re
         for c in range(NR):
             for w0 in range(0, NT, WARP):
                 if any((t // TJ) // RGN < KS and c * KS + (t // TJ) // RGN < NCH for t in range(w0, min(NT, w0 + WARP))):
-                    total += NG * KC * per_k
+                    total += NG * KC // VW * per_k
         if KS > 1:
             for w0 in range(0, NT, WARP):
                 lanes = range(w0, min(NT, w0 + WARP))
@@ -403,23 +423,23 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     {"slice": traffic of loading the R slices (once per layer), "step": traffic of one step}.
 
     slice  every block loads its G*TJ rows of R into shared memory once: |R| from DRAM, coalesced along k
-           (32 lanes, 32 consecutive k: 4 sectors); G*TJ*P words stored, 32 a request (rows padded to KMAX+1).
+           (32 lanes, 32 consecutive k: 4 sectors); G*TJ*P words stored, 32 a request (rows staging.pitch apart).
     step   every block stages ALL B rows of h (it owns units, not rows): ceil(H/TJ) x B x P x s of L2
            traffic, coalesced; the epilogue (v2's) touches TJ consecutive units of 32/TJ rows a request, so
            each row's sector carries TJ*s useful bytes: its compulsory bytes x max(1, 32 / (TJ*s)) in L1/L2;
-           smem (`v3_product_wavefronts`): per round of chunks TB*KC h words stored; per column k each warp with
-           a split that has a chunk loads G words of the R slice (rows padded to KMAX+1: conflict-free) and RB of
-           the h tile, whose rows are h_pitch words
-           apart: the 32/TJ row groups of a warp read 32/TJ distinct words, of one bank when h_pitch*s is a
+           smem (`v3_product_wavefronts`): per round of chunks TB*KC h words stored; per VW = 4 columns k
+           (the k loop's LDS.128) each warp with a split that has a chunk loads G vectors of the R slice (rows
+           staging.pitch apart: conflict-free) and RB of the h tile, whose rows are h_pitch words apart: the
+           32/TJ row groups of a warp read 32/TJ distinct vectors, all in the same banks when h_pitch*s is a
            multiple of 128 (`bank_wavefronts` of the kernel's addresses); + one grid barrier (not traffic:
            GPU.grid_sync_us).
-    h_pitch: words between h tile rows (default step_v3.h_pitch(sl) = KC + 1, as the kernel lays it out: the
+    h_pitch: words between h tile rows (default step_v3.h_pitch(sl) = KC + 4, as the kernel lays it out: the
     model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
     TJ, RB, KC, TB = sl.TJ, sl.RB, sl.KC, sl.TB
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H if P is None else P
-    nb, _, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s, h_pitch)
+    nb, _, row_tiles, wf_R, wf_h, VW, spread, conflict = _v3_geometry(H, B, D, sl, s, h_pitch)
     R_bytes = D * G * H * P * s
     slice_wf = nb * (-(-G * TJ * P // WARP))
     slice_ = dict(dram=R_bytes, l2=R_bytes, l1=R_bytes, smem_wavefronts=slice_wf, smem=slice_wf * WAVEFRONT,
@@ -427,9 +447,9 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     h_l2 = nb * B * P * s
     other = D * _other_forward(B, H, P, G, s) * spread
     from .step_v3 import red_pitch
-    step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl))
+    step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl), VW)
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
-                smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
+                smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h, h_conflict=conflict,
                 flops=2 * G * nb * TJ * row_tiles * TB * P + 12 * D * B * H, blocks=nb)
     return {"slice": slice_, "step": step}
 
@@ -441,7 +461,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     slice  every block loads the TJ columns j0 .. j0+TJ-1 of R: a warp request covers 32/TJ rows of TJ
            consecutive floats, ceil(TJ*s/32) sectors each (aligned: j0 is a multiple of TJ), so each block
            touches G*H rows x that many sectors (L2), |R| from DRAM once; stored into R_slice[g*TJ+jj, k]
-           32 words a request, whose banks (jj*(KMAX+1) + k) collide `wf_slice`-way (2-way at TJ = 2).
+           32 words a request, whose banks (jj*pitch(KMAX) + k) collide `wf_slice`-way (2-way at TJ = 2).
     step   every block stages ALL B rows of dgh_{s+1}, all G gates: ceil(H/TJ) x B x G*H x s of L2 traffic,
            coalesced (G times the forward's h); the epilogue's compulsory bytes (launch plan: B(3GH + SH + 3P)s)
            spread like the forward's; smem (`v3_product_wavefronts`): per gate and round TB*KC dgh words stored;
@@ -452,8 +472,9 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H
     GH = G * H
-    nb, _, row_tiles, wf_R, wf_h, spread = _v3_geometry(H, B, D, sl, s)
-    wf_slice = bank_wavefronts((e % TJ) * (KMAX + 1) + e // TJ for e in range(WARP))
+    nb, _, row_tiles, wf_R, wf_h, VW, spread, _ = _v3_geometry(H, B, D, sl, s)
+    from .staging import pitch
+    wf_slice = bank_wavefronts((e % TJ) * pitch(KMAX, "float32") + e // TJ for e in range(WARP))
     R_bytes = D * GH * P * s
     run = -(-TJ * s // SECTOR)                      # sectors of one row's TJ columns
     requests = nb * (-(-GH * TJ // WARP))
@@ -464,7 +485,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     dgh_l2 = nb * B * GH * s
     other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
     from .step_v3 import red_pitch
-    step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl))
+    step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl), VW)
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
                 flops=2 * GH * nb * TJ * row_tiles * TB + 20 * D * B * H, blocks=nb)
@@ -527,7 +548,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     f_us += gpu.grid_sync_us
                     fwd_ms = (gpu.launch_us + load_us + T * f_us) / 1e3 + gemm_f
                     row.update(runs=3, R_bytes_per_step_forward=tr3["slice"]["l2"] / T, slice_TJ=sl.TJ,
-                               v3_bank_conflict=tr3["step"]["wf_h"])
+                               v3_bank_conflict=tr3["step"]["h_conflict"])
                 bsl, bn, _, bwhy = v3_co_residency(gpu, H, H, G, registers=V3_BACKWARD_REGISTERS)
                 row.update(backward_note=bwhy)
                 if bsl is not None:
@@ -595,8 +616,10 @@ def comparison_lines(v3_rows, shapes) -> list[str]:
                    f"cuDNN's published {pub['cudnn']} ms, haste's {pub['haste']} ms; issue 8's target (within 3x "
                    f"of cuDNN and below haste): {'met' if ok else 'NOT met'} by the model")
         if big["runs"] == 3:
-            out.append("  (what bounds it in the model: the shared-memory pipe, G + 1 shared loads per G FMAs with "
-                       "RB = 1 batch row per thread, and one grid barrier per step)")
+            why = {"L1": "the shared-memory pipe (G + 1 vector loads per 4G FMAs, RB = 1 batch row a thread)",
+                   "L2": "L2 traffic: every block stages all B rows of h each step",
+                   "FP32": "the FMA pipe of the SMs that have blocks"}.get(big["forward_bound"], big["forward_bound"])
+            out.append(f"  (what bounds it in the model: {why}, and one grid barrier per step)")
     small = by_shape.get((256, 4, 1000))
     if small is not None:
         out.append(f"H=I=256 B=4 T=1000: model v{small['runs']} forward {small['forward_ms']:.2f} ms; issue 8's "

@@ -9,11 +9,13 @@ loop, the one around it the staging of a chunk.  Per loop this counts
     instructions   SASS instructions in the body (each issues once per trip for a whole warp)
     fma            FFMA / DFMA / HFMA2: the useful work
     lds, ldg       shared and global loads; bar: barriers
+    lds_vector     of the lds, the LDS.64 / LDS.128 (2 or 4 words a load: NVVM fused a thread's consecutive k)
 
 and ``instructions / fma`` is the proxy: an H100's SM issues one instruction per scheduler per cycle, so a
 latency-bound kernel with one warp per scheduler (what ncu measured for v2/v3, bench/results/gpu_h100.md)
 runs about as fast as its instruction count allows.  A k loop of 4 gates x 1 row needs at least
-4 FMA + 5 LDS = 2.25 instructions per FMA; index arithmetic on top of that is what this finds.
+4 FMA + 5 LDS = 2.25 instructions per FMA with scalar loads, 4 + 5/4 = 1.31 with LDS.128 (the tiles' rows
+16-byte aligned: staging.pitch); index arithmetic on top of that is what this finds.
 
     python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--loops | --per-step]
 
@@ -31,7 +33,8 @@ import tempfile
 from typing import NamedTuple
 
 FMA_OPS = ("FFMA", "DFMA", "HFMA2")
-_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b")
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]*)?\b")
+VECTOR_LOADS = ("LDS.64", "LDS.128")    # shared loads of 2 or 4 words (a float32 k loop's fused loads)
 _LABEL = re.compile(r"^\s*\.(L_x_\d+):")
 _TARGET = re.compile(r"`\(\.(L_x_\d+)\)")
 
@@ -115,13 +118,16 @@ def loops(sass: str) -> list[Loop]:
         ins = _INSTRUCTION.search(line)
         if not ins:
             continue
-        ops.append(ins.group(2))
+        op, width = ins.group(2), (ins.group(3) or "").rsplit(".", 1)[-1]
+        ops.append((op, f"{op}.{width}" if op == "LDS" and width in ("64", "128") else None))
         target = _TARGET.search(line)
-        if ins.group(2) == "BRA" and target and labels.get(target.group(1), len(ops)) < len(ops):
+        if op == "BRA" and target and labels.get(target.group(1), len(ops)) < len(ops):
             first, last = labels[target.group(1)], len(ops) - 1
             counts: dict = {}
-            for op in ops[first:last + 1]:
-                counts[op] = counts.get(op, 0) + 1
+            for op_, vector in ops[first:last + 1]:
+                counts[op_] = counts.get(op_, 0) + 1
+                if vector:                      # counted under LDS too
+                    counts[vector] = counts.get(vector, 0) + 1
             found.append(Loop(first, last, counts))
     return found
 
@@ -139,13 +145,15 @@ def hot_loops(sass: str) -> tuple[Loop | None, Loop | None]:
 
 
 def summary(sass: str) -> dict:
-    """{inner_instructions, inner_fma, inner_lds, inner_per_fma, chunk_instructions, chunk_fma}: the hot loops
-    of ``hot_loops`` (None where absent).  chunk_* count the outer body once, its inner loop's body included once."""
+    """{inner_instructions, inner_fma, inner_lds, inner_lds_vector, inner_per_fma, chunk_instructions,
+    chunk_fma}: the hot loops of ``hot_loops`` (None where absent); inner_lds_vector counts the LDS.64/LDS.128
+    among inner_lds.  chunk_* count the outer body once, its inner loop's body included once."""
     inner, outer = hot_loops(sass)
-    row = dict.fromkeys(("inner_instructions", "inner_fma", "inner_lds", "inner_per_fma", "chunk_instructions",
-                         "chunk_fma"))
+    row = dict.fromkeys(("inner_instructions", "inner_fma", "inner_lds", "inner_lds_vector", "inner_per_fma",
+                         "chunk_instructions", "chunk_fma"))
     if inner is not None:
         row.update(inner_instructions=inner.instructions, inner_fma=inner.fma, inner_lds=inner.count("LDS"),
+                   inner_lds_vector=sum(inner.count(v) for v in VECTOR_LOADS),
                    inner_per_fma=round(inner.instructions / inner.fma, 2))
     if outer is not None:
         row.update(chunk_instructions=outer.instructions, chunk_fma=outer.fma)
@@ -196,17 +204,18 @@ def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell
 
 def loop_rows(sass: str) -> list[dict]:
     """Every loop of a listing, outermost first where they nest: {depth, first, last, instructions, fma, lds,
-    sts, ldg, bar}; ldg counts global loads of either form (LDG, or the generic LD that a pointer chosen at
-    run time, such as R_fwd or R_rev, compiles to).  A branch to itself (the trap after EXIT, a spin-wait) is
-    not a loop of the kernel's work and is left out."""
+    lds_vector (of those, LDS.64 and LDS.128), sts, ldg, bar}; ldg counts global loads of either form (LDG, or
+    the generic LD that a pointer chosen at run time, such as R_fwd or R_rev, compiles to).  A branch to itself
+    (the trap after EXIT, a spin-wait) is not a loop of the kernel's work and is left out."""
     found = sorted((lp for lp in loops(sass) if lp.instructions > 1), key=lambda lp: (lp.first, -lp.last))
     return [{"depth": sum(o.contains(lp) for o in found), "first": lp.first, "last": lp.last,
-             "instructions": lp.instructions, "fma": lp.fma, "lds": lp.count("LDS"), "sts": lp.count("STS"),
+             "instructions": lp.instructions, "fma": lp.fma, "lds": lp.count("LDS"),
+             "lds_vector": sum(lp.count(v) for v in VECTOR_LOADS), "sts": lp.count("STS"),
              "ldg": lp.count("LDG") + lp.count("LD"), "bar": lp.count("BAR")} for lp in found]
 
 
 def format_loops(name: str, rows: list[dict]) -> str:
-    keys = ("instructions", "fma", "lds", "sts", "ldg", "bar")
+    keys = ("instructions", "fma", "lds", "lds_vector", "sts", "ldg", "bar")
     lines = [f"{name}: " + ("no loops" if not rows else "loops (instructions of one trip of each body)")]
     lines += ["  " + "  " * r["depth"] + f"[{r['first']}..{r['last']}] " + " ".join(f"{k} {r[k]}" for k in keys)
               for r in rows]
@@ -214,9 +223,10 @@ def format_loops(name: str, rows: list[dict]) -> str:
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = ("kernel", "dtype", "cc", "k loop: instr", "fma", "lds", "instr/fma", "chunk loop: instr", "fma")
-    keys = ("kernel", "dtype", "cc", "inner_instructions", "inner_fma", "inner_lds", "inner_per_fma",
-            "chunk_instructions", "chunk_fma")
+    head = ("kernel", "dtype", "cc", "k loop: instr", "fma", "lds", "vector", "instr/fma", "chunk loop: instr",
+            "fma")
+    keys = ("kernel", "dtype", "cc", "inner_instructions", "inner_fma", "inner_lds", "inner_lds_vector",
+            "inner_per_fma", "chunk_instructions", "chunk_fma")
     table = [head] + [tuple("-" if r.get(k) is None else str(r[k]) for k in keys) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))

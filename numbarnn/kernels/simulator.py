@@ -69,10 +69,17 @@ def poisoned(shape, dtype) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
+def check_alignment(alignment) -> None:
+    """numba-cuda's rule for a shared or local array's `alignment`: None, or a power of two multiple of 8."""
+    if alignment is not None and (alignment < 8 or alignment & (alignment - 1)):
+        raise ValueError(f"alignment: a power of two multiple of 8 bytes, got {alignment}")
+
+
 def _shared_array(self, shape, dtype, alignment=None):
-    """FakeCUDAShared.array with the lookup under a lock (see the module docstring); otherwise the same."""
-    if alignment is not None:
-        raise RuntimeError("Array alignment is not supported in cudasim")
+    """FakeCUDAShared.array with the lookup under a lock (see the module docstring); otherwise the same, except
+    that it takes an `alignment` (the simulator's refuses one): checked as numba checks it on a GPU, and moot
+    here, where nothing reads an address (the profiler places its shared arrays at such a boundary)."""
+    check_alignment(alignment)
     if shape == 0:                       # dynamic shared memory: one buffer for every request, as before
         dtype = _numpy_dtype(dtype)
         return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)

@@ -54,6 +54,15 @@ them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before ->
   and batch row with the array's strides per row and round: the backward's round 268 -> 232 instructions
   (H = 512 slice); per step 768x16 forward 6,480 -> 6,312, backward 15,775 -> 14,592; 256x4 1,716 -> 1,712,
   3,305 -> 3,152; 512x32 14,752 -> 14,688, 33,264 -> 29,696; 1024x64 34,560 -> 33,664, 84,134 -> 77,824.
+  Then vector loads (`staging.pitch`): the slices and tiles are declared 16-byte aligned with rows KMAX + 4 and
+  KC + 4 words apart (were + 1), and the k loop reads V = 4 consecutive k of a row at a time, so NVVM fuses
+  them into one LDS.128: a forward k loop of 8 ks, 32 FMAs, had 40 scalar shared loads in 85 instructions,
+  now 10 vector ones in 56; per step 768x16 forward 6,312 -> 4,884, backward 14,592 -> 12,144; 256x4
+  1,712 -> 1,224, 3,152 -> 2,368; 512x32 14,688 -> 10,752, 29,696 -> 23,552; 1024x64 33,664 -> 26,048,
+  77,824 -> 64,768.  The extra 3 words keep the banks apart for vectors: the TJ rows of R a warp reads at once
+  are 16 bytes further along the banks each (one wavefront up to TJ = 8); the h tile's 32/TJ row groups, 16
+  bytes each, take the fewest wavefronts their bytes allow (2 at TJ = 2).  The profiler counts these loads as
+  the vectors they compile to (`profiler.fuse_vector_loads`).
 """
 from __future__ import annotations
 
@@ -67,8 +76,8 @@ from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
-from .staging import (LOADS_IN_FLIGHT, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
-                      make_stage_steps, make_step_offsets, make_tile_rows, rows_per_thread, unroll)
+from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
+                      make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll, vector_words)
 from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
 
 
@@ -135,10 +144,11 @@ def slice_bytes(G: int, sl: Slice, dtype) -> int:
     in the compute dtype; with a projection the larger phase pair: forward R rows + W_proj rows, backward
     W_proj columns + R columns."""
     size = acc_dtype(dtype).itemsize
-    words = G * sl.TJ * (sl.KMAX + 1)
+    words = G * sl.TJ * pitch(sl.KMAX, dtype)
     if sl.TQ:
-        words = max(words + sl.TQ * (sl.HMAX + 1), sl.TJ * (sl.KMAX + 1) + G * sl.TQ * (sl.HMAX + 1))
-    return (words + sl.TB * h_pitch(sl) + sl.TB * red_pitch(G, sl)) * size   # + `red`: the splits' partial sums
+        KP, HP = pitch(sl.KMAX, dtype), pitch(sl.HMAX, dtype)
+        words = max(words + sl.TQ * HP, sl.TJ * KP + G * sl.TQ * HP)
+    return (words + sl.TB * h_pitch(sl, dtype) + sl.TB * red_pitch(G, sl)) * size   # + `red`: the splits' partial sums
 
 
 def projected_per_block(H: int, P: int, TJ: int) -> int:
@@ -146,11 +156,9 @@ def projected_per_block(H: int, P: int, TJ: int) -> int:
     return max(1, -(-P // -(-H // TJ)))
 
 
-def h_pitch(sl: Slice) -> int:
-    """Words between rows of the h tile: KC + 1.  A warp's 32 / TJ row groups read column kk of different rows
-    at once; with rows KC = 32 words apart they would all hit one bank (a 32/TJ-way conflict, 16-way at TJ = 2,
-    found by the profiler's model); one word of padding puts each row in its own bank."""
-    return sl.KC + 1
+def h_pitch(sl: Slice, dtype="float32") -> int:
+    """Words between rows of the h tile: `pitch(KC)`, KC + 4 in float32."""
+    return pitch(sl.KC, dtype)
 
 
 def red_pitch(G: int, sl: Slice) -> int:
@@ -436,6 +444,7 @@ def make_step_body(cell, dtype, sl: Slice):
     RH = rows_per_thread(TB, RS)                        # a thread's rows of the h tile
     NCH = sl.KMAX // KC                                 # chunks of the slice's columns
     KU = unroll(KC, G * RB)                             # ks per trip of the k loop: G*RB FMAs each
+    V = math.gcd(vector_words(dtype), KU)               # ks of one shared load (4 fp32 words: an LDS.128)
     PREFETCH = sl.PF
     NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
@@ -451,7 +460,7 @@ def make_step_body(cell, dtype, sl: Slice):
     load_slice = make_load_rows(dtype, G, TJ, NT, sl.KMAX)
 
     @cuda.jit(device=True, inline="always")
-    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, ms, h_tile, red, rh, r_k, j0, d):
+    def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, ms, h_tile, red, rh, j0, d):
         tid = cuda.threadIdx.x
         jj = tid % TJ
         rg = tid // TJ
@@ -461,6 +470,8 @@ def make_step_body(cell, dtype, sl: Slice):
         buf = cuda.local.array(NBUF, acc)               # the next round of h, in flight
         rb = cuda.local.array(RH, types.int32)          # the batch row of each staged row, -1: none
         off = cuda.local.array(RH, types.int64)         # the flat index of h[d, that row, 0], -1: none
+        r_k = cuda.local.array((G, V), acc)             # R_slice[g*TJ + jj, k .. k+V-1], every gate
+        h_k = cuda.local.array((RB, V), acc)            # h_tile[rg*RB + r, k .. k+V-1], every row
         kc = tid % KC                                   # this thread's column of each staged h chunk
         r0 = tid // KC                                  # and its block of staged rows
         for b0 in range(0, B, TB):                      # every row of the batch, TB rows at a time
@@ -487,14 +498,17 @@ def make_step_body(cell, dtype, sl: Slice):
                     fetch_h(h_in, off, buf, kn, kn < P)
                 if live and ch < NCH:
                     for k8 in range(0, KC, KU):
-                        for k1 in range(KU):            # unrolled: constant offsets, no loop code
-                            kk = k8 + k1
-                            for g in range(G):
-                                r_k[g] = R_slice[U(g * TJ + jj), U(ch * KC + kk)]
+                        for kv in range(0, KU, V):      # unrolled: constant offsets, no loop code
+                            for g in range(G):          # V consecutive k of a row: one vector load (LDS.128)
+                                for v in range(V):
+                                    r_k[g, v] = R_slice[U(g * TJ + jj), U(ch * KC + k8 + kv + v)]
                             for r in range(RB):
-                                hk = h_tile[U(rg * RB + r), U(kk)]
-                                for g in range(G):
-                                    rh[g, r] += r_k[g] * hk
+                                for v in range(V):
+                                    h_k[r, v] = h_tile[U(rg * RB + r), U(k8 + kv + v)]
+                            for v in range(V):
+                                for r in range(RB):
+                                    for g in range(G):
+                                        rh[g, r] += r_k[g, v] * h_k[r, v]
                 cuda.syncthreads()
             reduce(rh, red, rg, jj, RGN, KS, live)
             j = j0 + jj
@@ -542,21 +556,19 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     """The v3 step body as one launch per step (grid (ceil(H/TJ), 1, D)): the many-block test of the body."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
     load_slice, step_body = make_step_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc)
-        h_tile = cuda.shared.array((TB, HP), acc)
+        R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)
+        h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         rh = cuda.local.array((G, RB), acc)
-        r_k = cuda.local.array(G, acc)
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
         load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_in.shape[2])
-        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, red, rh, r_k, j0,
-                  d)
+        step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, red, rh, j0, d)
 
     return _wrap(f"{cell.name}_forward_step_v3", forward_body, FORWARD_ARGS, cell, False)
 
@@ -569,7 +581,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
     prunes one, which tripled the compile time.)"""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
     load_slice, step_body = make_step_body(cell, dtype, sl)
     name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
 
@@ -577,37 +589,34 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
         @cuda.jit(device=True, inline="always")
         def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
                             ms):
-            R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
-            h_tile = cuda.shared.array((TB, HP), acc)
+            R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
+            h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
             red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
             rh = cuda.local.array((G, RB), acc)
-            r_k = cuda.local.array(G, acc)
             d = cuda.blockIdx.z
             j0 = cuda.blockIdx.x * sl.TJ
             load_slice(R_fwd if d == 0 else R_rev, R_slice, j0, unit_params.shape[2], h_a.shape[2])
             for s in range(steps):
                 h_in = h_a if s % 2 == 0 else h_b
                 h_out = h_b if s % 2 == 0 else h_a
-                step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, red, rh, r_k,
-                          j0, d)
+                step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, None, h_tile, red, rh, j0, d)
                 grid_sync()                            # every unit's h' is written before step s+1 reads it
 
         return _cooperative(_wrap(name, persistent_body, PERSISTENT_ARGS, cell, False))
 
     assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
-    TQ, HMAX1 = sl.TQ, sl.HMAX + 1
+    TQ, HMAX1 = sl.TQ, pitch(sl.HMAX, dtype)
     load_wp = make_load_rows(dtype, 1, TQ, sl.threads, sl.HMAX)
     project_body = make_project_body(dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def persistent_proj_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
                              ms):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's R, kept for all steps
-        Wp_slice = cuda.shared.array((TQ, HMAX1), acc)  # its W_proj rows
-        h_tile = cuda.shared.array((TB, HP), acc)
+        R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
+        Wp_slice = cuda.shared.array((TQ, HMAX1), acc, alignment=VECTOR_BYTES)  # its W_proj rows
+        h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         rh = cuda.local.array((G, RB), acc)
-        r_k = cuda.local.array(G, acc)
         h_proj = cuda.local.array(RB, acc)              # phase B's products
         d = cuda.blockIdx.z
         j0 = cuda.blockIdx.x * sl.TJ
@@ -619,8 +628,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
         for s in range(steps):
             h_in = h_a if s % 2 == 0 else h_b
             h_out = h_b if s % 2 == 0 else h_a
-            step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, red, rh, r_k, j0,
-                      d)
+            step_body(s, lens, gx, unit_params, R_slice, h_in, None, c, None, acts, cs, ms, h_tile, red, rh, j0, d)
             grid_sync()                                # every unit's m is written before phase B reads it
             project_body(s, lens, ms, Wp_slice, h_in, h_out, y, h_tile, red, h_proj, p0, d)
             grid_sync()                                # every h' is written before step s+1 reads it
@@ -742,14 +750,14 @@ def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     test of the body (s = T-1 .. 0, then -1 to finish dh0, as v2's fused backward)."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
     load_columns, step_body = make_backward_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
                       h_prev):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc)
-        g_tile = cuda.shared.array((TB, HP), acc)
+        R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)
+        g_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         from_R = cuda.local.array(RB, acc)
         d = cuda.blockIdx.z
@@ -769,7 +777,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     s = steps .. 0 and the unit phase at s-1 between them, a grid barrier after each (module docstring)."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, sl.KMAX + 1, sl.TB, h_pitch(sl), sl.RB, red_pitch(G, sl)
+    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
     name = f"{cell.name}_backward_persistent_v3" + ("_proj" if has_proj else "")
 
     if not has_proj:
@@ -778,8 +786,9 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
         @cuda.jit(device=True, inline="always")
         def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
                             dc, dgx, dgh, dvec, h_prev, dh_total):
-            R_slice = cuda.shared.array((GJ, KMAX1), acc)   # this block's columns of R, kept for all steps
-            g_tile = cuda.shared.array((TB, HP), acc)
+            # this block's columns of R, kept for all steps
+            R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)
+            g_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
             red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
             from_R = cuda.local.array(RB, acc)
             d = cuda.blockIdx.z
@@ -795,7 +804,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
         return _cooperative(_wrap(name, persistent_body, PERSISTENT_BACKWARD_ARGS, cell, False))
 
     assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
-    TQ, HMAX1, TJ = sl.TQ, sl.HMAX + 1, sl.TJ
+    TQ, HMAX1, TJ = sl.TQ, pitch(sl.HMAX, dtype), sl.TJ
     GQ = G * TQ                                         # rows of R_cols: gate g of projected output q at g*TQ + q
     dh_phase, unit_phase = make_backward_proj_phases(cell, dtype, sl)
     load_r_cols = make_load_columns(dtype, G, TQ, sl.threads, sl.HMAX)
@@ -804,9 +813,9 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     @cuda.jit(device=True, inline="always")
     def persistent_proj_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
                              dc, dgx, dgh, dvec, h_prev, dh_total):
-        WpT = cuda.shared.array((TJ, KMAX1), acc)       # W_proj's columns of this block's units
-        R_cols = cuda.shared.array((GQ, HMAX1), acc)    # R's columns of its projected outputs
-        g_tile = cuda.shared.array((TB, HP), acc)
+        WpT = cuda.shared.array((TJ, KMAX1), acc, alignment=VECTOR_BYTES)       # W_proj's columns of this block's units
+        R_cols = cuda.shared.array((GQ, HMAX1), acc, alignment=VECTOR_BYTES)    # R's columns of its projected outputs
+        g_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         out = cuda.local.array(RB, acc)
         d = cuda.blockIdx.z
