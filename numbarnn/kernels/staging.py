@@ -62,9 +62,8 @@ def vector_words(dtype) -> int:
 
 def pitch(n: int, dtype) -> int:
     """Words between rows of a shared array of n-word rows (R's tile or slice, the h tile): n rounded up to VW,
-    + VW.
-    A row then starts on a 16-byte boundary (the arrays are 16-byte aligned), so NVVM fuses a thread's VW
-    consecutive k into one LDS.128 (LDS.64 pairs for float64): the k loop issues a quarter of the shared loads.
+    + VW.  A row then starts on a 16-byte boundary (the arrays are 16-byte aligned), so NVVM fuses a thread's VW
+    consecutive k into one LDS.128 (4 float32 or 2 float64 words): a quarter (float64: half) of the loads.
     The extra VW words move each row 16 bytes further along the banks: the TJ rows of R (or the row groups'
     rows of h) a warp reads at one k cover distinct banks, up to 32 / VW rows a wavefront (rows KC words apart
     would all start in bank 0: a 32/TJ-way conflict, the layout the profiler's model caught at first)."""
