@@ -22,6 +22,7 @@ numbarnn.kernels.sass`, sm_90, LSTM float32), is in step_v2.py's and step_v3.py'
 from __future__ import annotations
 
 import functools
+import math
 
 from numba import cuda
 
@@ -58,6 +59,12 @@ VECTOR_BYTES = 16     # an LDS.128: the widest shared load
 def vector_words(dtype) -> int:
     """VW: words of the compute dtype in one 16-byte shared load (4 float32, 2 float64)."""
     return VECTOR_BYTES // acc_dtype(dtype).itemsize
+
+
+def vector_ks(dtype, KU: int) -> int:
+    """V: the consecutive k a k loop of KU unrolled ks reads from a row at once, one 16-byte shared load
+    (gcd(VW, KU): 4 float32 or 2 float64 words on a GPU, fewer where the simulator's chunks are smaller)."""
+    return math.gcd(vector_words(dtype), KU)
 
 
 def pitch(n: int, dtype) -> int:

@@ -66,7 +66,6 @@ blocks per SM on sm_80).
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 from numba import cuda, int64, types
@@ -77,7 +76,7 @@ from . import common  # common.SIMULATOR read at call time (the profiler's GPU g
 from .common import DTYPES, U, acc_dtype, arr, nb
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets,
                       make_stage_matrix, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
-                      vector_words)
+                      vector_ks)
 
 
 class Tiles(NamedTuple):
@@ -214,7 +213,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     RS = NT // KC                               # staging: rows apart of one thread's R elements
     RH = rows_per_thread(TB, RS)                # a thread's rows of the h tile
     KU = unroll(KC, G * RB)                     # ks per trip of the k loop: G*RB FMAs each
-    V = math.gcd(vector_words(dtype), KU)       # ks of one shared load (4 fp32 words: an LDS.128)
+    V = vector_ks(dtype, KU)                    # ks of one shared load (4 fp32 words: an LDS.128)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
     KC1 = pitch(KC, dtype)                      # R tile row pitch: KC + 4 fp32 words, rows 16-byte aligned
     epilogue = make_forward_epilogue(cell, dtype, RB)
@@ -301,7 +300,7 @@ def make_dgh_R(dtype, t: Tiles):
     fetch_dgh = make_fetch(dtype, TB, GS)
     put_dgh = make_put_rows(TB, GS)
     KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
-    V = math.gcd(vector_words(dtype), KU)               # ks of one dgh tile load (4 fp32 words: an LDS.128)
+    V = vector_ks(dtype, KU)                            # ks of one dgh tile load (4 fp32 words: an LDS.128)
 
     @cuda.jit(device=True, inline="always")
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):

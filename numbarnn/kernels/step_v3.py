@@ -77,7 +77,8 @@ from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_C
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
-                      make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll, vector_words)
+                      make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
+                      vector_ks)
 from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
 
 
@@ -444,7 +445,7 @@ def make_step_body(cell, dtype, sl: Slice):
     RH = rows_per_thread(TB, RS)                        # a thread's rows of the h tile
     NCH = sl.KMAX // KC                                 # chunks of the slice's columns
     KU = unroll(KC, G * RB)                             # ks per trip of the k loop: G*RB FMAs each
-    V = math.gcd(vector_words(dtype), KU)               # ks of one shared load (4 fp32 words: an LDS.128)
+    V = vector_ks(dtype, KU)                            # ks of one shared load (4 fp32 words: an LDS.128)
     PREFETCH = sl.PF
     NBUF = max(RH, LOADS_IN_FLIGHT)
     assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
