@@ -17,6 +17,8 @@ import numpy as np
 from numba import cuda, types
 from numba.np.numpy_support import from_dtype
 
+from .inline_copy import install as _install_inline_copy
+
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 DTYPES = ("float16", "float32", "float64")
 
@@ -24,6 +26,10 @@ DTYPES = ("float16", "float32", "float64")
 #: a mask and an add per access, and the wrapped address kept in a register), an unsigned one is a plain
 #: address.  Measured in v3's k loop (python -m numbarnn.kernels.sass), as earlier in GEMM v4's registers.
 U = np.uint64
+
+# numba-cuda copies an inlined device function's IR one block at a time, each block dragging the whole scope along:
+# most of the compile time of the big kernels.  inline_copy.py makes it one copy (the same PTX, byte for byte).
+_install_inline_copy()
 
 if SIMULATOR:
     # numba's CUDA simulator hands the threads of a block their static shared arrays without a lock (rarely two
