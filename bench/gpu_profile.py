@@ -4,9 +4,10 @@
     ncu --profile-from-start off --csv --metrics gpu__time_duration.sum \
         python bench/gpu_profile.py kernels            # device time of every kernel of one forward+backward
 
-`launch` times the host side of a kernel launch with 13 arguments (12 arrays, like a step kernel) three ways:
+`launch` times the host side of a kernel launch with 13 arguments (12 arrays, like a step kernel) four ways:
 a lazily typed @cuda.jit kernel (numba types every argument at every launch), the same kernel compiled with an
-explicit signature, and a configured kernel object reused across launches.  `kernels` runs one warm
+explicit signature, a configured kernel object reused across launches, and numbarnn.kernels.launch (what the
+driver uses: numba's launch with the typing and packing done once per argument kind).  `kernels` runs one warm
 forward+backward per step version between cuda.profile_start/stop, so ncu records only those launches.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ def launch_costs(n: int = 2000) -> None:
             "explicit signature": lambda: eager[1, 32](*arrays, 3)}
     configured = eager[1, 32]
     ways["explicit signature, configured once"] = lambda: configured(*arrays, 3)
+    from numbarnn.kernels import launch as fast
+    ways["numbarnn.kernels.launch (typed + packed once per kind)"] = lambda: fast.launch(lazy, 1, 32, *arrays, 3)
     for name, launch in ways.items():
         for _ in range(50):
             launch()
@@ -45,6 +48,7 @@ def launch_costs(n: int = 2000) -> None:
         t1 = time.perf_counter()
         cuda.synchronize()
         print(f"launch  {name:55s} {1e6 * (t1 - t0) / n:8.1f} us per launch (host)")
+    print(f"launch  numbarnn.kernels.launch paths taken: {fast.STATS} (all but the first should be 'fast')")
 
 
 def kernels(versions=(1, 2, 3), shapes=((768, 16), (512, 32), (64, 1)), T_profile: int = 8) -> None:

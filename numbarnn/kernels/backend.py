@@ -14,6 +14,7 @@ from numba import cuda
 from ..validation import is_device_array
 from . import driver
 from .common import blocks, jit, make_swap01, threads
+from .launch import launch
 
 last_launch_count = driver.last_launch_count
 launch_plan = driver.launch_plan
@@ -51,8 +52,8 @@ def swap01(a):
     n = int(np.prod(shape, dtype=np.int64))
     if n:
         K = n // (shape[0] * shape[1])
-        jit(make_swap01, str(d.dtype))[blocks(n, threads(n, 256)), threads(n, 256)](
-            d.reshape(shape[0], shape[1], K), out.reshape(shape[1], shape[0], K))
+        launch(jit(make_swap01, str(d.dtype)), blocks(n, threads(n, 256)), threads(n, 256),
+               d.reshape(shape[0], shape[1], K), out.reshape(shape[1], shape[0], K))
     return out
 
 

@@ -32,7 +32,9 @@ Arrays here are device arrays, time-major, in the call's dtype; `backend.py` han
 Scratch (gx, the state buffers, the backward's dgx/dgh/h_prev/..., masked copies, an inference call's
 reserve) comes from `SCRATCH`, a workspace kept across calls per thread and device (numbarnn/workspace.py),
 and the lengths are copied to the device only when they change (`device_lengths`): a call of a shape seen
-before allocates only what it returns.  Buffers whose zeros matter are filled per call, as before.
+before allocates only what it returns.  Buffers whose zeros matter are filled per call, as before.  Every
+launch goes through `launch.launch`: numba's launch with its per-launch typing and packing of the arguments
+done once per argument kind (a step loop passes the same arrays at every step).
 
 Why one file (~500 lines): forward and backward read as the twins of reference/network.py's two loops, and
 launch_plan must list exactly the launches they make; keeping the three together keeps them in step.
@@ -57,6 +59,7 @@ from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_fo
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
 from .gemm import gemm
+from .launch import launch
 from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_recurrent_backward
@@ -112,7 +115,7 @@ class LaunchLog:
     def __call__(self, kernel, name, grid, block, *args):
         if min(grid) <= 0 or block <= 0:
             return
-        kernel[grid, block](*args)
+        launch(kernel, grid, block, *args)
         self.count(name)
 
     def count(self, name):
@@ -144,7 +147,7 @@ def fill(a, value, log: LaunchLog | None = None):
     if n:
         k, grid, block = jit(make_fill, str(np.dtype(a.dtype))), blocks(n, threads(n, 256)), threads(n, 256)
         if log is None:
-            k[grid, block](flat(a), value)
+            launch(k, grid, block, flat(a), value)
         else:
             log(k, "fill", (grid,), block, flat(a), value)
     return a

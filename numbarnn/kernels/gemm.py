@@ -85,6 +85,7 @@ from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
 
 # common.SIMULATOR is read at call time (the profiler's GPU geometry sets it)
 from . import common
+from .launch import launch
 
 DTYPES = ("float16", "float32", "float64")
 
@@ -787,18 +788,18 @@ def gemm(a, b, c, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, version=
         raise ValueError(f"a: M = {M} and batch Z = {Z} (split_k {split_k}) need a grid of {grid}, over the "
                          f"CUDA limit of {_MAX_GRID_YZ} blocks in y and z")
     if split_k == 1:
-        get_kernel(version, dtype, trans_a, trans_b, batched, config)[grid, block, stream](
-            M, N, K, alpha, a, b, beta, c)
+        launch(get_kernel(version, dtype, trans_a, trans_b, batched, config), grid, block,
+               M, N, K, alpha, a, b, beta, c, stream=stream)
         if log is not None:
             log.count("gemm")
         return c
     # split-K: stage 1 writes each slice's partial product, stage 2 sums them in order and adds beta * C
     partials = (cuda.device_array((split_k, M, N), dtype=dtype) if scratch is None   # [Z, M, N]
                 else scratch("split_k_partials", (split_k, M, N), dtype))
-    get_kernel(4, dtype, trans_a, trans_b, False, config, split=True)[grid, block, stream](
-        M, N, K, alpha, a, b, 0.0, partials)
+    launch(get_kernel(4, dtype, trans_a, trans_b, False, config, split=True), grid, block,
+           M, N, K, alpha, a, b, 0.0, partials, stream=stream)
     t = common.threads(M * N, SPLIT_SUM_THREADS)
-    get_split_k_sum(dtype)[common.blocks(M * N, t), t, stream](partials, beta, c)
+    launch(get_split_k_sum(dtype), common.blocks(M * N, t), t, partials, beta, c, stream=stream)
     if log is not None:
         log.count("gemm")
         log.count("split_k_sum")

@@ -27,6 +27,7 @@ from numba import cuda, uint32, uint64
 
 from numbarnn.dropout import (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, check_mask_args, dropout_key,
                               dropout_threshold)
+from numbarnn.kernels.launch import launch
 from numbarnn.validation import ArgumentTypeError, check_shape
 
 # typed constants (module globals that numba freezes into the kernels)
@@ -146,6 +147,6 @@ def dropout_keep_mask(seed: int, seed2: int, layer: int, T: int, B: int, W: int,
     if total == 0:
         return out
     blocks = min(MAX_BLOCKS, math.ceil(total / THREADS_PER_BLOCK))
-    dropout_keep_mask_kernel[blocks, THREADS_PER_BLOCK](
-        out, np.uint64(layer), np.uint32(k0), np.uint32(k1), np.uint32(threshold))
+    launch(dropout_keep_mask_kernel, blocks, THREADS_PER_BLOCK,
+           out, np.uint64(layer), np.uint32(k0), np.uint32(k1), np.uint32(threshold))
     return out
