@@ -12,7 +12,8 @@ if os.environ.get("NUMBARNN_REAL_GPU") != "1":
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Simulator runs are slow and their time varies: no deadlines; a small, deterministic default budget
-# (CI runs on 2 cores in well under 15 minutes). NUMBARNN_HYPOTHESIS_PROFILE=thorough for more examples.
+# (CI: ~21 minutes on 2 cores, most of it compiling: the kernel report, the CPU backend's cold numba cache).
+# NUMBARNN_HYPOTHESIS_PROFILE=thorough for more examples.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("thorough", max_examples=300, deadline=None,
@@ -71,7 +72,7 @@ def _simulator_state_is_restored():
 # ---------------------------------------------------------------------------------------------------------
 # Order: the longest tests first
 # ---------------------------------------------------------------------------------------------------------
-# The kernel report test compiles every kernel for sm_80 and sm_90 (~5 minutes of one xdist worker on 2 cores).
+# The kernel report test compiles every kernel for sm_80 and sm_90 (8 minutes alone on 2 cores, ~13 beside the rest).
 # Collected in file order it started mid-run, and the other worker ran out of tests while it finished; started
 # first, the rest of the suite runs beside it.
 LONGEST_FIRST = ("test_every_kernel_compiles_for_sm80_and_sm90_without_spills",)

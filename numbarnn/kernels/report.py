@@ -447,7 +447,7 @@ def main(argv=None) -> int:
     progress = None
     if not args.json:
         print(f"numbarnn kernels: compiling every kernel for {', '.join(f'sm_{a}{b}' for a, b in ccs)} with "
-              f"{args.jobs or default_jobs()} processes (all of them: about 60 s on 2 cores)...", file=sys.stderr,
+              f"{args.jobs or default_jobs()} processes (all of them: about 8 minutes on 2 cores)...", file=sys.stderr,
               flush=True)
         if sys.stderr.isatty():
             progress = _progress_line
