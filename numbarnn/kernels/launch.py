@@ -16,17 +16,21 @@ On an H100's host a kernel with 12 arrays cost 63-135 us per launch (bench/resul
 
     - the overload is looked up once per dispatcher and argument *kind* (each array's dtype, ndim and layout as
       numba types it; each scalar's Python type), with numba's own typing;
-    - each parameter type gets its packer once (an array's parameters come from the array's cached
-      ``_strided_memory_view_shim``, the object ``_prepare_args`` reads them from);
-    - the LaunchConfig is built once per geometry.
+    - each array's parameters are made once and kept on the array object (read from its cached
+      ``_strided_memory_view_shim``, as ``_prepare_args`` reads them; a step loop passes the same arrays at every
+      step), each scalar is converted as ``_prepare_args`` converts its parameter type;
+    - the LaunchConfig and the stream are made once per geometry and stream.
+
+What is left per launch (20 us here for the step kernel's 13 arguments, bench below): the kinds of the arguments
+(a dict lookup per array), the parameter list (~100 values) and cuda.core's launch.
 
 It is checked where it is made: the first launch of each (dispatcher, kind) packs the arguments both ways,
-numba's ``_prepare_args`` and the packers here, and launches the fast way only if the two parameter lists are
-identical (else that kind keeps numba's path for good; ``STATS`` counts both).  Everything else goes
-through numba's own ``kernel[grid, block, stream](*args)``: the simulator, host arrays (which numba copies),
-argument types without a converter here (float16 scalars, records, tuples), debug kernels, kernels with
-extensions or launch-config-sensitive ones, a numba-cuda without the internals named above, and any process
-whose first launch saw NUMBARNN_FAST_LAUNCH=0.
+numba's ``_prepare_args`` and this module's, and launches the fast way only if the two parameter lists are
+identical (else that kind keeps numba's path for good; ``STATS`` counts both).  Everything else goes through
+numba's own ``kernel[grid, block, stream](*args)``: the simulator, host arrays (which numba copies), argument
+types without a converter here (float16 scalars, records, tuples), debug kernels, kernels with extensions or
+launch-config-sensitive ones, a numba-cuda without the internals named above, and any process whose first
+launch saw NUMBARNN_FAST_LAUNCH=0.
 
 ``python bench/bench_launch_host.py`` measures steps 1-3 both ways without a GPU (fake device pointers).
 """
