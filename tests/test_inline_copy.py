@@ -30,6 +30,18 @@ def test_installed_where_numba_cuda_copies_per_block():
         assert inline_copy.install() == "installed" and inline_copy.installed()
 
 
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(inline_copy.SWITCH, "0")
+    was = inline_copy.installed()
+    inline_copy.uninstall()
+    try:
+        assert inline_copy.install() == f"not installed: {inline_copy.SWITCH}=0" and not inline_copy.installed()
+    finally:
+        monkeypatch.delenv(inline_copy.SWITCH)
+        if was:
+            assert inline_copy.install() == "installed"
+
+
 #: kernels that inline big device functions: the persistent v3 backward (the step body, the staged products), a v2
 #: step (the cell, the staging), BlockLSTM's step with peepholes and clipping
 KERNELS = ("lstm_backward_persistent_v3", "gru_forward_step_v2", "block_lstm_forward_step_icfo_peephole_clip")

@@ -24,13 +24,15 @@ second copy instead).
 
 ``install()`` replaces ``InlineWorker.inline_ir`` by its own source with that one statement changed, only where
 the installed numba-cuda's source contains the statement exactly as above (else it changes nothing and says
-so in what it returns).  Checked by ``tests/test_inline_copy.py``: the PTX of numbarnn's kernels is byte-identical
+so in what it returns).  It changes numba-cuda for the whole process (every kernel compiled in it, numbarnn's
+or not); NUMBARNN_INLINE_COPY=0 leaves numba-cuda as it is.  Checked by ``tests/test_inline_copy.py``: the PTX of numbarnn's kernels is byte-identical
 with and without it; measured by ``python -m numbarnn.kernels.inline_copy`` (compile_ptx times, both ways).
 """
 from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import sys
 import textwrap
 import time
@@ -42,10 +44,13 @@ PER_BLOCK = """\
         }"""
 ONE_COPY = """\
         kernel_copy.blocks = copy.deepcopy(the_ir.blocks)"""
+SWITCH = "NUMBARNN_INLINE_COPY"
 
 def install() -> str:
     """Replace numba-cuda's InlineWorker.inline_ir by the one-copy version (once per process: the replacement
     carries the original, so this works however often this module is imported); returns what happened."""
+    if os.environ.get(SWITCH, "1").strip() == "0":
+        return f"not installed: {SWITCH}=0"
     try:
         from numba.cuda.core import inline_closurecall as icc
         original = icc.InlineWorker.inline_ir
