@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import warnings
 
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)      # numba's real launch path, not the simulator's
@@ -25,19 +23,14 @@ os.environ.pop("NUMBA_ENABLE_CUDASIM", None)      # numba's real launch path, no
 from numba import types
 
 from numbarnn.kernels import launch as L
-from numbarnn.kernels.common import arr, nb, step_signatures
+from numbarnn.kernels.common import arr, nb
+from numbarnn.measure import per_call_us
 
 
-def step_case(H=768, B=16, T=1024, D=1, G=4):
-    """The forward step kernel's arguments as the driver passes them (common.step_signatures' order)."""
-    def step(s, lens, gx, bias, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
-        pass
-    shapes = [(B,), (D, T, B, G * H), (D, 2 * G + 1, H), (G * H, H), (G * H, H), (D, B, H), (D, B, H),
-              (D, B, H), (T, B, D * H), (T, B, D, G * H), (T, B, D, H), (T, B, D, H)]
-    sig = step_signatures("float32")[0]
-    args = [5] + [L.fake_device_array(shape, str(ty.dtype), 0x100000 * (i + 1))
-                  for i, (shape, ty) in enumerate(zip(shapes, sig[1:]))]
-    return "step (13 args: 12 arrays)", step, sig, (24, 2), 64, args
+def step_case():
+    """The forward step kernel's launch as the driver makes it (LSTM H=768 B=16 T=1024 float32)."""
+    kernel, grid, block, args = L.step_kernel_case()
+    return "step (13 args: 12 arrays)", kernel, grid, block, args
 
 
 def gemm_case(M=16384, N=3072, K=768):
@@ -47,26 +40,15 @@ def gemm_case(M=16384, N=3072, K=768):
                                 arr("float32", 2))
     args = [M, N, K, 1.0, L.fake_device_array((M, K), "float32", 0x1000000),
             L.fake_device_array((N, K), "float32", 0x2000000), 0.0, L.fake_device_array((M, N), "float32", 0x3000000)]
-    return "gemm (8 args: 3 arrays)", gemm, sig, (24, 128, 1), 256, args
+    return "gemm (8 args: 3 arrays)", L.driverless_kernel(gemm, sig), (24, 128, 1), 256, args
 
 
 def fill_case(n=1 << 20):
     def fill(dst, value):
         pass
     sig = (arr("float32", 1), types.float64)
-    return "fill (2 args: 1 array)", fill, sig, (n // 256,), 256, [L.fake_device_array((n,), "float32", 0x4000000), 0.0]
-
-
-def per_launch_us(fn, launches: int, rounds: int = 5) -> float:
-    for _ in range(200):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(launches):
-            fn()
-        times.append((time.perf_counter() - t0) / launches)
-    return 1e6 * statistics.median(times)
+    return ("fill (2 args: 1 array)", L.driverless_kernel(fill, sig), (n // 256,), 256,
+            [L.fake_device_array((n,), "float32", 0x4000000), 0.0])
 
 
 def main(argv=None) -> int:
@@ -83,10 +65,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def time_case(rec, name, fn, sig, grid, block, kargs, launches: int) -> str:
+def time_case(rec, name, kernel, grid, block, kargs, launches: int) -> str:
     """Validate, then time one kernel's launch both ways (under `rec`, a launch.driverless()): a table row."""
-    kernel = L.driverless_kernel(fn, sig)
-    overload = kernel.overloads[tuple(sig)]
+    (overload,) = kernel.overloads.values()
     rec.calls.clear()
     kernel[grid, block](*kargs)
     L.launch(kernel, grid, block, *kargs)
@@ -95,10 +76,10 @@ def time_case(rec, name, fn, sig, grid, block, kargs, launches: int) -> str:
     assert [c[0] for c in rec.calls] == ["numba", "fast", "fast"], rec.calls
     for call in fast_calls:
         assert L.same_params(call[4], numba_call[4]) and call[1:4] == numba_call[1:4], (call, numba_call)
-    typing = per_launch_us(lambda: [kernel.typeof_pyval(a) for a in kargs], launches)
-    packing = per_launch_us(lambda: L.numba_params(overload, kargs), launches)
-    numba = per_launch_us(lambda: kernel[grid, block](*kargs), launches)
-    fast = per_launch_us(lambda: L.launch(kernel, grid, block, *kargs), launches)
+    typing = per_call_us(lambda: [kernel.typeof_pyval(a) for a in kargs], launches)
+    packing = per_call_us(lambda: L.numba_params(overload, kargs), launches)
+    numba = per_call_us(lambda: kernel[grid, block](*kargs), launches)
+    fast = per_call_us(lambda: L.launch(kernel, grid, block, *kargs), launches)
     rec.calls.clear()
     return f"| {name} | {numba:.1f} | {typing:.1f} | {packing:.1f} | {fast:.1f} |"
 

@@ -400,6 +400,20 @@ def timed_ms(fn, reps: int, warmup: int = 1) -> float:
     return median_ms(fn, cuda.synchronize, reps, warmup)
 
 
+def per_call_us(fn, calls: int, rounds: int = 5) -> float:
+    """Microseconds per fn() for host-side costs of a few us, where one call is too short to time alone: the
+    median over `rounds` of the mean of `calls` calls, after min(calls, 100) untimed ones."""
+    for _ in range(min(calls, 100)):
+        fn()
+    means = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        means.append((time.perf_counter() - t0) / calls)
+    return 1e6 * statistics.median(means)
+
+
 def time_backend(adapter, case, reps: int, warmup: int) -> tuple[float, float]:
     """(forward ms, forward+backward ms) of `adapter` on `case`."""
     forward, backward, _ = adapter.calls(case)
@@ -434,7 +448,7 @@ def measure_all(modes, dtype: str, shapes, adapters: dict, reps: int, warmup: in
     seen = set()                # (adapter, mode) pairs that have run: their next call is warm
     for mode in modes:
         for H, B, T in shapes:
-            I = H  # noqa: E741 - DeepBench: input size = hidden size
+            I = H
             label = f"{mode} {shape_label((H, B, T))}"
             small = make_case(mode, H, B, CHECK_T, I, np.float64, seed=H + B, num_proj=num_proj).astype(dtype)
             ref = reference_outputs(small)

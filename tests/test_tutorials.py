@@ -39,8 +39,8 @@ def run_script(path: Path, *args: str) -> tuple[str, float]:
     return proc.stdout, elapsed
 
 
-def test_eight_numbered_tutorials_exist():
-    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07", "08"], \
+def test_nine_numbered_tutorials_exist():
+    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09"], \
         [p.name for p in TUTORIALS]
 
 

@@ -321,6 +321,23 @@ class _FakeCodeLibrary:
         return self._CuFunc()
 
 
+def step_kernel_case(H: int = 768, B: int = 16, T: int = 1024, D: int = 1, dtype: str = "float32"):
+    """The forward step kernel's launch as the driver makes it, for `driverless`: (a stand-in kernel with the step
+    kernels' signature, common.step_signatures: 13 arguments, 12 of them arrays; its grid; its block; the
+    arguments: step T-1 and fake device arrays of an LSTM of H units, batch B, T steps, D directions)."""
+    from .common import step_signatures
+
+    def step(s, lens, gx, bias, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
+        pass
+    G = 4
+    shapes = [(B,), (D, T, B, G * H), (D, 2 * G + 1, H), (G * H, H), (G * H, H), (D, B, H), (D, B, H), (D, B, H),
+              (T, B, D * H), (T, B, D, G * H), (T, B, D, H), (T, B, D, H)]
+    sig = step_signatures(dtype)[0]
+    args = [T - 1] + [fake_device_array(shape, str(ty.dtype), 0x100000 * (i + 1))
+                      for i, (shape, ty) in enumerate(zip(shapes, sig[1:]))]
+    return driverless_kernel(step, sig), (-(-H // 32), -(-B // 8), D), 64, args
+
+
 def driverless_kernel(pyfunc, argtypes, cooperative: bool = False):
     """A cuda.jit dispatcher of pyfunc holding a stand-in compiled overload for argtypes (numba types), so that
     numba's ``kernel[grid, block](*args)`` and ``launch`` run all their host work without a GPU (never
@@ -334,6 +351,7 @@ def driverless_kernel(pyfunc, argtypes, cooperative: bool = False):
     kernel.signature = signature(types.void, *argtypes)
     kernel.extensions, kernel.cooperative, kernel.debug = [], cooperative, False
     kernel._codelibrary = _FakeCodeLibrary()
+    kernel.entry_point = object()          # what the dispatcher's finalizer unregisters (unknown: it skips it)
     dispatcher.add_overload(kernel, tuple(argtypes))
     return dispatcher
 
