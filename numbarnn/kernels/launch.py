@@ -37,6 +37,7 @@ launch saw NUMBARNN_FAST_LAUNCH=0.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -62,34 +63,28 @@ def enabled() -> bool:
             and os.environ.get(FAST_LAUNCH_VAR, "1").strip() != "0" and _internals() is not None)
 
 
-_INTERNALS: list = []
-_ACTIVE: list = []                  # [internals or None]: enabled() as the process's first launch found it
+@functools.cache
+def _active():
+    """What ``launch`` uses: the internals where ``enabled()`` as the process's first launch found it, else None
+    (the environment is read once, not at every launch: reading it costs ~2 us)."""
+    return _internals() if enabled() else None
 
 
-def _activate():
-    """What ``launch`` uses from the first launch on: the internals where ``enabled()``, else None (the
-    environment is read once, not at every launch: reading it costs ~2 us)."""
-    _ACTIVE[:] = [_internals() if enabled() else None]
-    return _ACTIVE[0]
-
-
+@functools.cache
 def _internals():
     """numba-cuda's pieces the fast path uses, or None where they are not all there (looked up once)."""
-    if not _INTERNALS:
-        try:
-            from numba.cuda import dispatcher as nd
-            from numba.cuda._compat import CUDA_CORE_GE_1_0
-            from numba.cuda.cudadrv import devicearray, driver
-            from numba.cuda.errors import normalize_kernel_dimensions
-            found = {"DeviceNDArray": devicearray.DeviceNDArray, "Kernel": nd._Kernel, "launch": nd.launch,
-                     "LaunchConfig": nd.LaunchConfig, "to_core_stream": driver._to_core_stream,
-                     "normalize": normalize_kernel_dimensions, "core_ge_1": CUDA_CORE_GE_1_0}
-            ok = (hasattr(devicearray.DeviceNDArray, "_strided_memory_view_shim")
-                  and hasattr(nd._Kernel, "_prepare_args"))
-        except (ImportError, AttributeError):   # another numba-cuda: numba's own launch everywhere
-            found, ok = None, False
-        _INTERNALS.append(found if ok else None)
-    return _INTERNALS[0]
+    try:
+        from numba.cuda import dispatcher as nd
+        from numba.cuda._compat import CUDA_CORE_GE_1_0
+        from numba.cuda.cudadrv import devicearray, driver
+        from numba.cuda.errors import normalize_kernel_dimensions
+    except (ImportError, AttributeError):       # another numba-cuda: numba's own launch everywhere
+        return None
+    if not (hasattr(devicearray.DeviceNDArray, "_strided_memory_view_shim") and hasattr(nd._Kernel, "_prepare_args")):
+        return None
+    return {"DeviceNDArray": devicearray.DeviceNDArray, "Kernel": nd._Kernel, "launch": nd.launch,
+            "LaunchConfig": nd.LaunchConfig, "to_core_stream": driver._to_core_stream,
+            "normalize": normalize_kernel_dimensions, "core_ge_1": CUDA_CORE_GE_1_0}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -256,7 +251,7 @@ _prepared: dict = {}                # (id(dispatcher), kinds) -> (dispatcher, Pr
 def launch(kernel, grid, block, *args, stream=0, sharedmem=0):
     """``kernel[grid, block, stream, sharedmem](*args)``, the host work of steps 1-3 (module docstring) done
     once per dispatcher and argument kind.  grid, block: ints or tuples, as numba takes them."""
-    internals = _ACTIVE[0] if _ACTIVE else _activate()
+    internals = _active()
     key = prepared = None
     if internals is not None and type(grid) is not list and type(block) is not list:
         kinds = argument_kinds(args, internals["DeviceNDArray"])

@@ -360,7 +360,7 @@ def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None)
     TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
     VW = vector_words("float32")
     if h_pitch is None:
-        h_pitch = step_v3.h_pitch(sl)
+        h_pitch = step_v3.h_pitch(sl, "float32")
     lanes = range(min(WARP, NT))
     R_pitch = pitch(KMAX, "float32")
     wf_R = bank_wavefronts((lane % TJ) * R_pitch + v for lane in lanes for v in range(VW))
@@ -433,7 +433,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
            32/TJ row groups of a warp read 32/TJ distinct vectors, all in the same banks when h_pitch*s is a
            multiple of 128 (`bank_wavefronts` of the kernel's addresses); + one grid barrier (not traffic:
            GPU.grid_sync_us).
-    h_pitch: words between h tile rows (default step_v3.h_pitch(sl) = KC + 4, as the kernel lays it out: the
+    h_pitch: words between h tile rows (default step_v3.h_pitch(sl, "float32") = KC + 4, as the kernel lays it out: the
     model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
     TJ, RB, KC, TB = sl.TJ, sl.RB, sl.KC, sl.TB

@@ -140,16 +140,23 @@ SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice
 THREADS = 64
 
 
+def shared_dims(G: int, sl: Slice, dtype) -> tuple:
+    """(GJ, KP, HMP, HP, RP), in words of the compute dtype: the R slice's G*TJ rows and their pitch (KMAX padded:
+    `staging.pitch`, rows 16-byte aligned), the pitch of the rows of HMAX (W_proj's rows, R's columns: with a
+    projection), the h tile's (`h_pitch`) and red's (`red_pitch`).  What the kernels declare and `slice_bytes`
+    counts."""
+    return G * sl.TJ, pitch(sl.KMAX, dtype), pitch(sl.HMAX, dtype), h_pitch(sl, dtype), red_pitch(G, sl)
+
+
 def slice_bytes(G: int, sl: Slice, dtype) -> int:
     """Shared memory of a block: the R slice (padded rows), the h tile and the splits' partial sums (TB x G*TJ),
     in the compute dtype; with a projection the larger phase pair: forward R rows + W_proj rows, backward
     W_proj columns + R columns."""
-    size = acc_dtype(dtype).itemsize
-    words = G * sl.TJ * pitch(sl.KMAX, dtype)
+    GJ, KP, HMP, HP, RP = shared_dims(G, sl, dtype)
+    words = GJ * KP
     if sl.TQ:
-        KP, HP = pitch(sl.KMAX, dtype), pitch(sl.HMAX, dtype)
-        words = max(words + sl.TQ * HP, sl.TJ * KP + G * sl.TQ * HP)
-    return (words + sl.TB * h_pitch(sl, dtype) + sl.TB * red_pitch(G, sl)) * size   # + `red`: the splits' partial sums
+        words = max(words + sl.TQ * HMP, sl.TJ * KP + G * sl.TQ * HMP)
+    return (words + sl.TB * HP + sl.TB * RP) * acc_dtype(dtype).itemsize   # + `red`: the splits' partial sums
 
 
 def projected_per_block(H: int, P: int, TJ: int) -> int:
@@ -157,7 +164,7 @@ def projected_per_block(H: int, P: int, TJ: int) -> int:
     return max(1, -(-P // -(-H // TJ)))
 
 
-def h_pitch(sl: Slice, dtype="float32") -> int:
+def h_pitch(sl: Slice, dtype) -> int:
     """Words between rows of the h tile: `pitch(KC)`, KC + 4 in float32."""
     return pitch(sl.KC, dtype)
 
@@ -557,12 +564,13 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     """The v3 step body as one launch per step (grid (ceil(H/TJ), 1, D)): the many-block test of the body."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
+    GJ, KP, _, HP, RP = shared_dims(G, sl, dtype)
+    TB, RB = sl.TB, sl.RB
     load_slice, step_body = make_step_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)
+        R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)
         h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         rh = cuda.local.array((G, RB), acc)
@@ -582,7 +590,8 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
     prunes one, which tripled the compile time.)"""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
+    GJ, KP, HMP, HP, RP = shared_dims(G, sl, dtype)
+    TB, RB = sl.TB, sl.RB
     load_slice, step_body = make_step_body(cell, dtype, sl)
     name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
 
@@ -590,7 +599,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
         @cuda.jit(device=True, inline="always")
         def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
                             ms):
-            R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
+            R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
             h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
             red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
             rh = cuda.local.array((G, RB), acc)
@@ -606,15 +615,15 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
         return _cooperative(_wrap(name, persistent_body, PERSISTENT_ARGS, cell, False))
 
     assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
-    TQ, HMAX1 = sl.TQ, pitch(sl.HMAX, dtype)
+    TQ = sl.TQ
     load_wp = make_load_rows(dtype, 1, TQ, sl.threads, sl.HMAX)
     project_body = make_project_body(dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def persistent_proj_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
                              ms):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
-        Wp_slice = cuda.shared.array((TQ, HMAX1), acc, alignment=VECTOR_BYTES)  # its W_proj rows
+        R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
+        Wp_slice = cuda.shared.array((TQ, HMP), acc, alignment=VECTOR_BYTES)  # its W_proj rows
         h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         rh = cuda.local.array((G, RB), acc)
@@ -751,13 +760,14 @@ def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     test of the body (s = T-1 .. 0, then -1 to finish dh0, as v2's fused backward)."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
+    GJ, KP, _, HP, RP = shared_dims(G, sl, dtype)
+    TB, RB = sl.TB, sl.RB
     load_columns, step_body = make_backward_body(cell, dtype, sl)
 
     @cuda.jit(device=True, inline="always")
     def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
                       h_prev):
-        R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)
+        R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)
         g_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         from_R = cuda.local.array(RB, acc)
@@ -778,7 +788,8 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     s = steps .. 0 and the unit phase at s-1 between them, a grid barrier after each (module docstring)."""
     acc = acc_dtype(dtype).type
     G = cell.G
-    GJ, KMAX1, TB, HP, RB, RP = G * sl.TJ, pitch(sl.KMAX, dtype), sl.TB, h_pitch(sl, dtype), sl.RB, red_pitch(G, sl)
+    GJ, KP, HMP, HP, RP = shared_dims(G, sl, dtype)
+    TB, RB = sl.TB, sl.RB
     name = f"{cell.name}_backward_persistent_v3" + ("_proj" if has_proj else "")
 
     if not has_proj:
@@ -788,7 +799,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
         def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
                             dc, dgx, dgh, dvec, h_prev, dh_total):
             # this block's columns of R, kept for all steps
-            R_slice = cuda.shared.array((GJ, KMAX1), acc, alignment=VECTOR_BYTES)
+            R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)
             g_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
             red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
             from_R = cuda.local.array(RB, acc)
@@ -805,7 +816,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
         return _cooperative(_wrap(name, persistent_body, PERSISTENT_BACKWARD_ARGS, cell, False))
 
     assert sl.TQ > 0, "a projection needs a slice with TQ > 0"
-    TQ, HMAX1, TJ = sl.TQ, pitch(sl.HMAX, dtype), sl.TJ
+    TQ, TJ = sl.TQ, sl.TJ
     GQ = G * TQ                                         # rows of R_cols: gate g of projected output q at g*TQ + q
     dh_phase, unit_phase = make_backward_proj_phases(cell, dtype, sl)
     load_r_cols = make_load_columns(dtype, G, TQ, sl.threads, sl.HMAX)
@@ -814,8 +825,8 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     @cuda.jit(device=True, inline="always")
     def persistent_proj_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
                              dc, dgx, dgh, dvec, h_prev, dh_total):
-        WpT = cuda.shared.array((TJ, KMAX1), acc, alignment=VECTOR_BYTES)       # W_proj's columns of this block's units
-        R_cols = cuda.shared.array((GQ, HMAX1), acc, alignment=VECTOR_BYTES)    # R's columns of its projected outputs
+        WpT = cuda.shared.array((TJ, KP), acc, alignment=VECTOR_BYTES)       # W_proj's columns of this block's units
+        R_cols = cuda.shared.array((GQ, HMP), acc, alignment=VECTOR_BYTES)    # R's columns of its projected outputs
         g_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
         red = cuda.shared.array((TB, RP), acc)          # the splits' partial sums
         out = cuda.local.array(RB, acc)
