@@ -68,14 +68,7 @@ def main(argv=None) -> int:
 def time_case(rec, name, kernel, grid, block, kargs, launches: int) -> str:
     """Validate, then time one kernel's launch both ways (under `rec`, a launch.driverless()): a table row."""
     (overload,) = kernel.overloads.values()
-    rec.calls.clear()
-    kernel[grid, block](*kargs)
-    L.launch(kernel, grid, block, *kargs)
-    L.launch(kernel, grid, block, *kargs)
-    numba_call, *fast_calls = rec.calls
-    assert [c[0] for c in rec.calls] == ["numba", "fast", "fast"], rec.calls
-    for call in fast_calls:
-        assert L.same_params(call[4], numba_call[4]) and call[1:4] == numba_call[1:4], (call, numba_call)
+    L.check_against_numba(rec, kernel, grid, block, kargs)
     typing = per_call_us(lambda: [kernel.typeof_pyval(a) for a in kargs], launches)
     packing = per_call_us(lambda: L.numba_params(overload, kargs), launches)
     numba = per_call_us(lambda: kernel[grid, block](*kargs), launches)

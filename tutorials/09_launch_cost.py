@@ -67,13 +67,9 @@ def both_launches(quick: bool) -> tuple[float, float]:
     with launch.driverless() as rec:
         kernel, grid, block, args = launch.step_kernel_case()      # LSTM H=768 B=16 T=1024 float32
         (overload,) = kernel.overloads.values()
-        kernel[grid, block](*args)                                 # numba's launch, recorded at the driver call
-        launch.launch(kernel, grid, block, *args)                  # launch.py: prepares this kind, checks, goes
-        launch.launch(kernel, grid, block, *args)                  # ... and from now on takes the fast path
-        theirs, first, second = rec.calls
-        assert [c[0] for c in rec.calls] == ["numba", "fast", "fast"]
-        for ours in (first, second):                               # the same parameters, config, kernel
-            assert launch.same_params(ours[4], theirs[4]) and ours[1:4] == theirs[1:4]
+        # numba's launch, then launch.py's twice (it prepares this kind, checks it against numba's packing and
+        # goes; then it takes the prepared path): the same parameters, config and kernel at the driver call
+        theirs = launch.check_against_numba(rec, kernel, grid, block, args)
         print(f"  the driver gets {len(theirs[4])} parameters from either path, identical "
               f"(12 arrays x (5 + 2*ndim) + the step)")
         typing = per_call_us(lambda: [kernel.typeof_pyval(a) for a in args], n)

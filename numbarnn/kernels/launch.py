@@ -351,6 +351,26 @@ def driverless_kernel(pyfunc, argtypes, cooperative: bool = False):
     return dispatcher
 
 
+def check_against_numba(rec, kernel, grid, block, args, stream=0, sharedmem=0) -> tuple:
+    """Under `rec` (a ``driverless()``): numba's own launch of args, then ``launch`` twice (the first prepares the
+    kind, the second takes the prepared path); AssertionError unless all three hand the driver the same
+    parameters, LaunchConfig, stream and kernel, numba's first.  -> numba's recorded call (path, stream,
+    LaunchConfig, kernel, parameters); rec.calls is left empty."""
+    rec.calls.clear()
+    (kernel[grid, block] if not stream and not sharedmem else kernel[grid, block, stream, sharedmem])(*args)
+    launch(kernel, grid, block, *args, stream=stream, sharedmem=sharedmem)
+    launch(kernel, grid, block, *args, stream=stream, sharedmem=sharedmem)
+    calls, paths = list(rec.calls), [c[0] for c in rec.calls]
+    rec.calls.clear()
+    if paths != ["numba", "fast", "fast"]:
+        raise AssertionError(f"expected numba's launch, then two fast ones; got {paths}")
+    theirs = calls[0]
+    for ours in calls[1:]:
+        if not same_params(ours[4], theirs[4]) or ours[1:4] != theirs[1:4]:
+            raise AssertionError(f"launch.py hands the driver {ours[1:]}, numba {theirs[1:]}")
+    return theirs
+
+
 class _RecordedLaunchConfig:
     """What a cuda.core LaunchConfig was made with (driverless): equal when made with the same fields."""
 
