@@ -282,3 +282,103 @@ def test_launch_plan_matches_v3(mode, proj, H, lengths, monkeypatch):
     else:
         assert persistent == {f"{mode}_forward_persistent_v3": 1, f"{mode}_backward_persistent_v3": 1}
         assert len([r for r in plan if "persistent" in r["kernel"]]) == 2 * cfg.L
+
+
+# ---------------------------------------------------------------------------------------------------
+# wider blocks: the same slice run by more row groups (step_v3.widen / widths / choose)
+# ---------------------------------------------------------------------------------------------------
+
+def test_widths_cut_the_rounds_a_thread_runs():
+    """At H = 768, B = 16 (TJ = 2, 32 rows a block of 64 threads, 16 in the batch: 2 splits of 24 chunks, 12
+    rounds a thread) 96 threads split K 3 ways (8 rounds), 128 threads 4 ways (6); the same R slice, so the
+    same blocks.  A width whose larger h tile does not fit the budget is left out (H = 1024: TJ = 2 at 128
+    threads), as is one that cuts no round (H = 512, B = 16: 96 threads hold 24 rows, one split)."""
+    from numbarnn.kernels.roofline import v3_rounds
+    base = step_v3.plan(4, 768, 768, "float32", simulator=False)
+    assert base.threads == step_v3.THREADS and base.TJ == 2 and v3_rounds(16, base) == 12
+    got = step_v3.widths(4, base, 16, "float32")
+    assert [(w.threads, v3_rounds(16, w)) for w in got] == [(128, 6), (96, 8), (64, 12)]
+    assert all(w._replace(RG=base.RG) == base for w in got)                 # only the row groups differ
+    assert {step_v3.blocks_needed(768, 1, w) for w in got} == {384}
+    for w in got:
+        assert step_v3.slice_bytes(4, w, "float32") <= step_v3.SMEM_BUDGET
+    big = step_v3.plan(4, 1024, 1024, "float32", simulator=False)
+    assert step_v3.widen(4, big, "float32", 128) is None                  # 44 KB > the budget
+    assert step_v3.widths(4, big, 64, "float32") == [big]
+    assert step_v3.widen(4, base, "float32", 80) is None                  # not a multiple of KC = 32
+    assert step_v3.widen(4, base._replace(RB=2), "float32", 128) is None  # GPU slices have RB = 1
+    mid = step_v3.plan(4, 512, 512, "float32", simulator=False)            # TJ = 4: 16 rows of 64 threads
+    assert [w.threads for w in step_v3.widths(4, mid, 64, "float32")] == [128, 96, 64]
+    # B = 16: 128 threads split K 2 ways; 96 (24 rows) would not split it at all, so they help nothing
+    assert [w.threads for w in step_v3.widths(4, mid, 16, "float32")] == [128, 64]
+
+
+class FakeDevice:
+    """step_v3.choose's view of a GPU: an H100's geometry and a device that answers max_cooperative_grid_blocks
+    from `registers` (its own figure, not choose's estimate); records the slices it was asked about."""
+
+    def __init__(self, monkeypatch, registers, cc=(9, 0), sms=132):
+        from numbarnn.kernels import roofline
+        self.asked = []
+
+        def limit(phase, cell, dtype, sl, has_proj):
+            self.asked.append(sl.threads)
+            return roofline.v3_limit(cc, sms, cell.G, sl, dtype, registers)
+
+        monkeypatch.setattr(step_v3, "device_geometry", lambda: (cc, sms))
+        monkeypatch.setattr(step_v3, "device_cooperative_limit", limit)
+
+
+@pytest.mark.parametrize("phase,registers,B,threads,asked", [
+    # the estimate (172 forward at TJ = 2) rules 128 threads out (2 blocks an SM: 264 < 384) without compiling
+    ("forward", 172, 16, 96, [96]),
+    # backward (168): 128 threads fit 3 an SM, 396 >= 384
+    ("backward", 168, 16, 128, [128]),
+    # the device takes more registers than estimated: 96 threads no longer fit, 64 do (two kernels compiled)
+    ("forward", 228, 16, 64, [96, 64]),
+    # B = None (what the launch plan asks without a batch): plan's block only
+    ("forward", 172, None, 64, [64]),
+])
+def test_choose_runs_the_widest_co_resident_block(phase, registers, B, threads, asked, monkeypatch):
+    dev = FakeDevice(monkeypatch, registers)
+    sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 1, False, simulator=False, phase=phase, B=B)
+    assert sl is not None and sl.threads == threads and sl.TJ == 2, why
+    assert f"of {threads} threads" in why and "384 blocks" in why, why
+    assert dev.asked == asked
+
+
+def test_choose_without_a_device_geometry_keeps_the_plan(monkeypatch):
+    FakeDevice(monkeypatch, 172)
+
+    def no_gpu():
+        raise RuntimeError("no GPU")
+
+    monkeypatch.setattr(step_v3, "device_geometry", no_gpu)
+    sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 1, False, simulator=False, B=16)
+    assert sl.threads == step_v3.THREADS, why
+    # bidirectional at 768 (768 blocks): no width is co-resident, nor plan's (5 an SM with 172 registers)
+    FakeDevice(monkeypatch, 172)
+    sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 2, False, simulator=False, B=16)
+    assert sl is None and "768 blocks of 64 threads needed, only 660" in why, why
+
+
+@pytest.mark.parametrize("mode,proj", [("lstm", 0), ("gru", 0), ("lstm", 2)])
+def test_persistent_with_a_wider_block(mode, proj, monkeypatch):
+    """The whole op with the slices run by 4 row groups of 1 row (12 threads, not the simulator slice's 6): a
+    row tile of 4 of the 5 rows, then one of 1 row whose chunks 4 splits share; forward and backward against
+    the reference, on many blocks, both directions, the block size the driver launches being the slice's."""
+    wide = SL._replace(RG=4, RB=1)
+    real = step_v3.choose
+
+    def choose(*args, **kw):
+        sl, why = real(*args, **kw)
+        return (sl if sl is None else sl._replace(RG=wide.RG, RB=wide.RB)), why
+
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
+    monkeypatch.setattr(step_v3, "choose", choose)
+    cfg = rnn_config(2, 5, 3, mode, direction="bidirectional", num_proj=proj)
+    case = make_rnn_case(cfg, 4, 5, [4, 2, 0, 1, 3], seed=11)
+    compare_backends(case, context=" [step v3, 12 threads a block]")
+    fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
+    assert fwd.step_version == 3 and bwd.step_version == 3, (fwd, bwd)
+    assert fwd.by_kernel["forward_persistent_v3"] == cfg.L and bwd.by_kernel["backward_persistent_v3"] == cfg.L

@@ -19,7 +19,7 @@ Step kernels: v1 (`cell_steps.py`: one thread per (row, unit), R re-read by ever
 tiled product that reads R once per step for all rows, the cell in its epilogue; backward one fused launch
 per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
 the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
-memory and all its blocks are co-resident, else v2; its backward likewise, one persistent launch per layer
+memory and all its blocks are co-resident (in the widest block that helps for the batch), else v2; its backward likewise, one persistent launch per layer
 that keeps the columns of R in shared memory, else v2's; with num_proj the same single launches, each step
 in two phases with a grid barrier after each).  `step_version()` picks:
 NUMBARNN_STEP_VERSION=1|2|3, else 3 on a GPU (v3 where it can run, v2 where not: faster than v2 at every
@@ -251,7 +251,7 @@ def forward(call, x, h0, c0, params):
     version = step_version()
     persistent = None
     if version == 3:                                               # v3 when it can, else v2, saying why
-        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj)
+        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, B=B)
         if slice_ is not None:
             persistent = jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
         else:
@@ -353,7 +353,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     version = step_version()
     persistent = None
     if version == 3:                                   # v3 when it can, else v2, saying why
-        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, phase="backward")
+        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, phase="backward", B=B)
         if slice_ is not None:
             persistent = jit(step_v3.make_backward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
         else:
@@ -496,9 +496,9 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
     version = step_version(simulator=not gpu)
     slice_ = bslice = None
     if version == 3:                                               # as forward() and backward() decide
-        slice_, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu)
+        slice_, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu, B=B)
         bslice, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu,
-                                   phase="backward")
+                                   phase="backward", B=B)
         version = 2                                                # (v2 where v3 cannot)
     tiles = step_v2.tiles(call.dtype, simulator=not gpu)
     row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile

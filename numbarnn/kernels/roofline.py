@@ -214,14 +214,40 @@ SM_LIMITS_EXTRA = {
 
 #: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
 #: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice, TJ = 4).  The co-residency
-#: estimate below uses it for every GPU and slice; the TJ = 2 slices (H = 768, 1024) stage 16 rows a thread and
-#: take more (forward 186, backward 164 on sm_90: 660 blocks fit on an H100 instead of 792), which the driver
-#: on a GPU gets right (it asks the device with the compiled kernel: step_v3.device_cooperative_limit).
+#: estimate below (`v3_registers`) uses it for every GPU and slice of TJ > 2; the TJ = 2 slices take
+#: V3_REGISTERS_TJ2.  The driver on a GPU asks the device with the compiled kernel
+#: (step_v3.device_cooperative_limit).
 #: 138 before the k loop's vector loads (4 words of every gate's row and of h live at once), 168 with them.
 V3_REGISTERS = 168
 #: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`; 163
 #: before the vector loads)
 V3_BACKWARD_REGISTERS = 168
+#: the TJ = 2 slices (H = 768, 1024: 16 staged rows a thread), sm_90, forward and backward, at 64 and at 128
+#: threads alike (a thread's registers do not depend on the block's width: `step_v3.widen`); sm_80 takes
+#: 222 / 225 there.  Measured with report.link_info_log of the H = 768 slice's kernels.
+V3_REGISTERS_TJ2 = {"forward": 172, "backward": 168}
+
+
+def v3_registers(TJ: int, phase: str = "forward") -> int:
+    """The registers a thread of the persistent v3 kernel of `phase` is estimated to take at a slice of TJ
+    units (sm_90 figures, the estimate for every GPU: the device decides on a GPU)."""
+    if TJ <= 2:
+        return V3_REGISTERS_TJ2[phase]
+    return V3_REGISTERS if phase == "forward" else V3_BACKWARD_REGISTERS
+
+
+def v3_limit(cc, sms: int, G: int, sl, dtype="float32", registers: int = V3_REGISTERS) -> int | None:
+    """Blocks of a v3 slice `sl` co-resident on a GPU of compute capability cc with `sms` SMs (SMs x resident
+    blocks per SM, from the per-SM limits of report.ARCH / SM_LIMITS_EXTRA, the slice's shared memory and
+    `registers` a thread); None for a compute capability neither table has."""
+    from . import report, step_v3
+    arch = report.ARCH.get(tuple(cc)) or SM_LIMITS_EXTRA.get(tuple(cc))
+    if arch is None:
+        return None
+    shared = step_v3.slice_bytes(G, sl, dtype)
+    if tuple(cc) >= (9, 0):
+        shared += arch["smem_reserved"]        # report.resident_blocks takes the linker's count (reserve in)
+    return report.resident_blocks(tuple(cc), sl.threads, registers, shared, arch=arch) * sms
 
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(
@@ -325,27 +351,42 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
 
 
 def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="float32",
-                    registers: int = V3_REGISTERS) -> tuple:
-    """(Slice or None, blocks needed, co-resident limit, why) of the persistent v3 forward on `gpu`, as
-    step_v3.choose decides on a device: the slice from step_v3.plan (the largest TJ whose R slice fits), and
-    all step_v3.blocks_needed blocks co-resident.  choose asks the device (max_cooperative_grid_blocks); here
-    the limit is SMs x resident blocks per SM from the per-SM limits of the GPU's compute capability
-    (report.ARCH, SM_LIMITS_EXTRA), the slice's shared memory and V3_REGISTERS registers per thread."""
-    from . import report, step_v3
-    sl = step_v3.plan(G, H, P, dtype, simulator=False)
-    if sl is None:
+                    registers: int | None = None, B: int | None = None, phase: str = "forward") -> tuple:
+    """(Slice or None, blocks needed, co-resident limit, why) of the persistent v3 kernel of `phase` on `gpu`,
+    as step_v3.choose decides on a device: the slice from step_v3.plan (the largest TJ whose R slice fits), all
+    step_v3.blocks_needed blocks co-resident, and given the batch B the first of step_v3.widths (wider blocks)
+    that is.  choose asks the device (max_cooperative_grid_blocks); here the limit is `v3_limit`, with
+    `registers` a thread (default `v3_registers`)."""
+    from . import step_v3
+    base = step_v3.plan(G, H, P, dtype, simulator=False)
+    if base is None:
         return None, 0, 0, f"the R slice for P={P} does not fit {step_v3.SMEM_BUDGET} bytes of shared memory"
-    n = step_v3.blocks_needed(H, D, sl)
-    arch = report.ARCH.get(tuple(gpu.cc)) or SM_LIMITS_EXTRA[tuple(gpu.cc)]
-    shared = step_v3.slice_bytes(G, sl, dtype)
-    if tuple(gpu.cc) >= (9, 0):
-        shared += arch["smem_reserved"]        # report.resident_blocks takes the linker's count (reserve in)
-    per_sm = report.resident_blocks(gpu.cc, sl.threads, registers, shared, arch=arch)
-    limit = per_sm * gpu.sms
-    if n > limit:
-        return None, n, limit, (f"v3 not co-resident: {n} blocks of {sl.threads} threads needed, {per_sm} per SM "
-                                f"x {gpu.sms} SMs = {limit}: v2 runs")
-    return sl, n, limit, f"v3: {n} blocks (TJ={sl.TJ}) co-resident, limit {per_sm} per SM x {gpu.sms} = {limit}"
+    n = step_v3.blocks_needed(H, D, base)
+    fallback = None
+    for sl in ([base] if B is None else step_v3.widths(G, base, B, dtype)):
+        regs = v3_registers(sl.TJ, phase) if registers is None else registers
+        limit = v3_limit(gpu.cc, gpu.sms, G, sl, dtype, regs)
+        per_sm = limit // gpu.sms
+        if n <= limit:
+            return sl, n, limit, (f"v3: {n} blocks (TJ={sl.TJ}, {sl.threads} threads) co-resident, limit "
+                                  f"{per_sm} per SM x {gpu.sms} = {limit}")
+        fallback = (f"v3 not co-resident: {n} blocks of {sl.threads} threads needed, {per_sm} per SM "
+                    f"x {gpu.sms} SMs = {limit}: v2 runs")
+    return None, n, limit, fallback
+
+
+def v3_rows_by_k(B: int, sl) -> int:
+    """The (row, k) pairs a v3 block's products run per gate and step (its units' FMAs per unit): each row
+    tile's RN rows (TB without a split: the padded rows too) x the KMAX columns of the slice's capacity (zeros
+    past P included), each chunk run by one split (`v3_splits`)."""
+    return sum(RN * sl.KMAX for RN, _ in v3_splits(B, sl))
+
+
+def v3_rounds(B: int, sl) -> int:
+    """Rounds of staged products one thread of a v3 block runs per gate and step for a batch of B rows: over
+    its row tiles, the KMAX / KC chunks of K shared by each tile's KS splits (`v3_splits`)."""
+    nch = sl.KMAX // sl.KC
+    return sum(-(-nch // KS) for _, KS in v3_splits(B, sl))
 
 
 def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None) -> tuple:
@@ -436,10 +477,10 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     h_pitch: words between h tile rows (default step_v3.h_pitch(sl, "float32") = KC + 4, as the kernel lays it out: the
     model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
-    TJ, RB, KC, TB = sl.TJ, sl.RB, sl.KC, sl.TB
+    TJ, RB, KC = sl.TJ, sl.RB, sl.KC
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H if P is None else P
-    nb, _, row_tiles, wf_R, wf_h, VW, spread, conflict = _v3_geometry(H, B, D, sl, s, h_pitch)
+    nb, _, _, wf_R, wf_h, VW, spread, conflict = _v3_geometry(H, B, D, sl, s, h_pitch)
     R_bytes = D * G * H * P * s
     slice_wf = nb * (-(-G * TJ * P // WARP))
     slice_ = dict(dram=R_bytes, l2=R_bytes, l1=R_bytes, smem_wavefronts=slice_wf, smem=slice_wf * WAVEFRONT,
@@ -450,7 +491,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
     step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl), VW)
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h, h_conflict=conflict,
-                flops=2 * G * nb * TJ * row_tiles * TB * P + 12 * D * B * H, blocks=nb)
+                flops=2 * G * nb * TJ * v3_rows_by_k(B, sl) + 12 * D * B * H, blocks=nb)
     return {"slice": slice_, "step": step}
 
 
@@ -468,11 +509,11 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
            per (gate, column k) each warp with a split that has a chunk loads one word of the R slice and RB of
            the dgh tile, and the splits' reduction; one grid barrier.
     """
-    TJ, RB, KC, KMAX, TB = sl.TJ, sl.RB, sl.KC, sl.KMAX, sl.TB
+    TJ, RB, KC, KMAX = sl.TJ, sl.RB, sl.KC, sl.KMAX
     assert s == 4, "the bank arithmetic below is for 4-byte words (fp32)"
     P = H
     GH = G * H
-    nb, _, row_tiles, wf_R, wf_h, VW, spread, _ = _v3_geometry(H, B, D, sl, s)
+    nb, _, _, wf_R, wf_h, VW, spread, _ = _v3_geometry(H, B, D, sl, s)
     from .staging import pitch
     wf_slice = bank_wavefronts((e % TJ) * pitch(KMAX, "float32") + e // TJ for e in range(WARP))
     R_bytes = D * GH * P * s
@@ -488,7 +529,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl), VW)
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
-                flops=2 * GH * nb * TJ * row_tiles * TB + 20 * D * B * H, blocks=nb)
+                flops=2 * G * nb * TJ * v3_rows_by_k(B, sl) + 20 * D * B * H, blocks=nb)
     return {"slice": slice_, "step": step}
 
 
@@ -539,7 +580,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
             bwd_ms = (T + 1) * b_us / 1e3 + gemm_b
             row.update(R_bytes_per_step_forward=f2["R_l2"], backward_bound=b_bound, runs=2)
             if version == 3:
-                sl, n, limit, why = v3_co_residency(gpu, H, H, G)
+                sl, n, limit, why = v3_co_residency(gpu, H, H, G, B=B)
                 row.update(note=why, v3_blocks=n, v3_limit=limit)
                 if sl is not None:
                     tr3 = v3_traffic(H, I, B, sl, G, s)
@@ -548,8 +589,9 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     f_us += gpu.grid_sync_us
                     fwd_ms = (gpu.launch_us + load_us + T * f_us) / 1e3 + gemm_f
                     row.update(runs=3, R_bytes_per_step_forward=tr3["slice"]["l2"] / T, slice_TJ=sl.TJ,
+                               v3_threads=sl.threads,
                                v3_bank_conflict=tr3["step"]["h_conflict"])
-                bsl, bn, _, bwhy = v3_co_residency(gpu, H, H, G, registers=V3_BACKWARD_REGISTERS)
+                bsl, bn, _, bwhy = v3_co_residency(gpu, H, H, G, B=B, phase="backward")
                 row.update(backward_note=bwhy)
                 if bsl is not None:
                     tb3 = v3_backward_traffic(H, I, B, bsl, G, s)
@@ -557,7 +599,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     b_us, b_bound = step_time(gpu, tb3["step"], bn)
                     b_us += gpu.grid_sync_us
                     bwd_ms = (gpu.launch_us + load_us + (T + 1) * b_us) / 1e3 + gemm_b
-                    row.update(backward_runs=3)
+                    row.update(backward_runs=3, v3_backward_threads=bsl.threads)
         row.setdefault("backward_runs", min(version, 2))
         row.update(forward_step_us=f_us, forward_bound=f_bound, backward_step_us=b_us, forward_ms=fwd_ms,
                    forward_backward_ms=fwd_ms + bwd_ms)
@@ -592,7 +634,7 @@ def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measure
             note = r["note"]
             if v == 3 and r["runs"] == 3:
                 conflict = r["v3_bank_conflict"]
-                note = (f"TJ={r['slice_TJ']}, {r['v3_blocks']} blocks, h tile "
+                note = (f"TJ={r['slice_TJ']}, {r['v3_blocks']} blocks of {r['v3_threads']} threads, h tile "
                         + (f"{conflict}-way bank conflict" if conflict > 1 else "conflict-free"))
             lines.append(f"{H:>5} {B:>4} {T:>5} {ver:>6}  {r['R_bytes_per_step_forward'] / 1e6:>8.2f} MB "
                          f"{r['forward_step_us']:>11.2f} {r['forward_bound']:>5} {r['backward_step_us']:>11.2f} "

@@ -17,7 +17,7 @@ runs about as fast as its instruction count allows.  A k loop of 4 gates x 1 row
 4 FMA + 5 LDS = 2.25 instructions per FMA with scalar loads, 4 + 5/4 = 1.31 with LDS.128 (the tiles' rows
 16-byte aligned: staging.pitch); index arithmetic on top of that is what this finds.
 
-    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--loops | --per-step]
+    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--loops | --per-step [--narrow]]
 
 ``--loops`` lists every loop of each kernel, nested (the staging loops too, not only the two hot ones).
 """
@@ -168,9 +168,12 @@ def kernel_summary(spec, cc: tuple = (9, 0)) -> dict:
     return {"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", **summary(disassemble(ptx, cc))}
 
 
-def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell: str = "lstm") -> dict:
+def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell: str = "lstm",
+                widen: bool = True, gpu_name: str = "H100 SXM") -> dict:
     """Instructions one thread of the persistent v3 kernels issues per step in its products, at the slice
-    step_v3.plan picks for H = P (no projection): {"forward": {...}, "backward": {...}}, each with the rounds a
+    step_v3.choose would run on `gpu_name` for H = P (no projection) and a batch of B (`roofline.v3_co_residency`:
+    the widest block that helps and is co-resident; widen False: step_v3.plan's block of THREADS):
+    {"forward": {...}, "backward": {...}}, each with its TJ and threads, the rounds a
     thread runs per step (roofline.v3_splits: splits of K for a small batch), the SASS instructions of one round
     (its hot loops: the round loop's body once, plus the k loop's body for its other trips) and their product.
     An estimate from static counts (the epilogue and the grid barrier are not in it), as the H100 measured these
@@ -182,22 +185,25 @@ def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell
     from .cell_steps import signature
 
     c = get_cell(cell)
-    sl = step_v3.plan(c.G, H, H, dtype, simulator=False)
-    if sl is None:
+    if step_v3.plan(c.G, H, H, dtype, simulator=False) is None:
         raise ValueError(f"H={H}: no v3 slice fits ({dtype})")
-    nch = sl.KMAX // sl.KC
-    rounds = sum(-(-nch // KS) for _, KS in roofline.v3_splits(B, sl))
-    out = {"H": H, "B": B, "TJ": sl.TJ}
-    for phase, factory, table, ng, fma_round in (
-            ("forward", step_v3.make_forward_persistent_v3, step_v3.PERSISTENT_ARGS, 1, sl.KC * c.G * sl.RB),
-            ("backward", step_v3.make_backward_persistent_v3, step_v3.PERSISTENT_BACKWARD_ARGS, c.G, sl.KC * sl.RB)):
+    gpu = roofline.GPUS[gpu_name]
+    out = {"H": H, "B": B}
+    for phase, factory, table, ng in (("forward", step_v3.make_forward_persistent_v3, step_v3.PERSISTENT_ARGS, 1),
+                                      ("backward", step_v3.make_backward_persistent_v3,
+                                       step_v3.PERSISTENT_BACKWARD_ARGS, c.G)):
+        sl = step_v3.plan(c.G, H, H, dtype, simulator=False)
+        if widen:                                       # the block step_v3.choose would run on `gpu`
+            sl = roofline.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or sl
+        rounds = roofline.v3_rounds(B, sl)
+        fma_round = sl.KC * sl.RB * (c.G if phase == "forward" else 1)
         ptx, _ = cuda.compile_ptx(factory(c, dtype, sl), signature(table, c, dtype, False), cc=cc)
         inner, outer = hot_loops(disassemble(ptx, cc))
         if inner.fma >= fma_round or outer is None:     # the k loop is unrolled into the round
             per_round = inner.instructions * fma_round / inner.fma
         else:
             per_round = outer.instructions + (fma_round / inner.fma - 1) * inner.instructions
-        out[phase] = {"rounds": ng * rounds, "per_round": round(per_round),
+        out[phase] = {"TJ": sl.TJ, "threads": sl.threads, "rounds": ng * rounds, "per_round": round(per_round),
                       "per_step": round(per_round * ng * rounds), "fma_per_step": fma_round * ng * rounds}
     return out
 
@@ -243,6 +249,8 @@ def main(argv=None) -> int:
                    help="every loop of each kernel, nested, with its counts (not only the two hot ones)")
     p.add_argument("--per-step", action="store_true",
                    help="instructions per step and thread of v3's products at the DeepBench shapes (per_step_v3)")
+    p.add_argument("--narrow", action="store_true",
+                   help="with --per-step: step_v3.plan's blocks (THREADS threads), not the widest co-resident")
     args = p.parse_args(argv)
     from numba import config
     if config.ENABLE_CUDASIM:
@@ -254,16 +262,19 @@ def main(argv=None) -> int:
         return 2
     cc = (int(args.cc[0]), int(args.cc[1]))
     if args.per_step:
-        rows = [per_step_v3(H, B, args.dtype, cc) for H, B in ((768, 16), (256, 4), (512, 32), (1024, 64))]
+        rows = [per_step_v3(H, B, args.dtype, cc, widen=not args.narrow)
+                for H, B in ((768, 16), (256, 4), (512, 32), (1024, 64))]
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            print(f"v3 products, instructions per step and thread ({args.dtype}, sm_{args.cc}; SASS loop counts x "
-                  f"trips, an estimate):")
+            from . import step_v3
+            block = f"{step_v3.THREADS} threads a block" if args.narrow else "the blocks step_v3.choose runs on an H100"
+            print(f"v3 products, instructions per step and thread ({args.dtype}, sm_{args.cc}, {block}; SASS loop "
+                  f"counts x trips, an estimate):")
             for r in rows:
-                print(f"  H={r['H']:<5} B={r['B']:<3} TJ={r['TJ']:<3} " + "  ".join(
-                    f"{ph} {r[ph]['per_step']:>7} ({r[ph]['rounds']} rounds x {r[ph]['per_round']})"
-                    for ph in ("forward", "backward")))
+                print(f"  H={r['H']:<5} B={r['B']:<3} " + "  ".join(
+                    f"{ph} TJ={r[ph]['TJ']} x {r[ph]['threads']} threads {r[ph]['per_step']:>7} "
+                    f"({r[ph]['rounds']} rounds x {r[ph]['per_round']})" for ph in ("forward", "backward")))
         return 0
     from numbarnn.kernels import registry
 

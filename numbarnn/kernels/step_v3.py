@@ -63,6 +63,12 @@ them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before ->
   are 16 bytes further along the banks each (one wavefront up to TJ = 8); the h tile's 32/TJ row groups, 16
   bytes each, take the fewest wavefronts their bytes allow (2 at TJ = 2).  The profiler counts these loads as
   the vectors they compile to (`profiler.fuse_vector_loads`).
+  Then wider blocks (`widen`, `widths`, `choose`): `plan` sizes the slices for blocks of THREADS = 64; given the
+  batch, a GPU runs the same slice with more row groups (96 to 256 threads) where that cuts a thread's rounds
+  (more splits of K for a small batch, fewer row tiles for a large one) and the grid stays co-resident: more
+  warps an SM, fewer instructions each.  Per step at 768x16 forward 4,884 -> 3,256 (96 threads), backward
+  12,144 -> 6,072 (128); 256x4 1,224 -> 612, 2,368 -> 1,184; 512x32 10,752 -> 5,376, 23,552 -> 11,776 (128);
+  1024x64 unchanged (64: a wider h tile does not fit).
 """
 from __future__ import annotations
 
@@ -137,7 +143,9 @@ def prefetches(dtype, sl: Slice) -> bool:
 
 SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
 SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
-THREADS = 64
+THREADS = 64                     # the block `plan` sizes the slices for (TJ units x THREADS // TJ row groups)
+#: the blocks `choose` considers (multiples of the warp and of KC = 32): more row groups for the same slice
+WIDTHS = (64, 96, 128, 192, 256)
 
 
 def shared_dims(G: int, sl: Slice, dtype) -> tuple:
@@ -197,6 +205,33 @@ def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj:
 
 def blocks_needed(H: int, D: int, sl: Slice) -> int:
     return -(-H // sl.TJ) * D
+
+
+def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
+    """`sl` run by a block of `threads` threads: the same TJ units and R slice (so the same blocks and the same
+    registers a thread), RG = threads // TJ row groups, a row tile of TB = RG rows.  A batch smaller than TB
+    splits its chunks of K over the row groups it leaves idle (`make_split_k`), a larger one needs fewer row
+    tiles: either way a thread runs fewer rounds of products per step, and an SM holds more warps to hide
+    their latency (the H100 measured v3 latency bound, at about one warp per scheduler:
+    bench/results/gpu_h100.md).  None where the larger h tile and `red` would not fit SMEM_BUDGET, or where
+    threads is not a multiple of TJ and KC."""
+    if threads % sl.TJ or threads % sl.KC or sl.RB != 1:
+        return None
+    wide = sl._replace(RG=threads // sl.TJ)
+    if slice_bytes(G, wide, dtype) > SMEM_BUDGET:
+        return None
+    return wide._replace(PF=prefetches(dtype, wide))
+
+
+def widths(G: int, sl: Slice, B: int, dtype) -> list:
+    """The slices `choose` tries for a batch of B rows, best first: the widths of WIDTHS `widen` allows that cut
+    the rounds of products a thread runs per step (`roofline.v3_rounds`), fewest rounds first, then fewest
+    threads (less to sum through `red`, fewer warps at each barrier); `sl` itself, the fallback, last."""
+    from .roofline import v3_rounds
+    base = v3_rounds(B, sl)
+    wide = [w for w in (widen(G, sl, dtype, t) for t in WIDTHS if t != sl.threads)
+            if w is not None and v3_rounds(B, w) < base]
+    return sorted(wide, key=lambda w: (v3_rounds(B, w), w.threads)) + [sl]
 
 
 #: v1's rows for the projection's arrays (used by (cell, has_proj): with a projection only)
@@ -880,8 +915,8 @@ def gpu_slices(G: int, dtype) -> dict:
 
 def kernel_specs():
     """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS at the slice
-    of H = P = 512 (block = 64 threads), the persistent pair with a projection (H = 512, P = 256), and
-    record_h_prev.  The persistent ones link libcudadevrt.a (the report does that for every kernel with a
+    of H = P = 512 (block = 64 threads), the persistent pair with a projection (H = 512, P = 256),
+    record_h_prev, and the LSTM's persistent pair at the wider blocks of H = 768, B = 16 (`_wide`).  The persistent ones link libcudadevrt.a (the report does that for every kernel with a
     grid barrier)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
@@ -904,10 +939,18 @@ def kernel_specs():
                                   signature(table, cell, dt, True), sl.threads))
         specs.append(("record_h_prev", dt, make_record_h_prev(dt),
                       (arr("int32", 1), arr(dt, 3), arr(dt, 3), arr(dt, 4)), 128))
+    # the wider blocks `choose` runs on an H100 at H = 768, B = 16 (LSTM, float32): 96 threads forward, 128
+    # backward, the TJ = 2 slice whose threads stage the most rows
+    from .roofline import GPUS, v3_co_residency
+    lstm = get_cell("lstm")
+    for phase, (factory, table) in PERSISTENT.items():
+        sl = v3_co_residency(GPUS["H100 SXM"], 768, 768, lstm.G, 1, "float32", B=16, phase=phase)[0]
+        specs.append((f"lstm_{phase}_persistent_v3_wide", "float32", factory(lstm, "float32", sl),
+                      signature(table, lstm, "float32", False), sl.threads))
     return specs
 
 
-__all__ = ["Slice", "SIM_SLICE", "plan", "blocks_needed", "slice_bytes", "make_forward_step_v3",
+__all__ = ["Slice", "SIM_SLICE", "plan", "widen", "widths", "blocks_needed", "slice_bytes", "make_forward_step_v3",
            "make_forward_persistent_v3", "make_backward_step_v3", "make_backward_persistent_v3", "PERSISTENT_ARGS",
            "PERSISTENT_BACKWARD_ARGS", "gpu_slices", "kernel_specs", "choose", "make_record_h_prev",
            "projected_per_block", "make_staged_product"]
@@ -928,8 +971,14 @@ def device_cooperative_limit(phase: str, cell, dtype, sl: Slice, has_proj: bool)
     return compiled.max_cooperative_grid_blocks(sl.threads)
 
 
+def device_geometry() -> tuple:
+    """(compute capability, SM count) of this process's GPU; raises without one."""
+    dev = cuda.get_current_device()
+    return tuple(dev.compute_capability), dev.MULTIPROCESSOR_COUNT
+
+
 def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
-           phase: str = "forward"):
+           phase: str = "forward", B: int | None = None):
     """(Slice, why) when the persistent kernel of `phase` ("forward" or "backward") can run this layer, else
     (None, why not).
 
@@ -937,7 +986,13 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     is co-resident: on a GPU the device says how many blocks of the compiled kernel fit at once
     (max_cooperative_grid_blocks, from its registers and shared memory and the SM count: the two phases'
     kernels differ in registers); the simulator runs cooperative grids of up to simulator.COOPERATIVE_BLOCKS
-    blocks (with numbarnn's fix installed; one block without it)."""
+    blocks (with numbarnn's fix installed; one block without it).
+
+    Given the batch B, on a GPU it runs the slice with the widest block that helps and is co-resident
+    (`widths`: fewer rounds of products a thread, more warps an SM): a width the register estimate
+    (`roofline.v3_limit`, `roofline.v3_registers`) says cannot be co-resident is not compiled; one it says can
+    is compiled and asked (the device decides); `plan`'s block of THREADS is the fallback.  The simulator
+    keeps SIM_SLICE (its tests run the wider row groups explicitly)."""
     sim = common.SIMULATOR if simulator is None else simulator
     sl = plan(cell.G, H, P, dtype, simulator=sim, has_proj=has_proj)
     if sl is None:
@@ -945,17 +1000,39 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
         room = (f"the simulator's slices ({SIM_SLICE.KMAX} columns)" if sim else
                 f"{SMEM_BUDGET} bytes of shared memory")
         return None, f"the slices for {what} do not fit {room}"
-    n = blocks_needed(H, D, sl)
+    n = blocks_needed(H, D, sl)                # the same for every width (the same TJ)
     if sim:                                # all blocks at once: numbarnn's simulator fix, else one block
         from .simulator import cooperative_blocks
         limit = cooperative_blocks()
-    else:
+        if n > limit:
+            return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
+        return sl, _chosen(sl, n, limit, has_proj)
+    candidates = [sl] if B is None else widths(cell.G, sl, B, dtype)
+    geometry = None
+    if len(candidates) > 1:
         try:
-            limit = device_cooperative_limit(phase, cell, dtype, sl, has_proj)
+            geometry = device_geometry()
+        except Exception:                      # no device to estimate with: THREADS only
+            candidates = [sl]
+    from . import roofline
+    for c in candidates:
+        if c is not sl:                        # a wider block: only where the estimate says it fits
+            cc, sms = geometry
+            est = roofline.v3_limit(cc, sms, cell.G, c, dtype, roofline.v3_registers(c.TJ, phase))
+            if est is None or n > est:
+                continue
+        try:
+            limit = device_cooperative_limit(phase, cell, dtype, c, has_proj)
         except Exception as exc:           # no cooperative launch here: say why and run v2
+            if c is not sl:
+                continue
             return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
-    if n > limit:
-        return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
+        if n <= limit:
+            return c, _chosen(c, n, limit, has_proj)
+    return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
+
+
+def _chosen(sl: Slice, n: int, limit: int, has_proj: bool) -> str:
     proj = f", TQ={sl.TQ} projected outputs, 2 grid barriers per step" if has_proj else ""
-    return sl, (f"{n} block{'s' if n != 1 else ''} of {sl.threads} threads, TJ={sl.TJ} units each{proj}, all "
-                f"co-resident (limit {limit})")
+    return (f"{n} block{'s' if n != 1 else ''} of {sl.threads} threads, TJ={sl.TJ} units each{proj}, all "
+            f"co-resident (limit {limit})")
