@@ -349,6 +349,10 @@ def test_choose_runs_the_widest_co_resident_block(phase, registers, B, threads, 
 
 def test_choose_without_a_device_geometry_keeps_the_plan(monkeypatch):
     FakeDevice(monkeypatch, 172)
+    monkeypatch.setenv("NUMBARNN_V3_WIDE", "0")                   # switched off: plan's block
+    sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 1, False, simulator=False, B=16)
+    assert sl.threads == step_v3.THREADS, why
+    monkeypatch.delenv("NUMBARNN_V3_WIDE")
 
     def no_gpu():
         raise RuntimeError("no GPU")

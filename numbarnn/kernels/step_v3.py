@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 from numba import cuda, types
@@ -991,8 +992,9 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     Given the batch B, on a GPU it runs the slice with the widest block that helps and is co-resident
     (`widths`: fewer rounds of products a thread, more warps an SM): a width the register estimate
     (`roofline.v3_limit`, `roofline.v3_registers`) says cannot be co-resident is not compiled; one it says can
-    is compiled and asked (the device decides); `plan`'s block of THREADS is the fallback.  The simulator
-    keeps SIM_SLICE (its tests run the wider row groups explicitly)."""
+    is compiled and asked (the device decides); `plan`'s block of THREADS is the fallback (and the only block
+    with NUMBARNN_V3_WIDE=0: `bash bench/gpu_run.sh wide` times both).  The simulator keeps SIM_SLICE (its
+    tests run the wider row groups explicitly)."""
     sim = common.SIMULATOR if simulator is None else simulator
     sl = plan(cell.G, H, P, dtype, simulator=sim, has_proj=has_proj)
     if sl is None:
@@ -1007,7 +1009,8 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
         if n > limit:
             return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
         return sl, _chosen(sl, n, limit, has_proj)
-    candidates = [sl] if B is None else widths(cell.G, sl, B, dtype)
+    wide = B is not None and os.environ.get("NUMBARNN_V3_WIDE", "1").strip() != "0"
+    candidates = widths(cell.G, sl, B, dtype) if wide else [sl]
     geometry = None
     if len(candidates) > 1:
         try:
