@@ -917,8 +917,8 @@ def gpu_slices(G: int, dtype) -> dict:
 def kernel_specs():
     """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS at the slice
     of H = P = 512 (block = 64 threads), the persistent pair with a projection (H = 512, P = 256),
-    record_h_prev, and the LSTM's persistent pair at the wider blocks of H = 768, B = 16 (`_wide`).  The persistent ones link libcudadevrt.a (the report does that for every kernel with a
-    grid barrier)."""
+    record_h_prev, and the LSTM's persistent pair at the wider blocks of H = 768, B = 16 (`_wide`).  The
+    persistent ones link libcudadevrt.a (the report does that for every kernel with a grid barrier)."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
