@@ -19,9 +19,9 @@ Step kernels: v1 (`cell_steps.py`: one thread per (row, unit), R re-read by ever
 tiled product that reads R once per step for all rows, the cell in its epilogue; backward one fused launch
 per step, +1 to finish dh0; with num_proj v1's backward step + recurrent_backward_v2) or v3 (`step_v3.py`:
 the forward of a layer as one persistent launch, when `step_v3.choose` finds that its R slice fits in shared
-memory and all its blocks are co-resident (in the widest block that helps for the batch), else v2; its backward likewise, one persistent launch per layer
-that keeps the columns of R in shared memory, else v2's; with num_proj the same single launches, each step
-in two phases with a grid barrier after each).  `step_version()` picks:
+memory and all its blocks are co-resident (in the widest block that helps for the batch), else v2; its backward
+likewise, one persistent launch per layer that keeps the columns of R in shared memory, else v2's; with
+num_proj the same single launches, each step in two phases with a grid barrier after each).  `step_version()` picks:
 NUMBARNN_STEP_VERSION=1|2|3, else 3 on a GPU (v3 where it can run, v2 where not: faster than v2 at every
 shape measured on an H100, bench/results/gpu_h100.md) and 1 in the simulator; the LaunchLog records the
 version that ran and, for v3, why (`LaunchLog.note`).
