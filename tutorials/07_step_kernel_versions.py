@@ -20,7 +20,8 @@ many times each step moves R from memory, and how many launches the time loop co
                         R and h through shared memory with coalesced loads: ceil(B / TB) x |R| per step
     v3  step_v3.py      persistent: one launch per layer, each block keeps its slice of R (forward: the rows of
                         its units; backward: the columns) in shared memory for ALL steps, with a grid-wide
-                        barrier between steps: |R| once per layer
+                        barrier between steps: |R| once per layer; the same slice in a wider block (more
+                        row groups: a small batch splits K over them) where that is co-resident
 
 This script prints what changed at each version (from the modules' own docstrings), COUNTS the reads of R
 (in the CUDA simulator every element read of R goes through a Python object that records it), runs the whole
@@ -190,6 +191,44 @@ def count_reads(quick: bool, rng_seed: int):
 
 
 # ---------------------------------------------------------------------------------------------------
+# 2b. The same slice in a wider block
+# ---------------------------------------------------------------------------------------------------
+
+def wider_blocks(rng):
+    """v3's block of THREADS threads holds TJ units x THREADS // TJ rows.  A batch smaller than that leaves row
+    groups idle, which split K instead (each sums a share of the chunks, then the shares are added); a wider
+    block of the same slice has more row groups, so more splits and fewer rounds of products a thread, and an SM
+    more warps to hide their latency.  step_v3.widths lists the widths that help; step_v3.choose runs the widest
+    that is co-resident on the device.  Here: what it picks on an H100 (from the register estimate, as choose
+    does before compiling), then the persistent forward run both ways, which must leave the same h."""
+    from numbarnn.kernels import roofline
+    gpu = roofline.GPUS["H100 SXM"]
+    print(f"  on an {gpu.name} ({gpu.sms} SMs), LSTM float32 forward: rounds of products a thread runs per step")
+    for H, B in ((768, 16), (256, 4), (512, 32), (1024, 64)):
+        base = step_v3.plan(LSTM.G, H, H, "float32", simulator=False)
+        wide = roofline.v3_co_residency(gpu, H, H, LSTM.G, 1, "float32", B=B)[0]
+        print(f"    H = {H:<4} B = {B:<3} TJ = {base.TJ}: {base.threads} threads {roofline.v3_rounds(B, base):>3} "
+              f"rounds -> {wide.threads} threads {roofline.v3_rounds(B, wide):>3} rounds")
+    # in the simulator: one block of TJ = 3 units, B = 2 rows; 2 row groups of 1 row (6 threads, no idle row
+    # group: 3 rounds of chunks) against 4 (12 threads: 2 splits, 2 rounds)
+    narrow = step_v3.SIM_SLICE._replace(RG=2, RB=1)
+    wide = narrow._replace(RG=4)
+    H, B, T = narrow.TJ, 2, 3
+    h = {}
+    for sl in (narrow, wide):
+        a = layer_arrays(H, B, T, np.random.default_rng(rng))
+        a.update(steps=T, h_a=a["h_in"], h_b=a["h_out"])
+        kernel = jit(step_v3.make_forward_persistent_v3, LSTM, "float64", sl)
+        kernel[(-(-H // sl.TJ), 1, 1), sl.threads](*[a[n] for n in used_args(step_v3.PERSISTENT_ARGS, LSTM, False)])
+        h[sl.threads] = (a["h_b"] if T % 2 else a["h_a"]).copy_to_host()
+        splits = roofline.v3_splits(B, sl)[0][1]
+        print(f"    simulator, H = {H}, B = {B}: {sl.threads} threads, {splits} split(s) of K, "
+              f"{roofline.v3_rounds(B, sl)} rounds a thread")
+    assert relative_error(h[wide.threads], h[narrow.threads]) < 1e-13, "the wider block's h differs"
+    print("    both leave the same h (to 1e-13)")
+
+
+# ---------------------------------------------------------------------------------------------------
 # 3. The whole op at every version: same answers, fewer launches
 # ---------------------------------------------------------------------------------------------------
 
@@ -289,6 +328,8 @@ def main(argv=None) -> int:
     show_versions()
     print("2. who reads R, counted")
     count_reads(quick, 11)
+    print("2b. the same slice in a wider block")
+    wider_blocks(12)
     print("3. the whole op at every version: the same answers, fewer launches")
     check_versions(quick)
     print("4. benchmark")
