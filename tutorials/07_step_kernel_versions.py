@@ -117,13 +117,17 @@ def count_forward_reads(H, B, T, rng):
             kernel[grid, block](*[a[n] for n in names])
             a["h_in"], a["h_out"] = a["h_out"], a["h_in"]
         out[name] = (len(a["R_fwd"].reads), a["h_in"].copy_to_host())
-    # the persistent kernel: all T steps in one cooperative launch
+    out["v3 persistent"] = run_persistent_forward(H, B, T, rng, sl)
+    return out
+
+
+def run_persistent_forward(H, B, T, rng, sl):
+    """All T forward steps in one cooperative launch of v3's persistent kernel with slice `sl`: (R reads, h)."""
     a = layer_arrays(H, B, T, np.random.default_rng(rng))
     a.update(steps=T, h_a=a["h_in"], h_b=a["h_out"])
     kernel = jit(step_v3.make_forward_persistent_v3, LSTM, "float64", sl)
     kernel[(-(-H // sl.TJ), 1, 1), sl.threads](*[a[n] for n in used_args(step_v3.PERSISTENT_ARGS, LSTM, False)])
-    out["v3 persistent"] = (len(a["R_fwd"].reads), (a["h_b"] if T % 2 else a["h_a"]).copy_to_host())
-    return out
+    return len(a["R_fwd"].reads), (a["h_b"] if T % 2 else a["h_a"]).copy_to_host()
 
 
 def count_backward_reads(H, B, T, rng):
@@ -216,11 +220,7 @@ def wider_blocks(rng):
     H, B, T = narrow.TJ, 2, 3
     h = {}
     for sl in (narrow, wide):
-        a = layer_arrays(H, B, T, np.random.default_rng(rng))
-        a.update(steps=T, h_a=a["h_in"], h_b=a["h_out"])
-        kernel = jit(step_v3.make_forward_persistent_v3, LSTM, "float64", sl)
-        kernel[(-(-H // sl.TJ), 1, 1), sl.threads](*[a[n] for n in used_args(step_v3.PERSISTENT_ARGS, LSTM, False)])
-        h[sl.threads] = (a["h_b"] if T % 2 else a["h_a"]).copy_to_host()
+        h[sl.threads] = run_persistent_forward(H, B, T, rng, sl)[1]
         splits = roofline.v3_splits(B, sl)[0][1]
         print(f"    simulator, H = {H}, B = {B}: {sl.threads} threads, {splits} split(s) of K, "
               f"{roofline.v3_rounds(B, sl)} rounds a thread")

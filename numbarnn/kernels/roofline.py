@@ -223,8 +223,9 @@ V3_REGISTERS = 168
 #: before the vector loads)
 V3_BACKWARD_REGISTERS = 168
 #: the TJ = 2 slices (H = 768, 1024: 16 staged rows a thread), sm_90, forward and backward, at 64 and at 128
-#: threads alike (a thread's registers do not depend on the block's width: `step_v3.widen`); sm_80 takes
-#: 222 / 225 there.  Measured with report.link_info_log of the H = 768 slice's kernels.
+#: threads alike (a thread's work does not depend on the block's width, `step_v3.widen`; ptxas gave the forward
+#: 168 at 96 threads); sm_80 takes 222 / 225 there.  Measured with report.link_info_log of the H = 768 slice's
+#: kernels.
 V3_REGISTERS_TJ2 = {"forward": 172, "backward": 168}
 
 

@@ -185,16 +185,17 @@ def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell
     from .cell_steps import signature
 
     c = get_cell(cell)
-    if step_v3.plan(c.G, H, H, dtype, simulator=False) is None:
+    base = step_v3.plan(c.G, H, H, dtype, simulator=False)
+    if base is None:
         raise ValueError(f"H={H}: no v3 slice fits ({dtype})")
     gpu = roofline.GPUS[gpu_name]
     out = {"H": H, "B": B}
     for phase, factory, table, ng in (("forward", step_v3.make_forward_persistent_v3, step_v3.PERSISTENT_ARGS, 1),
                                       ("backward", step_v3.make_backward_persistent_v3,
                                        step_v3.PERSISTENT_BACKWARD_ARGS, c.G)):
-        sl = step_v3.plan(c.G, H, H, dtype, simulator=False)
+        sl = base
         if widen:                                       # the block step_v3.choose would run on `gpu`
-            sl = roofline.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or sl
+            sl = roofline.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or base
         rounds = roofline.v3_rounds(B, sl)
         fma_round = sl.KC * sl.RB * (c.G if phase == "forward" else 1)
         ptx, _ = cuda.compile_ptx(factory(c, dtype, sl), signature(table, c, dtype, False), cc=cc)

@@ -209,10 +209,10 @@ def blocks_needed(H: int, D: int, sl: Slice) -> int:
 
 
 def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
-    """`sl` run by a block of `threads` threads: the same TJ units and R slice (so the same blocks and the same
-    registers a thread), RG = threads // TJ row groups, a row tile of TB = RG rows.  A batch smaller than TB
-    splits its chunks of K over the row groups it leaves idle (`make_split_k`), a larger one needs fewer row
-    tiles: either way a thread runs fewer rounds of products per step, and an SM holds more warps to hide
+    """`sl` run by a block of `threads` threads: the same TJ units and R slice (so the same blocks, and a
+    thread's work the same: about the same registers), RG = threads // TJ row groups, a row tile of TB = RG
+    rows.  A batch smaller than TB splits its chunks of K over the row groups it leaves idle (`make_split_k`),
+    a larger one needs fewer row tiles: either way a thread runs fewer rounds of products per step, and an SM holds more warps to hide
     their latency (the H100 measured v3 latency bound, at about one warp per scheduler:
     bench/results/gpu_h100.md).  None where the larger h tile and `red` would not fit SMEM_BUDGET, or where
     threads is not a multiple of TJ and KC."""
@@ -1003,39 +1003,27 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
                 f"{SMEM_BUDGET} bytes of shared memory")
         return None, f"the slices for {what} do not fit {room}"
     n = blocks_needed(H, D, sl)                # the same for every width (the same TJ)
-    if sim:                                # all blocks at once: numbarnn's simulator fix, else one block
-        from .simulator import cooperative_blocks
-        limit = cooperative_blocks()
-        if n > limit:
-            return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
-        return sl, _chosen(sl, n, limit, has_proj)
-    wide = B is not None and os.environ.get("NUMBARNN_V3_WIDE", "1").strip() != "0"
-    candidates = widths(cell.G, sl, B, dtype) if wide else [sl]
-    geometry = None
-    if len(candidates) > 1:
+    candidates = [sl]
+    if not sim and B is not None and os.environ.get("NUMBARNN_V3_WIDE", "1").strip() != "0":
         try:
             geometry = device_geometry()
         except Exception:                      # no device to estimate with: THREADS only
-            candidates = [sl]
-    from . import roofline
+            geometry = None
+        if geometry is not None:               # a wider block only where the estimate says it fits
+            from . import roofline
+            candidates = [c for c in widths(cell.G, sl, B, dtype) if c is sl or n <= (
+                roofline.v3_limit(*geometry, cell.G, c, dtype, roofline.v3_registers(c.TJ, phase)) or 0)]
+    # the simulator runs all blocks of a cooperative grid at once (numbarnn's fix), else one
+    from .simulator import cooperative_blocks
     for c in candidates:
-        if c is not sl:                        # a wider block: only where the estimate says it fits
-            cc, sms = geometry
-            est = roofline.v3_limit(cc, sms, cell.G, c, dtype, roofline.v3_registers(c.TJ, phase))
-            if est is None or n > est:
-                continue
         try:
-            limit = device_cooperative_limit(phase, cell, dtype, c, has_proj)
-        except Exception as exc:           # no cooperative launch here: say why and run v2
+            limit = cooperative_blocks() if sim else device_cooperative_limit(phase, cell, dtype, c, has_proj)
+        except Exception as exc:               # no cooperative launch here: say why and run v2
             if c is not sl:
                 continue
             return None, f"co-residency unknown ({type(exc).__name__}: {exc})"
         if n <= limit:
-            return c, _chosen(c, n, limit, has_proj)
+            proj = f", TQ={c.TQ} projected outputs, 2 grid barriers per step" if has_proj else ""
+            return c, (f"{n} block{'s' if n != 1 else ''} of {c.threads} threads, TJ={c.TJ} units each{proj}, all "
+                       f"co-resident (limit {limit})")
     return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
-
-
-def _chosen(sl: Slice, n: int, limit: int, has_proj: bool) -> str:
-    proj = f", TQ={sl.TQ} projected outputs, 2 grid barriers per step" if has_proj else ""
-    return (f"{n} block{'s' if n != 1 else ''} of {sl.threads} threads, TJ={sl.TJ} units each{proj}, all "
-            f"co-resident (limit {limit})")
