@@ -212,10 +212,10 @@ def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
     """`sl` run by a block of `threads` threads: the same TJ units and R slice (so the same blocks, and a
     thread's work the same: about the same registers), RG = threads // TJ row groups, a row tile of TB = RG
     rows.  A batch smaller than TB splits its chunks of K over the row groups it leaves idle (`make_split_k`),
-    a larger one needs fewer row tiles: either way a thread runs fewer rounds of products per step, and an SM holds more warps to hide
-    their latency (the H100 measured v3 latency bound, at about one warp per scheduler:
-    bench/results/gpu_h100.md).  None where the larger h tile and `red` would not fit SMEM_BUDGET, or where
-    threads is not a multiple of TJ and KC."""
+    a larger one needs fewer row tiles: either way a thread runs fewer rounds of products per step, and an SM
+    holds more warps to hide their latency (the H100 measured v3 latency bound, at about one warp per
+    scheduler: bench/results/gpu_h100.md).  None where the larger h tile and `red` would not fit
+    SMEM_BUDGET, or where threads is not a multiple of TJ and KC."""
     if threads % sl.TJ or threads % sl.KC or sl.RB != 1:
         return None
     wide = sl._replace(RG=threads // sl.TJ)
