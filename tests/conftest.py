@@ -72,7 +72,7 @@ def _simulator_state_is_restored():
 # ---------------------------------------------------------------------------------------------------------
 # Order: the longest tests first
 # ---------------------------------------------------------------------------------------------------------
-# The kernel report test compiles every kernel for sm_80 and sm_90 (8 minutes alone on 2 cores, ~12 beside the rest).
+# The kernel report test compiles every kernel for sm_80 and sm_90 (6 minutes alone on 2 cores, more beside the rest).
 # Collected in file order it started mid-run, and the other worker ran out of tests while it finished; started
 # first, the rest of the suite runs beside it.  Then the other long ones, longest first (a fresh clone's durations
 # on 2 cores, `--durations`: the CPU backend's hypothesis tests compile its loops into an empty numba cache,
@@ -81,7 +81,7 @@ LONGEST_FIRST = ("test_every_kernel_compiles_for_sm80_and_sm90_without_spills",
                  "test_hypothesis_float64", "test_hypothesis_float32", "test_run_profile_of_the_persistent_v3_kernels",
                  "test_v3_product_loops_issue_few_instructions_per_fma", "test_hypothesis_float16",
                  "test_base_install_has_no_cuda_toolkit_wheels_and_runs_check", "test_row_groups_give_the_same_bits",
-                 "test_the_same_ptx_with_and_without_it", "test_hypothesis_inference",
+                 "test_hypothesis_inference",
                  "test_workspace_is_never_read_before_it_is_written")
 
 

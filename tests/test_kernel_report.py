@@ -71,6 +71,8 @@ def test_format_table_and_problems():
          "spill_loads": 8, "stack": 8, "shared": 0, "block": 128, "occupancy": 0.125},
         {"kernel": "k_broken", "dtype": "float16", "cc": "80", "registers": None, "spill_stores": None,
          "spill_loads": None, "stack": None, "shared": None, "error": "TypingError: nope"},
+        {"kernel": "k_call", "dtype": "float32", "cc": "90", "registers": 40, "spill_stores": 0,
+         "spill_loads": 0, "stack": 0, "shared": 0, "not_inlined": ["_ZN5helper"], "block": 64, "occupancy": 0.5},
     ]
     text = report.format_table(rows)
     lines = text.splitlines()
@@ -78,9 +80,36 @@ def test_format_table_and_problems():
     assert "gemm_v3_nn" in lines[2] and "4096" in lines[2] and "38%" in lines[2]
     assert "TypingError: nope" in lines[4]
     found = report.problems(rows)
-    assert len(found) == 2
+    assert len(found) == 3
     assert found[0].startswith("k_spill float64 sm_90: spills 8")
     assert found[1].startswith("k_broken float16 sm_80: compile error: TypingError")
+    assert found[2] == "k_call float32 sm_90: device functions not inlined: _ZN5helper"
+
+
+PTX_WITH_A_CALL = """\
+.extern .func  (.param .b32 func_retval0) cudaCGSynchronize
+(
+	.param .b64 cudaCGSynchronize_param_0,
+	.param .b32 cudaCGSynchronize_param_1
+)
+;
+.visible .func  (.param .b32 func_retval0) _ZN8numbarnn6helperEf(
+	.param .b32 _ZN8numbarnn6helperEf_param_0
+)
+{
+	ret;
+}
+.weak .func _ZN8numbarnn7no_argsEv()
+{
+	ret;
+}
+.visible .entry _ZN8numbarnn6kernelE(
+"""
+
+
+def test_functions_left_are_the_defined_funcs_not_the_extern_ones():
+    assert report.functions_left(PTX_WITH_A_CALL) == ["_ZN8numbarnn6helperEf", "_ZN8numbarnn7no_argsEv"]
+    assert report.functions_left(PTX_WITH_A_CALL.split(".visible .func")[0]) == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,10 +167,44 @@ def _env_without_simulator():
     return env
 
 
+DEVICE_FUNCTION_PROGRAM = """
+import json
+from numba import cuda
+from numba.cuda import dispatcher
+from numbarnn.kernels import common, report
+
+@common.device
+def twice(x):
+    return x + x
+
+def kernel(a):
+    a[0] = twice(a[0])
+
+ptx, _ = cuda.compile_ptx(kernel, "void(float32[::1])", cc=(9, 0))
+print(json.dumps(dict(left=report.functions_left(ptx), add="add.f32" in ptx,
+                      forceinline=twice.targetoptions["forceinline"], gpu=cuda.is_available(),
+                      cc=dispatcher.get_current_device().compute_capability)))
+"""
+
+
+@pytest.mark.compile
+def test_a_device_function_compiles_without_a_gpu_and_is_inlined():
+    """common.device: a kernel calling one compiles with compile_ptx on a machine without a GPU (numba asks for the
+    current device: sm_80 stands in) and NVVM inlines it (no .func left in the PTX)."""
+    proc = subprocess.run([sys.executable, "-c", DEVICE_FUNCTION_PROGRAM], env=_env_without_simulator(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["left"] == [] and out["add"] and out["forceinline"], out
+    if not out["gpu"]:
+        assert out["cc"] == [8, 0], out
+
+
 @pytest.mark.compile
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     """The CI gate of the kernels issue: every registered specialisation of every module compiles for real
-    GPUs through NVVM + nvJitLink, with no spills (run without the simulator, as `numbarnn kernels` does)."""
+    GPUs through NVVM + nvJitLink, with no spills and no device function left as a call (run without the
+    simulator, as `numbarnn kernels` does)."""
     proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", "--json"],
                           env=_env_without_simulator(), capture_output=True, text=True, timeout=1800)
     assert proc.stdout, proc.stderr
@@ -151,6 +214,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
         assert set(report.ROW_KEYS) <= set(r), r
         assert not r.get("error"), r
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["not_inlined"] == [], r                  # every device function inlined by NVVM
         assert 0 < r["registers"] <= 255 and r["stack"] >= 0 and r["shared"] >= 0, r
         assert 0 < r["occupancy"] <= 1, r
     specs, broken = registry.load_specs()
@@ -249,7 +313,8 @@ class _Tty:
 
 def _fake_compile(spec, ccs, block=report.DEFAULT_BLOCK):
     return [{"kernel": spec.name, "dtype": spec.dtype, "cc": f"{a}{b}", "registers": 32, "spill_stores": 0,
-             "spill_loads": 0, "stack": 0, "shared": 0, "block": block, "occupancy": 1.0, "module": spec.module}
+             "spill_loads": 0, "stack": 0, "shared": 0, "not_inlined": [], "block": block, "occupancy": 1.0,
+             "module": spec.module}
             for a, b in ccs]
 
 

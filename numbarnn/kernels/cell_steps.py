@@ -30,7 +30,7 @@ from numba import cuda, int64
 
 from ..cells import HELPERS, get_cell
 from ..cells.functions import compile_with_twins
-from .common import DTYPES, acc_dtype, activations, arr, nb
+from .common import DTYPES, acc_dtype, activations, arr, device, nb
 
 # ---------------------------------------------------------------------------------------------------
 # the cell's pointwise functions as device functions
@@ -45,19 +45,19 @@ def helpers(dtype) -> dict:
     zero, one = f(0.0), f(1.0)
     sigmoid, tanh, relu = activations(dtype)          # the overflow-free twins every kernel shares
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def dsigmoid(s):
         return s * (one - s)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def dtanh(t):
         return one - t * t
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def drelu(r):
         return one if r > zero else zero
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def one_minus(x):
         return one - x
 
@@ -70,7 +70,7 @@ def device_function(fn, dtype):
     """`fn` (plain Python) as an inlined CUDA device function for `dtype`: every numbarnn.cells helper it
     calls becomes its typed twin, and every other plain Python function it calls is compiled the same way
     (`numbarnn.cells.functions.compile_with_twins`, shared with the CPU backend)."""
-    return compile_with_twins(fn, helpers(str(np.dtype(dtype))), cuda.jit(device=True, inline="always"))
+    return compile_with_twins(fn, helpers(str(np.dtype(dtype))), device)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def make_forward_step(cell, dtype, has_proj: bool):
     VL = max(V, 1)                              # local arrays need a length >= 1
     pointwise = device_function(cell.forward, dtype)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         b = cuda.blockIdx.y
@@ -271,7 +271,7 @@ def make_backward_step(cell, dtype, has_proj: bool):
     SPLIT = cell.split_mask                     # per gate: the R side has its own gradient
     pointwise = device_function(cell.backward, dtype)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, Wp_fwd, Wp_rev, dh_in, dh_out, dc, dgx,
                       dgh, dvec, h_prev, dh_total):
         j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

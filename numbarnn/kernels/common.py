@@ -4,8 +4,8 @@ Compute types: float16 is stored as half and computed in float32; float32 and fl
 type.  Constants are typed NumPy scalars (numba freezes them), because numba promotes
 ``float32 * 0.5`` (a Python float) to float64.
 
-Device functions are ``inline="always"``: a kernel that calls a plain device function makes numba compile
-it "for the current device", which needs a GPU; inlined, `compile_ptx(..., cc=(8, 0))` works anywhere.
+Device functions are `device`: compiled once per argument types, inlined by NVVM (`forceinline`), and
+compilable with no GPU present (`device` says how and what it saves).
 """
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import numpy as np
 from numba import cuda, types
 from numba.np.numpy_support import from_dtype
 
-from .inline_copy import install as _install_inline_copy
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+#: what this process runs on (SIMULATOR is the geometry the plans assume: the profiler sets it False to plan as a GPU)
+_NUMBA_SIMULATOR = SIMULATOR
 DTYPES = ("float16", "float32", "float64")
 
 #: the type of shared-memory indices in hot loops: numba wraps a negative *signed* index Python-style (a shift,
@@ -27,9 +28,62 @@ DTYPES = ("float16", "float32", "float64")
 #: address.  Measured in v3's k loop (python -m numbarnn.kernels.sass), as earlier in GEMM v4's registers.
 U = np.uint64
 
-# numba-cuda copies an inlined device function's IR one block at a time, each block dragging the whole scope along:
-# most of the compile time of the big kernels.  inline_copy.py makes it one copy (the same PTX, byte for byte).
-_install_inline_copy()
+
+
+def device(fn):
+    """``@device``: `fn` as a CUDA device function that NVVM inlines into every kernel calling it
+    (``cuda.jit(device=True, forceinline=True)``; in the simulator a plain ``device=True`` function).
+
+    Why not numba's own ``inline="always"`` (the kernels used it until stop 26): numba inlines those in its IR,
+    copying the callee and re-running its untyped passes at every call site of every kernel, nested helpers
+    included; a device function is typed and lowered once per argument types and reused by every kernel of the
+    process (the factories' lru_caches hand the same helpers to many kernels), and NVVM inlines it.  The kernel
+    report (``time python -m numbarnn.kernels.report --json``, 392 kernels x sm_80/sm_90, 2 processes on 2
+    cores): 7m41s -> 5m38s, 15m02s -> 10m12s of CPU; registers the same in 767 of 784 rows (13 more, by 2 to 16;
+    4 fewer, by 2 to 28), no spills, no call left (``report.functions_left``).
+
+    A kernel calling a device function makes numba compile it "for the current device", which asks the CUDA
+    driver: `_compile_without_a_gpu` answers for a machine with none (the kernel report, CI)."""
+    if _NUMBA_SIMULATOR:                 # the simulator's cuda.jit has no forceinline
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+class _NoGPU:
+    """What numba-cuda's dispatcher is told the current device is where there is no GPU: sm_80, the oldest
+    architecture numbarnn reports.  A device function's cc only picks a few lowerings (float64 atomics from
+    sm_60, some libdevice choices), the same on sm_80 and sm_90; NVVM compiles the linked kernel for the cc
+    `compile_ptx` was given."""
+
+    compute_capability = (8, 0)
+    name = "no GPU (numbarnn's stand-in: device functions compiled for sm_80)"
+
+
+def _compile_without_a_gpu() -> None:
+    """numba-cuda's ``Dispatcher.compile_device`` reads ``get_current_device().compute_capability``, which raises
+    CudaSupportError where there is no driver, so ``compile_ptx`` of a kernel calling a device function failed
+    without a GPU.  Where the driver is missing, the dispatcher's get_current_device returns `_NoGPU` instead;
+    with a GPU it is numba's own.  Only numba-cuda's dispatcher module sees this (`cuda.get_current_device()`
+    still raises without a GPU), and it is installed once per process."""
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv.error import CudaSupportError
+
+    real = dispatcher.get_current_device
+    if getattr(real, "numbarnn_real", None) is not None:
+        return
+
+    def get_current_device():
+        try:
+            return real()
+        except CudaSupportError:
+            return _NoGPU
+
+    get_current_device.numbarnn_real = real
+    dispatcher.get_current_device = get_current_device
+
+
+if not _NUMBA_SIMULATOR:
+    _compile_without_a_gpu()
 
 if SIMULATOR:
     # numba's CUDA simulator hands the threads of a block their static shared arrays without a lock (rarely two
@@ -93,15 +147,15 @@ def activations(dtype):
     f = acc_dtype(dtype).type
     half, zero = f(0.5), f(0.0)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def sigmoid(x):
         return half * math.tanh(half * x) + half      # = 1/(1+e^-x), no exp to overflow
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def tanh(x):
         return math.tanh(x)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def relu(x):
         return zero if x <= zero else x                # NaN propagates (NaN <= 0 is False), as np.maximum
 

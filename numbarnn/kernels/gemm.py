@@ -39,9 +39,8 @@ Layers: factory ``make_gemm_vN_pyfunc`` (plain Python function closing over the 
 the kernel report compiles exactly that function), ``get_kernel`` (cached ``cuda.jit`` of it with an
 explicit signature, compiled once per specialisation), launcher ``gemm`` (validates, computes the
 grid, launches) and ``matmul`` (NumPy in, NumPy out).  op(X)[row, col] and the C update are tiny
-device functions chosen per (trans, batched) and declared ``inline="always"``: numba inlines them in
-its own IR, so ``compile_ptx`` works without a GPU (a plain ``device=True`` function asks the CUDA
-driver for the current device when the kernel is compiled, and fails on a machine without one).
+device functions chosen per (trans, batched), ``common.device`` (NVVM inlines them; ``compile_ptx``
+works without a GPU: ``common.device`` says how).
 
 Resources (``python -m numbarnn.kernels.report --only gemm_``, sm_80, GPU tiles, no spills anywhere):
 v1 ~32 registers, v2 32 registers + 2 KiB smem (float32), v3 68 registers + 4 KiB smem (float32 and
@@ -123,7 +122,7 @@ def _op_loader(trans: bool, batched: bool):
     else:
         def at(x, z, row, col):  # x: [rows, cols]
             return x[row, col]
-    return cuda.jit(device=True, inline="always")(at)
+    return common.device(at)
 
 
 @functools.cache
@@ -146,7 +145,7 @@ def _c_updater(dtype: str, batched: bool):
                 c[row, col] = alpha * acc
             else:
                 c[row, col] = alpha * acc + beta * ACC(c[row, col])
-    return cuda.jit(device=True, inline="always")(update)
+    return common.device(update)
 
 
 def kernel_signature(dtype: str, batched: bool, split: bool = False) -> tuple:

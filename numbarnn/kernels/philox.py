@@ -10,10 +10,8 @@ Typing rules that keep this exact on a real GPU *and* in the simulator:
   are cast back with ``uint32(...)`` after masking, which gives the same value on both;
 - the 32x32 -> 64-bit ``mulhilo`` is a uint64 product (``cuda.libdevice.umulhi`` is not simulated);
   NVVM turns ``(uint64(a) * uint64(b)) >> 32`` into a single ``mul.wide.u32``;
-- the device functions are ``inline="always"`` (inlined in Numba IR): a kernel calling a plain
-  ``@cuda.jit(device=True)`` function makes numba compile that function for "the current device",
-  which needs a GPU and its driver, so ``numba.cuda.compile_ptx(kernel, sig, cc=(8, 0))`` would fail
-  on a machine without one (the kernel report's case).  Inlined, it compiles anywhere.
+- the device functions are ``common.device``: NVVM inlines them, and ``compile_ptx`` of a kernel calling
+  them works without a GPU (``common.device`` says how).
 
 The mask kernel writes **uint8** flags (1 = keep, 0 = drop); kernels that apply dropout call
 `dropout_keep` inline instead of reading a mask.
@@ -27,6 +25,7 @@ from numba import cuda, uint32, uint64
 
 from numbarnn.dropout import (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, check_mask_args, dropout_key,
                               dropout_threshold)
+from numbarnn.kernels.common import device
 from numbarnn.kernels.launch import launch
 from numbarnn.validation import ArgumentTypeError, check_shape
 
@@ -52,7 +51,7 @@ THREADS_PER_BLOCK = 64
 MAX_BLOCKS = 1024
 
 
-@cuda.jit(device=True, inline="always")
+@device
 def philox_round(c0, c1, c2, c3, k0, k1):
     """One Philox4x32 round: (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0); all uint32."""
     p0 = uint64(c0) * _M0                     # 64-bit product M0 * c0
@@ -64,7 +63,7 @@ def philox_round(c0, c1, c2, c3, k0, k1):
     return (uint32(hi1 ^ c1 ^ k0), lo1, uint32(hi0 ^ c3 ^ k1), lo0)
 
 
-@cuda.jit(device=True, inline="always")
+@device
 def philox4x32_10(c0, c1, c2, c3, k0, k1):
     """Philox4x32-10 of Random123: counter (c0, c1, c2, c3), key (k0, k1) -> 4-tuple of uint32."""
     c0 = uint32(c0)
@@ -81,7 +80,7 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     return (c0, c1, c2, c3)
 
 
-@cuda.jit(device=True, inline="always")
+@device
 def dropout_keep(n, k0, k1, threshold):
     """True iff element n (uint64) is kept: (x >> 8) >= threshold,
     x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), 0, 0), key=(k0, k1))[n % 4]."""

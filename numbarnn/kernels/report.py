@@ -19,7 +19,11 @@ The ``shared`` column is the linker's static smem as printed: on sm_90 it includ
 whenever the kernel has any shared memory.  Dynamic shared memory is not counted.
 
 Usage: python -m numbarnn.kernels.report [--json] [--cc 80 90] [--block 256] [--only SUBSTRING] [--jobs N]
-Exit code 1 when any kernel fails to compile, spills, or a kernel module is broken.
+Each row also lists the device functions NVVM left as calls (``not_inlined``: a ``.func`` defined in the PTX;
+numbarnn's are `common.device`, forceinline): the kernels are written to have none, and a call would cost a
+kernel its registers across the call and the loads it could have fused.
+
+Exit code 1 when any kernel fails to compile, spills, keeps a device function call, or a kernel module is broken.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import subprocess
 import sys
 import time
 
-ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared")
+ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared", "not_inlined")
 
 #: per-SM limits (CUDA programming guide, "Compute capabilities", and the occupancy calculator)
 ARCH = {
@@ -187,6 +191,12 @@ def link_info_log(ptx: str, cc: tuple, name: str = "kernel") -> str:
         nvjitlink.destroy(handle)
 
 
+def functions_left(ptx: str) -> list:
+    """The device functions a kernel's PTX still defines (``.func`` bodies, not ``.extern`` declarations such as
+    the CUDA device runtime's grid barrier): the calls NVVM did not inline."""
+    return re.findall(r"^(?:\.visible\s+|\.weak\s+)?\.func\s+(?:\([^)]*\)\s*)?([\w$]+)", ptx, re.M)
+
+
 def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
     """Rows for one spec, one per compute capability (``error`` key set when it does not compile).
 
@@ -198,14 +208,17 @@ def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
     ccs = [tuple(cc) for cc in ([ccs] if isinstance(ccs[0], int) else ccs)]
     rows = [{"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", "registers": None,
              "spill_stores": None, "spill_loads": None, "stack": None, "shared": None,
-             "block": spec.block or block, "occupancy": None, "module": spec.module} for cc in ccs]
+             "not_inlined": None, "block": spec.block or block, "occupancy": None, "module": spec.module}
+            for cc in ccs]
     try:
         ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=min(ccs))
     except Exception as exc:
         for row in rows:
             row["error"] = _error_text(exc)
         return rows
+    left = functions_left(ptx)
     for cc, row in zip(ccs, rows):
+        row["not_inlined"] = left
         try:
             row.update(parse_info_log(link_info_log(ptx, cc, spec.name)))
             row["occupancy"] = round(occupancy(cc, row["block"], row["registers"], row["shared"]), 4)
@@ -298,7 +311,7 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
 
     specs, broken = registry.load_specs()
     rows = [{"kernel": "<module>", "dtype": "-", "cc": "-", "registers": None, "spill_stores": None,
-             "spill_loads": None, "stack": None, "shared": None, "error": p} for p in broken]
+             "spill_loads": None, "stack": None, "shared": None, "not_inlined": None, "error": p} for p in broken]
     specs = [spec for spec in specs if not only or only in spec.name]
     tasks = [(i, ccs, block) for i in range(len(specs))]
     _TASK_SPECS[:] = specs
@@ -324,7 +337,7 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
 
 
 def problems(rows: list[dict]) -> list[str]:
-    """One line per compile error or spill."""
+    """One line per compile error, spill or device function left as a call."""
     out = []
     for r in rows:
         if r.get("error"):
@@ -332,6 +345,9 @@ def problems(rows: list[dict]) -> list[str]:
         elif r.get("spill_stores") or r.get("spill_loads"):
             out.append(f"{r['kernel']} {r['dtype']} sm_{r['cc']}: spills {r['spill_stores']} bytes stores, "
                        f"{r['spill_loads']} bytes loads")
+        if not r.get("error") and r.get("not_inlined"):
+            out.append(f"{r['kernel']} {r['dtype']} sm_{r['cc']}: device functions not inlined: "
+                       f"{', '.join(r['not_inlined'])}")
     return out
 
 

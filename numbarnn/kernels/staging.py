@@ -24,9 +24,7 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda
-
-from .common import U, acc_dtype
+from .common import U, acc_dtype, device
 
 #: loads each thread issues before its first store when it stages a tile: a staging loop that stores each load
 #: before the next one waits one full global-memory latency per element (measured on an H100: the v2 forward
@@ -93,7 +91,7 @@ def make_tile_rows(TB: int, RS: int):
     Once per row tile: a chunk's loads then test one register, and all of a thread's rows share one column."""
     RH = rows_per_thread(TB, RS)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def tile_rows(rb, b0, B, RN, KS, r0):
         sp = r0 * RH // RN
         for i in range(RH):
@@ -110,7 +108,7 @@ def make_row_offsets(TB: int, RS: int):
     operand h[D, B, W], -1 where rb[i] < 0.  Once per row tile: a staged element is then h.flat[off[i] + k]."""
     RH = rows_per_thread(TB, RS)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def row_offsets(h, rb, off, d):
         B = h.shape[1]
         W = h.shape[2]
@@ -129,7 +127,7 @@ def make_step_offsets(TB: int, RS: int):
     (s_src < 0 or >= len[b]).  Once per row tile, not per staged element."""
     RH = rows_per_thread(TB, RS)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def step_offsets(s_src, lens, src, rb, off, d):
         T = src.shape[1]
         B = src.shape[2]
@@ -158,7 +156,7 @@ def make_fetch(dtype, TB: int, RS: int):
     zero = acc(0.0)
     RH = rows_per_thread(TB, RS)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def fetch(src, off, buf, col, ok):
         for i in range(RH):
             e = off[i]
@@ -173,7 +171,7 @@ def make_put_rows(TB: int, RS: int):
     RH = rows_per_thread(TB, RS)
     FULL = TB % RS == 0                         # every thread's rows lie in the tile: no check
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def put(tile, buf, kc, r0):
         for i in range(RH):
             bb = r0 * RH + i
@@ -195,7 +193,7 @@ def make_stage_rows(dtype, TB: int, RS: int):
     RH = rows_per_thread(TB, RS)
     FULL = TB % RS == 0                         # every thread's rows lie in the tile (r0 < RS): no check
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def stage_rows(h, tile, buf, d, b0, k, kc, r0, B, P):
         for i in range(RH):
             bb = r0 + i * RS
@@ -221,7 +219,7 @@ def make_stage_steps(dtype, TB: int, RS: int):
     NL = LOADS_IN_FLIGHT
     RH = rows_per_thread(TB, RS)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def stage_steps(s_src, lens, dgh, tile, buf, d, b0, col, ok, kc, r0):
         B = lens.shape[0]
         for i0 in range(0, RH, NL):
@@ -259,7 +257,7 @@ def make_stage_matrix(dtype, NG: int, NR: int, RS: int):
     NL = min(LOADS_IN_FLIGHT, RJ)
     FULL = NR % RS == 0 and RJ % NL == 0        # every row a thread visits lies in the tile: no check
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def stage(M, tile, buf, row0, stride, lim, k, kin, col, r):
         W = M.shape[1]
         step = RS * W                           # elements between a thread's rows (the same for all threads)

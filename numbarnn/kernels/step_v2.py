@@ -73,7 +73,7 @@ from numba import cuda, int64, types
 from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
-from .common import DTYPES, U, acc_dtype, arr, nb
+from .common import DTYPES, U, acc_dtype, arr, device, nb
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets,
                       make_stage_matrix, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
                       vector_ks)
@@ -162,7 +162,7 @@ def make_forward_epilogue(cell, dtype, RB: int):
     VL = max(V, 1)
     pointwise = device_function(cell.forward, dtype)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def epilogue(s, lens, gx, unit_params, h_in, h_out, c, y, acts, cs, ms, rh, d, j, b_first):
         H = unit_params.shape[2]
         P = h_in.shape[2]
@@ -223,7 +223,7 @@ def make_forward_step_v2(cell, dtype, has_proj: bool, t: Tiles = GPU_TILES):
     fetch_h = make_fetch(dtype, TB, RS)
     put_h = make_put_rows(TB, RS)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         tid = cuda.threadIdx.x
         jj = tid % TJ                           # this thread's unit within the tile
@@ -302,7 +302,7 @@ def make_dgh_R(dtype, t: Tiles):
     KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
     V = vector_ks(dtype, KU)                            # ks of one dgh tile load (4 fp32 words: an LDS.128)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def dgh_R(s_src, lens, dgh, R, R_tile, g_tile, out):
         tid = cuda.threadIdx.x
         kx = tid % TJ
@@ -400,7 +400,7 @@ def make_backward_epilogue(cell, dtype, RB: int, has_proj: bool = False):
     PROJ = has_proj
     pointwise = device_function(cell.backward, dtype)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def epilogue(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, from_R, d, j,
                  b_first):
         H = dgx.shape[3] // G
@@ -469,7 +469,7 @@ def make_backward_step_v2(cell, dtype, t: Tiles = GPU_TILES):
     dgh_R = make_dgh_R(dtype, t)
     epilogue = make_backward_epilogue(cell, dtype, RB)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
                       h_prev):
         R_tile = cuda.shared.array((KC, TJ), acc)

@@ -82,7 +82,7 @@ from numba import cuda, types
 from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
-from .common import DTYPES, SIMULATOR, U, acc_dtype, arr
+from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
                       make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
                       vector_ks)
@@ -90,7 +90,7 @@ from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epil
 
 
 if SIMULATOR:
-    @cuda.jit(device=True, inline="always")
+    @device
     def grid_sync():
         cuda.cg.this_grid().sync()
 else:
@@ -98,7 +98,7 @@ else:
     # which needs a GPU, so the kernel report (no GPU) could not compile them; the intrinsics need none
     from numba.cuda.cg import _grid_group_sync, _this_grid
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def grid_sync():
         _grid_group_sync(_this_grid())
 
@@ -279,7 +279,7 @@ def make_load_rows(dtype, G: int, TJ: int, NT: int, KCAP: int):
     zero = acc(0.0)
     GJ, U = G * TJ, LOADS_IN_FLIGHT
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def load_rows(R, R_slice, j0, H, K):
         tid = cuda.threadIdx.x
         buf = cuda.local.array(U, acc)
@@ -311,7 +311,7 @@ def make_load_columns(dtype, G: int, TJ: int, NT: int, KCAP: int):
     zero = acc(0.0)
     U = LOADS_IN_FLIGHT
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def load_columns(R, R_slice, j0, H):
         tid = cuda.threadIdx.x
         buf = cuda.local.array(U, acc)
@@ -347,7 +347,7 @@ def make_split_k(RG: int, RB: int, TB: int, RS: int):
     RH = rows_per_thread(TB, RS)
     L = RH * RB // math.gcd(RH, RB)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def split_k(b0, B, NCH, pf):
         RN = (min(TB, B - b0) + L - 1) // L * L if pf else TB
         KS = max(1, TB // RN)
@@ -362,7 +362,7 @@ def make_reduce_splits(dtype, RB: int, NV: int, TX: int):
     summed into split 0's threads (rg < RGN) through shared memory red[rg*RB + r, v*TX + x]; a no-op with one
     split.  Every thread of the block calls it (two barriers)."""
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def reduce(vals, red, rg, x, RGN, KS, live):
         if KS > 1:                                      # the same for the whole block
             if live:
@@ -415,7 +415,7 @@ def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
     stage = make_stage_steps(dtype, TB, RS)
     reduce = make_reduce_splits(dtype, RB, 1, TJ)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def product(s_src, lens, src, slice_, tile, red, out, d, b0, K):
         tid = cuda.threadIdx.x
         x = min(tid % TJ, TX - 1)
@@ -503,7 +503,7 @@ def make_step_body(cell, dtype, sl: Slice):
     epilogue = make_forward_epilogue(cell, dtype, RB)
     load_slice = make_load_rows(dtype, G, TJ, NT, sl.KMAX)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def step_body(s, lens, gx, unit_params, R_slice, h_in, h_out, c, y, acts, cs, ms, h_tile, red, rh, j0, d):
         tid = cuda.threadIdx.x
         jj = tid % TJ
@@ -570,7 +570,7 @@ def make_project_body(dtype, sl: Slice):
     TJ, RB, TB = sl.TJ, sl.RB, sl.TB
     product = make_staged_product(dtype, sl, 1, sl.TQ, sl.HMAX)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def project_body(s, lens, ms, Wp_slice, h_in, h_out, y, tile, red, out, p0, d):
         q = cuda.threadIdx.x % TJ
         rg = cuda.threadIdx.x // TJ
@@ -604,7 +604,7 @@ def make_forward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     TB, RB = sl.TB, sl.RB
     load_slice, step_body = make_step_body(cell, dtype, sl)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)
         h_tile = cuda.shared.array((TB, HP), acc, alignment=VECTOR_BYTES)
@@ -632,7 +632,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
     name = f"{cell.name}_forward_persistent_v3" + ("_proj" if has_proj else "")
 
     if not has_proj:
-        @cuda.jit(device=True, inline="always")
+        @device
         def persistent_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
                             ms):
             R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
@@ -655,7 +655,7 @@ def make_forward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: boo
     load_wp = make_load_rows(dtype, 1, TQ, sl.threads, sl.HMAX)
     project_body = make_project_body(dtype, sl)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def persistent_proj_body(steps, lens, gx, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, h_a, h_b, c, y, acts, cs,
                              ms):
         R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)   # this block's R, kept for all steps
@@ -718,7 +718,7 @@ def make_backward_body(cell, dtype, sl: Slice):
     epilogue = make_backward_epilogue(cell, dtype, RB)
     load_columns = make_load_columns(dtype, G, TJ, sl.threads, sl.KMAX)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def step_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, R_slice,
                   g_tile, red, from_R, j0, d):
         H = dgx.shape[3] // G
@@ -751,7 +751,7 @@ def make_backward_proj_phases(cell, dtype, sl: Slice):
     wp_dht = make_staged_product(dtype, sl, 1, TJ, sl.KMAX)
     epilogue = make_backward_epilogue(cell, dtype, RB, True)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def dh_phase(s, steps, lens, dy, dgh, R_cols, dh, dh_total, tile, red, out, p0, d):
         q = cuda.threadIdx.x % TJ
         rg = cuda.threadIdx.x // TJ
@@ -774,7 +774,7 @@ def make_backward_proj_phases(cell, dtype, sl: Slice):
                         t_ = sp if d == 0 else lens[b] - 1 - sp
                         dh_total[d, t_, b, p] = acc(dy[t_, b, d * P + p]) + dh_new
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def unit_phase(s, lens, dy, y, h0, c0, acts, cs, unit_params, dh, dc, dgx, dgh, dvec, h_prev, dh_total, WpT,
                    tile, red, out, j0, d):
         H = dgx.shape[3] // G
@@ -800,7 +800,7 @@ def make_backward_step_v3(cell, dtype, sl: Slice = SIM_SLICE):
     TB, RB = sl.TB, sl.RB
     load_columns, step_body = make_backward_body(cell, dtype, sl)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def backward_body(s, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, dh, dc, dgx, dgh, dvec,
                       h_prev):
         R_slice = cuda.shared.array((GJ, KP), acc, alignment=VECTOR_BYTES)
@@ -831,7 +831,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     if not has_proj:
         load_columns, step_body = make_backward_body(cell, dtype, sl)
 
-        @cuda.jit(device=True, inline="always")
+        @device
         def persistent_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
                             dc, dgx, dgh, dvec, h_prev, dh_total):
             # this block's columns of R, kept for all steps
@@ -858,7 +858,7 @@ def make_backward_persistent_v3(cell, dtype, sl: Slice = SIM_SLICE, has_proj: bo
     load_r_cols = make_load_columns(dtype, G, TQ, sl.threads, sl.HMAX)
     load_wp_cols = make_load_columns(dtype, 1, TJ, sl.threads, sl.KMAX)
 
-    @cuda.jit(device=True, inline="always")
+    @device
     def persistent_proj_body(steps, lens, dy, y, h0, c0, acts, cs, unit_params, R_fwd, R_rev, Wp_fwd, Wp_rev, dh,
                              dc, dgx, dgh, dvec, h_prev, dh_total):
         WpT = cuda.shared.array((TJ, KP), acc, alignment=VECTOR_BYTES)       # W_proj's columns of this block's units
