@@ -34,7 +34,7 @@ def device(fn):
     """``@device``: `fn` as a CUDA device function that NVVM inlines into every kernel calling it
     (``cuda.jit(device=True, forceinline=True)``; in the simulator a plain ``device=True`` function).
 
-    Why not numba's own ``inline="always"`` (the kernels used it until stop 26): numba inlines those in its IR,
+    Why not numba's own ``inline="always"`` (what the kernels used before): numba inlines those in its IR,
     copying the callee and re-running its untyped passes at every call site of every kernel, nested helpers
     included; a device function is typed and lowered once per argument types and reused by every kernel of the
     process (the factories' lru_caches hand the same helpers to many kernels), and NVVM inlines it.  The kernel
