@@ -8,6 +8,7 @@
 #   bash bench/gpu_run.sh profile  # bench/gpu_profile.py: host cost of a launch; ncu: device time of every kernel
 #   bash bench/gpu_run.sh launch   # numbarnn bench with NUMBARNN_FAST_LAUNCH=0 and 1 (numba's launch / launch.py)
 #   bash bench/gpu_run.sh wide     # v3 in blocks of 64 threads (NUMBARNN_V3_WIDE=0) and in the widest that fit
+#   bash bench/gpu_run.sh narrow   # v2 in the GPU tiles (NUMBARNN_V2_NARROW=0) and, on a small grid, the narrow ones
 #   bash bench/gpu_run.sh all      # env, bench, tests
 #
 # Logs and CSVs go to $OUT (the device tool brings them back), else to ./gpu_out.  numbarnn is used from the
@@ -66,6 +67,14 @@ run_wide() {   # v3 (step_v3.choose) in plan's blocks of 64 threads, then in the
     done
 }
 
+run_narrow() {   # v2 (step_v2.tiles) in the GPU tiles, then in the narrow ones where the grid is smaller than the SMs
+    for NARROW in 0 1; do
+        NUMBARNN_V2_NARROW=$NARROW timeout 400 python3 -m numbarnn bench --backends cuda --modes lstm \
+            --step-versions 2 --shapes ${NARROW_SHAPES:-768x16x1024 256x4x1000 512x32x100} --reps "$REPS" \
+            --warmup 1 --csv "$OUT/bench_narrow$NARROW.csv" 2>&1 | tee "$OUT/bench_narrow$NARROW.log"
+    done
+}
+
 run_tests() {
     timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs -n ${WORKERS:-12} -p no:cacheprovider \
         ${TESTS:-tests/test_rnn_cuda.py tests/test_step_v2.py tests/test_step_v3.py tests/test_block_lstm_cuda.py \
@@ -97,8 +106,9 @@ case "${1:-all}" in
     profile) env_check; run_profile ;;
     launch) env_check; run_launch ;;
     wide) env_check; run_wide ;;
+    narrow) env_check; run_narrow ;;
     profile+tests) env_check; run_profile; run_tests ;;
     profile+bench+tests) env_check; run_profile; run_bench; run_tests ;;
     all) env_check; run_bench; run_bench_proj; run_tests ;;
-    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|profile+tests|profile+bench+tests|all" >&2; exit 2 ;;
+    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|narrow|profile+tests|profile+bench+tests|all" >&2; exit 2 ;;
 esac

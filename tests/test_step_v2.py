@@ -175,6 +175,55 @@ def test_launch_plan_matches_v2(mode, proj, lengths, monkeypatch):
         assert row["block"] == step_v2.GPU_TILES_F64.threads and row["grid"] == (1, 1, 2), row
 
 
+def test_tiles_narrow_where_the_grid_leaves_sms_idle(monkeypatch):
+    """step_v2.tiles on a GPU: the GPU tiles, or NARROW_TILES (half the units a block, the same 8 rows and 64
+    threads) where the GPU tiles' grid has fewer blocks than the GPU has SMs; the simulator's own tiles."""
+    assert step_v2.tiles("float32", simulator=True, H=768, B=16, sms=132) == step_v2.SIM_TILES
+    narrow, gpu = step_v2.NARROW_TILES, step_v2.GPU_TILES
+    assert (narrow.TB, narrow.threads, narrow.KC) == (gpu.TB, gpu.threads, gpu.KC) and narrow.TJ == gpu.TJ // 2
+    for H, B, D, expected in [(768, 16, 1, narrow),          # 24 x 2 = 48 blocks on 132 SMs
+                              (256, 4, 1, narrow), (512, 32, 1, narrow),
+                              (1024, 64, 1, gpu),             # 32 x 8 = 256 blocks
+                              (768, 48, 2, gpu)]:             # 24 x 6 x 2 = 288
+        assert step_v2.tiles("float32", simulator=False, H=H, B=B, D=D, sms=132) == expected, (H, B, D)
+        assert step_v2.tiles("float16", simulator=False, H=H, B=B, D=D, sms=132) == expected, (H, B, D)
+    assert step_v2.tiles("float64", simulator=False, H=768, B=16, sms=132) == step_v2.NARROW_TILES_F64
+    assert step_v2.tiles("float64", simulator=False, H=1024, B=64, sms=132) == step_v2.GPU_TILES_F64
+    assert step_v2.tiles("float32", simulator=False, H=768, B=16, sms=48) == gpu      # 48 blocks fill 48 SMs
+    assert step_v2.tiles("float32", simulator=False) == gpu                            # no layer given
+    monkeypatch.setenv("NUMBARNN_V2_NARROW", "0")
+    assert step_v2.tiles("float32", simulator=False, H=768, B=16, sms=132) == gpu      # switched off
+    monkeypatch.delenv("NUMBARNN_V2_NARROW")
+    from numbarnn.kernels import step_v3
+
+    def no_gpu():
+        raise RuntimeError("no GPU")
+    monkeypatch.setattr(step_v3, "device_geometry", no_gpu)
+    assert step_v2.tiles("float32", simulator=False, H=768, B=16) == gpu               # no GPU: the GPU tiles
+    monkeypatch.setattr(step_v3, "device_geometry", lambda: ((9, 0), 132))
+    assert step_v2.tiles("float32", simulator=False, H=768, B=16) == narrow            # this process's GPU
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="runs the narrow GPU tiles in the simulator")
+@pytest.mark.parametrize("mode,proj", [("gru", 0), ("lstm", 2)])
+def test_narrow_tiles_against_the_reference(mode, proj, monkeypatch):
+    """The whole op with v2 at NARROW_TILES (64 threads, 16 units x 8 rows), as a GPU runs it on a small grid:
+    a partial unit tile (H = 20), a partial row tile (B = 9, ragged with a 0), a partial K chunk, both
+    directions; with a projection recurrent_backward_v2 too."""
+    monkeypatch.setenv("NUMBARNN_STEP_VERSION", "2")
+    asked = []
+
+    def narrow(dtype="float32", **layer):
+        asked.append(layer)
+        return step_v2.NARROW_TILES
+    monkeypatch.setattr(step_v2, "tiles", narrow)
+    cfg = rnn_config(1, 20, 3, mode, direction="bidirectional", num_proj=proj)
+    case = make_rnn_case(cfg, 2, 9, [2, 1, 0, 2, 2, 1, 2, 1, 2], seed=5, dtype=np.float32)
+    compare_backends(case, context=" (v2, narrow tiles)")
+    assert driver.last_launch_count()["forward"].by_kernel["forward_step_v2"] == 2
+    assert dict(H=20, B=9, D=2) in asked and len(asked) == 2, asked      # forward's and backward's tiles
+
+
 def test_step_version_choice(monkeypatch):
     for bad in ("4", "0", "v2"):
         monkeypatch.setenv("NUMBARNN_STEP_VERSION", bad)

@@ -258,7 +258,7 @@ def forward(call, x, h0, c0, params):
             version = 2
     log.step_version = version
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
-    tiles = step_v2.tiles(dt)
+    tiles = step_v2.tiles(dt, H=H, B=B, D=D)                        # narrower where the grid is small
     if version == 2:
         cell_forward = jit(step_v2.make_forward_step_v2, cfg.cell, str(dt), cfg.has_proj, tiles)
         step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
@@ -359,7 +359,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         else:
             version = 2
     log.step_version = version
-    tiles = step_v2.tiles(dt)
+    tiles = step_v2.tiles(dt, H=H, B=B, D=D)                        # narrower where the grid is small
     fused = version in (2, 3) and not cfg.has_proj     # v2: one launch per step (+1 to finish dh0); v3: one
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
@@ -500,7 +500,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
         bslice, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu,
                                    phase="backward", B=B)
         version = 2                                                # (v2 where v3 cannot)
-    tiles = step_v2.tiles(call.dtype, simulator=not gpu)
+    tiles = step_v2.tiles(call.dtype, simulator=not gpu, H=H, B=B, D=D)   # as forward() and backward()
     row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H

@@ -571,7 +571,9 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
             bwd_ms = (T * b_us) / 1e3 + gemm_b
             row.update(R_bytes_per_step_forward=tr["forward_step"]["R_l2"], backward_bound=rb_bound)
         else:
-            tr = v2_step_traffic(H, I, B, measured=measured_v2)
+            from . import step_v2                   # the tiles the driver picks on this GPU (narrower on few blocks)
+            t2 = step_v2.tiles("float32", simulator=False, H=H, B=B, D=1, sms=gpu.sms)
+            tr = v2_step_traffic(H, I, B, measured=measured_v2, tiles=t2)
             f2, b2 = tr["forward_step_v2"], tr["backward_step_v2"]
             f_us, f_bound = step_time(gpu, f2, f2["blocks"])
             b_us, b_bound = step_time(gpu, b2, b2["blocks"])
@@ -579,7 +581,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
             b_us += gpu.launch_us
             fwd_ms = T * f_us / 1e3 + gemm_f
             bwd_ms = (T + 1) * b_us / 1e3 + gemm_b
-            row.update(R_bytes_per_step_forward=f2["R_l2"], backward_bound=b_bound, runs=2)
+            row.update(R_bytes_per_step_forward=f2["R_l2"], backward_bound=b_bound, runs=2, v2_TJ=t2.TJ)
             if version == 3:
                 sl, n, limit, why = v3_co_residency(gpu, H, H, G, B=B)
                 row.update(note=why, v3_blocks=n, v3_limit=limit)
@@ -637,6 +639,8 @@ def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measure
                 conflict = r["v3_bank_conflict"]
                 note = (f"TJ={r['slice_TJ']}, {r['v3_blocks']} blocks of {r['v3_threads']} threads, h tile "
                         + (f"{conflict}-way bank conflict" if conflict > 1 else "conflict-free"))
+            elif v == 2 and r.get("v2_TJ") not in (None, 32):
+                note = f"tiles of {r['v2_TJ']} units (step_v2.NARROW_TILES: 32 would leave SMs idle)"
             lines.append(f"{H:>5} {B:>4} {T:>5} {ver:>6}  {r['R_bytes_per_step_forward'] / 1e6:>8.2f} MB "
                          f"{r['forward_step_us']:>11.2f} {r['forward_bound']:>5} {r['backward_step_us']:>11.2f} "
                          f"{r['forward_ms']:>9.2f} {r['forward_backward_ms']:>10.2f}  {note}")

@@ -59,6 +59,13 @@ padding), and the 32 rows a warp reads at one k spread over all 32 banks, 4 wave
 Per chunk, LSTM float32 sm_90: forward k loops 8 x 110 -> 8 x 86 instructions (1,699 -> 1,515 in all),
 backward 4 x 80 -> 4 x 56 (529 -> 432; its R tile is read down a column: scalar loads).
 
+Narrow tiles (`NARROW_TILES`, 2026-11-26, the MODEL only: not timed): the H100 measured v2 latency bound at
+768x16 with 48 blocks (24 unit tiles x 2 row tiles) of 2 warps on its 132 SMs.  Where the GPU tiles' grid has
+fewer blocks than the GPU has SMs, `tiles` gives TJ = 16, RG = 4, RB = 2: the same 8 rows and 64 threads, twice
+the blocks (96 at 768x16), half the rows and FMAs a thread; R is read as often (per row tile), h by twice the
+blocks (B x P words each).  Compile report (LSTM float32, sm_80/sm_90, GPU -> narrow tiles): forward 96/96 ->
+86/78 registers and 19/20 -> 10/11 KiB of shared memory, backward 64/64 -> 56/56, 0 spills.
+
 In the simulator the tiles are tiny and divide nothing (TJ = 3, RG = 2, RB = 2, KC = 2) so that partial tiles
 in units, rows and K are always exercised.  float64 uses KC = 16 (the R tile of 32 KC = 32 would be 34 KiB: 4
 blocks per SM on sm_80).
@@ -66,6 +73,7 @@ blocks per SM on sm_80).
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 from numba import cuda, int64, types
@@ -98,14 +106,38 @@ class Tiles(NamedTuple):
 
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
 GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
+#: where the GPU tiles' grid leaves SMs without a block (768 units x 16 rows: 24 x 2 = 48 blocks on an H100's
+#: 132 SMs; 256 x 4: 8 blocks): half the units a block, so twice the blocks; the same TB = 8 rows (R read as
+#: often), 64 threads still, half the rows a thread (RB 4 -> 2: half its FMAs per step)
+NARROW_TILES = Tiles(TJ=16, RG=4, RB=2, KC=32)
+NARROW_TILES_F64 = Tiles(TJ=16, RG=4, RB=2, KC=16)
 SIM_TILES = Tiles(TJ=3, RG=2, RB=2, KC=2)
 
 
-def tiles(dtype="float32", simulator: bool | None = None) -> Tiles:
-    """The tiles this process launches for `dtype` (small ones in the simulator, see the module docstring)."""
+def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, B: int | None = None, D: int = 1,
+          sms: int | None = None) -> Tiles:
+    """The tiles this process launches for `dtype` (small ones in the simulator, see the module docstring).
+
+    Given the layer (H units, B rows, D directions) on a GPU: NARROW_TILES where the GPU tiles' grid has fewer
+    blocks than the GPU has SMs (`sms`, default this process's GPU's; without one, the GPU tiles).  The
+    profiler's MODEL: 768x16 forward 7.2 -> 4.1 us a step, 256x4 2.4 -> 1.4, 512x32 4.8 -> 2.8 (H100;
+    `roofline.v2_step_traffic`: the SMs with a block do the work); 1024x64 (256 blocks) keeps the GPU tiles.
+    The H100 measured v2 latency bound at 768x16 (48 blocks of 2 warps: bench/results/gpu_h100.md); not yet timed
+    on a GPU: NUMBARNN_V2_NARROW=0 keeps the GPU tiles, `bash bench/gpu_run.sh narrow` times both."""
     if common.SIMULATOR if simulator is None else simulator:
         return SIM_TILES
-    return GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
+    f64 = str(dtype) == "float64"
+    t = GPU_TILES_F64 if f64 else GPU_TILES
+    if H is None or B is None or os.environ.get("NUMBARNN_V2_NARROW", "1").strip() == "0":
+        return t
+    if sms is None:
+        from .step_v3 import device_geometry
+        try:
+            sms = device_geometry()[1]
+        except Exception:                                 # no GPU: the GPU tiles
+            return t
+    gx, gy, gz = grid(H, B, D, t)
+    return (NARROW_TILES_F64 if f64 else NARROW_TILES) if gx * gy * gz < sms else t
 
 
 def grid(n_units: int, B: int, D: int, t: Tiles) -> tuple:
@@ -494,7 +526,7 @@ def backward_v2_args(cell) -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 
 def kernel_specs():
-    """The v2 kernels of REPORTED_CELLS at the GPU tiles (block = TJ * RG threads)."""
+    """The v2 kernels of REPORTED_CELLS at the GPU tiles (block = TJ * RG threads), and LSTM's at the narrow ones."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
     import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
@@ -509,6 +541,17 @@ def kernel_specs():
                           signature(BACKWARD_V2_ARGS, cell, dt, False), t.threads))
         a = str(acc_dtype(dt))
         specs.append(("recurrent_backward_v2", dt, make_recurrent_backward_v2(dt, t),
+                      (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3)),
+                      t.threads))
+    # the narrow tiles (`tiles` on a grid smaller than the GPU), LSTM: float32 (float16's tiles too) and float64
+    lstm = get_cell("lstm")
+    for dt, t in (("float32", NARROW_TILES), ("float64", NARROW_TILES_F64)):
+        a = str(acc_dtype(dt))
+        specs.append(("lstm_forward_step_v2_narrow", dt, make_forward_step_v2(lstm, dt, False, t),
+                      signature(FORWARD_ARGS, lstm, dt, False), t.threads))
+        specs.append(("lstm_backward_step_v2_narrow", dt, make_backward_step_v2(lstm, dt, t),
+                      signature(BACKWARD_V2_ARGS, lstm, dt, False), t.threads))
+        specs.append(("recurrent_backward_v2_narrow", dt, make_recurrent_backward_v2(dt, t),
                       (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3)),
                       t.threads))
     return specs
