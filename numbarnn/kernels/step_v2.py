@@ -525,6 +525,12 @@ def backward_v2_args(cell) -> list[str]:
 # kernel report
 # ---------------------------------------------------------------------------------------------------
 
+def recurrent_signature(dt) -> tuple:
+    """recurrent_backward_v2's argument types: s, lens, dgh [D, T, B, G*H], R_fwd, R_rev [G*H, P], dh_in, dh_out."""
+    a = str(acc_dtype(dt))
+    return (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3))
+
+
 def kernel_specs():
     """The v2 kernels of REPORTED_CELLS at the GPU tiles (block = TJ * RG threads), and LSTM's at the narrow ones."""
     import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
@@ -539,20 +545,16 @@ def kernel_specs():
                               signature(FORWARD_ARGS, cell, dt, proj), t.threads))
             specs.append((f"{cell.name}_backward_step_v2", dt, make_backward_step_v2(cell, dt, t),
                           signature(BACKWARD_V2_ARGS, cell, dt, False), t.threads))
-        a = str(acc_dtype(dt))
-        specs.append(("recurrent_backward_v2", dt, make_recurrent_backward_v2(dt, t),
-                      (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3)),
+        specs.append(("recurrent_backward_v2", dt, make_recurrent_backward_v2(dt, t), recurrent_signature(dt),
                       t.threads))
     # the narrow tiles (`tiles` on a grid smaller than the GPU), LSTM: float32 (float16's tiles too) and float64
     lstm = get_cell("lstm")
     for dt, t in (("float32", NARROW_TILES), ("float64", NARROW_TILES_F64)):
-        a = str(acc_dtype(dt))
         specs.append(("lstm_forward_step_v2_narrow", dt, make_forward_step_v2(lstm, dt, False, t),
                       signature(FORWARD_ARGS, lstm, dt, False), t.threads))
         specs.append(("lstm_backward_step_v2_narrow", dt, make_backward_step_v2(lstm, dt, t),
                       signature(BACKWARD_V2_ARGS, lstm, dt, False), t.threads))
-        specs.append(("recurrent_backward_v2_narrow", dt, make_recurrent_backward_v2(dt, t),
-                      (nb("int64"), arr("int32", 1), arr(dt, 4), arr(dt, 2), arr(dt, 2), arr(a, 3), arr(a, 3)),
+        specs.append(("recurrent_backward_v2_narrow", dt, make_recurrent_backward_v2(dt, t), recurrent_signature(dt),
                       t.threads))
     return specs
 
