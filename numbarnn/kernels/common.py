@@ -68,8 +68,8 @@ def _compile_without_a_gpu() -> None:
     from numba.cuda import dispatcher
     from numba.cuda.cudadrv.error import CudaSupportError
 
-    real = dispatcher.get_current_device
-    if getattr(real, "numbarnn_real", None) is not None:
+    real = getattr(dispatcher, "get_current_device", None)
+    if real is None or getattr(real, "numbarnn_real", None) is not None:   # another numba-cuda, or done already
         return
 
     def get_current_device():
