@@ -12,7 +12,7 @@ if os.environ.get("NUMBARNN_REAL_GPU") != "1":
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Simulator runs are slow and their time varies: no deadlines; a small, deterministic default budget
-# (CI: ~20 minutes on 2 cores, most of it compiling: the kernel report, the CPU backend's cold numba cache).
+# (CI: ~16 minutes on 2 cores, much of it compiling: the kernel report, the CPU backend's cold numba cache).
 # NUMBARNN_HYPOTHESIS_PROFILE=thorough for more examples.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -72,7 +72,7 @@ def _simulator_state_is_restored():
 # ---------------------------------------------------------------------------------------------------------
 # Order: the longest tests first
 # ---------------------------------------------------------------------------------------------------------
-# The kernel report test compiles every kernel for sm_80 and sm_90 (6 minutes alone on 2 cores, more beside the rest).
+# The kernel report test compiles every kernel for sm_80 and sm_90 (5 minutes alone on 2 cores, 8 beside the rest).
 # Collected in file order it started mid-run, and the other worker ran out of tests while it finished; started
 # first, the rest of the suite runs beside it.  Then the other long ones, longest first (a fresh clone's durations
 # on 2 cores, `--durations`: the CPU backend's hypothesis tests compile its loops into an empty numba cache,
