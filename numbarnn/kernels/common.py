@@ -17,7 +17,6 @@ import numpy as np
 from numba import cuda, types
 from numba.np.numpy_support import from_dtype
 
-
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 #: what this process runs on (SIMULATOR is the geometry the plans assume: the profiler sets it False to plan as a GPU)
 _NUMBA_SIMULATOR = SIMULATOR
@@ -27,7 +26,6 @@ DTYPES = ("float16", "float32", "float64")
 #: a mask and an add per access, and the wrapped address kept in a register), an unsigned one is a plain
 #: address.  Measured in v3's k loop (python -m numbarnn.kernels.sass), as earlier in GEMM v4's registers.
 U = np.uint64
-
 
 
 def device(fn):

@@ -258,8 +258,8 @@ def forward(call, x, h0, c0, params):
             version = 2
     log.step_version = version
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
-    tiles = step_v2.tiles(dt, H=H, B=B, D=D)                        # narrower where the grid is small
     if version == 2:
+        tiles = step_v2.tiles(dt, H=H, B=B, D=D)                    # narrower where the grid is small
         cell_forward = jit(step_v2.make_forward_step_v2, cfg.cell, str(dt), cfg.has_proj, tiles)
         step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
     else:

@@ -552,6 +552,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
     else v2's forward (row["runs"] says which); its backward likewise (`v3_backward_traffic`, one launch: the
     columns of R once, then T + 1 steps of traffic + a grid barrier each; row["backward_runs"]).
     """
+    from . import step_v2                           # lazily, as v2_step_traffic imports it
     gpu = GPUS[gpu_name]
     out = []
     G, s = 4, 4
@@ -571,8 +572,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
             bwd_ms = (T * b_us) / 1e3 + gemm_b
             row.update(R_bytes_per_step_forward=tr["forward_step"]["R_l2"], backward_bound=rb_bound)
         else:
-            from . import step_v2                   # the tiles the driver picks on this GPU (narrower on few blocks)
-            t2 = step_v2.tiles("float32", simulator=False, H=H, B=B, D=1, sms=gpu.sms)
+            t2 = step_v2.tiles("float32", simulator=False, H=H, B=B, D=1, sms=gpu.sms)   # as the driver on this GPU
             tr = v2_step_traffic(H, I, B, measured=measured_v2, tiles=t2)
             f2, b2 = tr["forward_step_v2"], tr["backward_step_v2"]
             f_us, f_bound = step_time(gpu, f2, f2["blocks"])

@@ -59,11 +59,13 @@ padding), and the 32 rows a warp reads at one k spread over all 32 banks, 4 wave
 Per chunk, LSTM float32 sm_90: forward k loops 8 x 110 -> 8 x 86 instructions (1,699 -> 1,515 in all),
 backward 4 x 80 -> 4 x 56 (529 -> 432; its R tile is read down a column: scalar loads).
 
-Narrow tiles (`NARROW_TILES`, 2026-11-26, the MODEL only: not timed): the H100 measured v2 latency bound at
-768x16 with 48 blocks (24 unit tiles x 2 row tiles) of 2 warps on its 132 SMs.  Where the GPU tiles' grid has
-fewer blocks than the GPU has SMs, `tiles` gives TJ = 16, RG = 4, RB = 2: the same 8 rows and 64 threads, twice
-the blocks (96 at 768x16), half the rows and FMAs a thread; R is read as often (per row tile), h by twice the
-blocks (B x P words each).  Compile report (LSTM float32, sm_80/sm_90, GPU -> narrow tiles): forward 96/96 ->
+Narrow tiles (`narrow`, 2026-11-26, the MODEL only: not timed): the H100 measured v2 latency bound at 768x16
+with 48 blocks (24 unit tiles x 2 row tiles) of 2 warps on its 132 SMs.  Where the GPU tiles' grid has fewer
+blocks than the GPU has SMs, `tiles` gives TJ = 16, RG = 4, RB = 2: the same 8 rows and 64 threads, twice the
+blocks (96 at 768x16), half the rows and FMAs a thread; R is read as often (per row tile), h by twice the
+blocks (B x P words each).  The model's v2 step, H100, without the launch (`roofline.v2_step_traffic`: the SMs
+with a block do the work): 768x16 forward 7.2 -> 4.1 us, 256x4 2.4 -> 1.4, 512x32 4.8 -> 2.8; 1024x64 (256
+blocks) keeps the GPU tiles.  Compile report (LSTM float32, sm_80/sm_90, GPU -> narrow tiles): forward 96/96 ->
 86/78 registers and 19/20 -> 10/11 KiB of shared memory, backward 64/64 -> 56/56, 0 spills.
 
 In the simulator the tiles are tiny and divide nothing (TJ = 3, RG = 2, RB = 2, KC = 2) so that partial tiles
@@ -104,13 +106,16 @@ class Tiles(NamedTuple):
         return self.TJ * self.RG
 
 
+def narrow(t: Tiles) -> Tiles:
+    """`t` with half the units a block, twice the row groups and half the rows a thread: the same TB rows and
+    threads, twice the blocks (the module docstring's "Narrow tiles")."""
+    return t._replace(TJ=t.TJ // 2, RG=2 * t.RG, RB=t.RB // 2)
+
+
 GPU_TILES = Tiles(TJ=32, RG=2, RB=4, KC=32)
 GPU_TILES_F64 = Tiles(TJ=32, RG=2, RB=4, KC=16)   # float64: half the K chunk, half the R tile's 34 KiB
-#: where the GPU tiles' grid leaves SMs without a block (768 units x 16 rows: 24 x 2 = 48 blocks on an H100's
-#: 132 SMs; 256 x 4: 8 blocks): half the units a block, so twice the blocks; the same TB = 8 rows (R read as
-#: often), 64 threads still, half the rows a thread (RB 4 -> 2: half its FMAs per step)
-NARROW_TILES = Tiles(TJ=16, RG=4, RB=2, KC=32)
-NARROW_TILES_F64 = Tiles(TJ=16, RG=4, RB=2, KC=16)
+NARROW_TILES = narrow(GPU_TILES)                  # 16 units x 4 row groups x 2 rows
+NARROW_TILES_F64 = narrow(GPU_TILES_F64)
 SIM_TILES = Tiles(TJ=3, RG=2, RB=2, KC=2)
 
 
@@ -118,16 +123,12 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
           sms: int | None = None) -> Tiles:
     """The tiles this process launches for `dtype` (small ones in the simulator, see the module docstring).
 
-    Given the layer (H units, B rows, D directions) on a GPU: NARROW_TILES where the GPU tiles' grid has fewer
-    blocks than the GPU has SMs (`sms`, default this process's GPU's; without one, the GPU tiles).  The
-    profiler's MODEL: 768x16 forward 7.2 -> 4.1 us a step, 256x4 2.4 -> 1.4, 512x32 4.8 -> 2.8 (H100;
-    `roofline.v2_step_traffic`: the SMs with a block do the work); 1024x64 (256 blocks) keeps the GPU tiles.
-    The H100 measured v2 latency bound at 768x16 (48 blocks of 2 warps: bench/results/gpu_h100.md); not yet timed
-    on a GPU: NUMBARNN_V2_NARROW=0 keeps the GPU tiles, `bash bench/gpu_run.sh narrow` times both."""
+    Given the layer (H units, B rows, D directions) on a GPU: the narrow tiles (`narrow`) where the GPU tiles'
+    grid has fewer blocks than the GPU has SMs (`sms`, default this process's GPU's; without one, the GPU tiles).
+    NUMBARNN_V2_NARROW=0 keeps the GPU tiles (`bash bench/gpu_run.sh narrow` times both)."""
     if common.SIMULATOR if simulator is None else simulator:
         return SIM_TILES
-    f64 = str(dtype) == "float64"
-    t = GPU_TILES_F64 if f64 else GPU_TILES
+    t = GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
     if H is None or B is None or os.environ.get("NUMBARNN_V2_NARROW", "1").strip() == "0":
         return t
     if sms is None:
@@ -137,7 +138,7 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
         except Exception:                                 # no GPU: the GPU tiles
             return t
     gx, gy, gz = grid(H, B, D, t)
-    return (NARROW_TILES_F64 if f64 else NARROW_TILES) if gx * gy * gz < sms else t
+    return narrow(t) if gx * gy * gz < sms else t
 
 
 def grid(n_units: int, B: int, D: int, t: Tiles) -> tuple:
@@ -549,7 +550,8 @@ def kernel_specs():
                       t.threads))
     # the narrow tiles (`tiles` on a grid smaller than the GPU), LSTM: float32 (float16's tiles too) and float64
     lstm = get_cell("lstm")
-    for dt, t in (("float32", NARROW_TILES), ("float64", NARROW_TILES_F64)):
+    for dt in ("float32", "float64"):
+        t = narrow(tiles(dt, simulator=False))
         specs.append(("lstm_forward_step_v2_narrow", dt, make_forward_step_v2(lstm, dt, False, t),
                       signature(FORWARD_ARGS, lstm, dt, False), t.threads))
         specs.append(("lstm_backward_step_v2_narrow", dt, make_backward_step_v2(lstm, dt, t),
