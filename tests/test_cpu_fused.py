@@ -174,6 +174,21 @@ def test_wide_shapes_dtypes_and_skip_input(dtype, input_mode):
     compare(_wide_case("gru", dtype, input_mode=input_mode, direction="unidirectional", layers=1))
 
 
+def test_training_inference_and_skip_input_share_one_compiled_loop():
+    """`save` and `skip` are run-time flags of the fused forward: training and inference, linear and skip input
+    run the same machine code (one numba overload), and each writes what it should (compare: the reserve only
+    when training)."""
+    H = fused.lanes_for(np.float32) + 3
+    loop = fused.forward_loop(rnn_config(1, H, H, "gru").cell, "float32", False, False)   # as network.py asks
+    before = len(loop.overloads)
+    for input_mode in ("linear_input", "skip_input"):
+        case = make_rnn_case(rnn_config(1, H, H, "gru", input_mode=input_mode), 3, 2, [3, 1], seed=5,
+                             dtype=np.float32)
+        compare(case)
+        compare(replace(case, is_training=False))
+    assert len(loop.overloads) == max(before, 1)
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 @pytest.mark.parametrize("groups", [2, 3, 5])
 def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):

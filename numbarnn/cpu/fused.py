@@ -273,12 +273,18 @@ lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = 
 
 
 @functools.cache
-def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: bool = True, has_proj: bool = False):
-    """The fused forward of one layer and direction for `cell` (see the module docstring); `save` False (an
-    inference call) writes no reserve (acts, cs): measured LSTM T=100 B=32 I=H=512, the loop alone, best of 9,
-    three runs: 65.5-70.8 ms against 76.2-76.6 writing them (`acts` alone is 26 MB).  With a projection the
-    cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by the micro-kernel over
-    W_proj's rows (`pack_columns` of W_proj^T), written to y and h."""
+def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
+    """The fused forward of one layer and direction for `cell` (see the module docstring).  With a projection
+    the cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by the micro-kernel
+    over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
+
+    Two run-time flags: `save` False (an inference call) writes no reserve (acts, cs): measured LSTM T=100 B=32
+    I=H=512, the loop alone, best of 9, three runs: 65.5-70.8 ms against 76.2-76.6 writing them (`acts` alone is
+    26 MB); `skip`: skip input, x reaches the gates as it is.  Each is a branch per row of a tile, never per lane,
+    so one compiled loop serves training and inference, with or without skip input (it was four: a cold compile
+    is 5-11 s each).  The projection stays a compile-time choice: it brings a second micro-kernel (`tile_q`),
+    whose machine code made the first compile of the parallel loop 56% longer when it was a flag too
+    (LSTM T=100 B=32 I=H=512, 11.3 -> 17.5 s)."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
@@ -289,11 +295,9 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
     L = NR * LANES                              # lanes of the pointwise loop: NR rows x LANES units
     ITEM = np.dtype(compute).itemsize
     STATE = cell.cell_state
-    SKIP = skip_input
-    SAVE = save
     PROJ = has_proj
     MQ = COLUMN_VECTORS                         # vectors of projected outputs per product_tile call
-    KEY = cells.variant_key(cell, compute, has_proj, parallel) + f"fused {skip_input} {save} {LANES} {NR} {MQ}"
+    KEY = cells.variant_key(cell, compute, has_proj, parallel) + f"fused {LANES} {NR} {MQ}"
 
     def loop(
         d,        # int     direction (0 forward, 1 reverse)
@@ -316,6 +320,8 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
         Wq,       # [NQ, MQ//V, H, V, LANES] projection: W_proj^T packed by columns (`pack_columns`)
         mbuf,     # [B, HP]        projection: m of the step
         ms,       # [T, B, H]      projection: reserve m (not written without `save`)
+        skip,     # bool    skip input: x_t reaches the gates as it is (I == H), Wp not read
+        save,     # bool    write the reserve (acts, cs, ms): False in an inference call
     ):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
@@ -370,7 +376,7 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                             xrows[r] = x_addr + ((t * B + b) * I) * ITEM
                             hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
                         # the products with their biases: G x NR results, V*NR accumulators per pass over k
-                        if SKIP:                                 # x reaches every gate as it is (I == H)
+                        if skip:                                 # x reaches every gate as it is (I == H)
                             for g in range(G):
                                 for r in range(NR):
                                     q = r * LANES
@@ -403,19 +409,19 @@ def forward_loop(cell, compute: str, skip_input: bool, parallel: bool, save: boo
                             b = rb[r]
                             t = rt[r]
                             q = r * LANES
-                            if SAVE:
+                            if save:
                                 for k in range(S):
                                     load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
                             if PROJ:
                                 load(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu)
-                                if SAVE:
+                                if save:
                                     load(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu)
                             else:
                                 load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
                                 load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
                             if STATE:
                                 load(cbuf[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                                if SAVE:
+                                if save:
                                     load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
                 if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
                     for i0 in range(grp * NR, n, groups * NR):

@@ -126,9 +126,9 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order,
     cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
     macs = G * H * (x_l.shape[2] + P) + (H * P if cfg.has_proj else 0)       # per row and step
     groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * macs)
-    loop = fused.forward_loop(cfg.cell, str(ct), lp.W is None, groups > 1, call.is_training, cfg.has_proj)
+    loop = fused.forward_loop(cfg.cell, str(ct), groups > 1, cfg.has_proj)
     loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
-         groups, Wq, mbuf, ms)
+         groups, Wq, mbuf, ms, lp.W is None, call.is_training)
     ran = lens > 0                                             # rows that ran: h is their last output
     t_last = np.where(d == 0, lens - 1, 0)
     h[ran] = y[t_last[ran], np.nonzero(ran)[0], d * P:(d + 1) * P]
