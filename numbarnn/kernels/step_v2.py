@@ -132,11 +132,11 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
     if H is None or B is None or os.environ.get("NUMBARNN_V2_NARROW", "1").strip() == "0":
         return t
     if sms is None:
-        from .step_v3 import device_geometry
-        try:
-            sms = device_geometry()[1]
-        except Exception:                                 # no GPU: the GPU tiles
+        from .step_v3 import device_geometry_or_none
+        geometry = device_geometry_or_none()
+        if geometry is None:                              # no GPU: the GPU tiles
             return t
+        sms = geometry[1]
     gx, gy, gz = grid(H, B, D, t)
     return narrow(t) if gx * gy * gz < sms else t
 

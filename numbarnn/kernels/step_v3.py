@@ -978,6 +978,15 @@ def device_geometry() -> tuple:
     return tuple(dev.compute_capability), dev.MULTIPROCESSOR_COUNT
 
 
+def device_geometry_or_none() -> tuple | None:
+    """`device_geometry()`, or None where there is no GPU to ask (what v3's widths and v2's narrow tiles fall back
+    on: the plan's block, the GPU tiles)."""
+    try:
+        return device_geometry()
+    except Exception:
+        return None
+
+
 def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
            phase: str = "forward", B: int | None = None):
     """(Slice, why) when the persistent kernel of `phase` ("forward" or "backward") can run this layer, else
@@ -1005,10 +1014,7 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     n = blocks_needed(H, D, sl)                # the same for every width (the same TJ)
     candidates = [sl]
     if not sim and B is not None and os.environ.get("NUMBARNN_V3_WIDE", "1").strip() != "0":
-        try:
-            geometry = device_geometry()
-        except Exception:                      # no device to estimate with: THREADS only
-            geometry = None
+        geometry = device_geometry_or_none()   # no device to estimate with: THREADS only
         if geometry is not None:               # a wider block only where the estimate says it fits
             from . import roofline
             candidates = [c for c in widths(cell.G, sl, B, dtype) if c is sl or n <= (
