@@ -179,7 +179,7 @@ def test_training_inference_and_skip_input_share_one_compiled_loop():
     run the same machine code (one numba overload), and each writes what it should (compare: the reserve only
     when training)."""
     H = fused.lanes_for(np.float32) + 3
-    loop = fused.forward_loop(rnn_config(1, H, H, "gru").cell, "float32", False, False)   # as network.py asks
+    loop = fused.forward_group(rnn_config(1, H, H, "gru").cell, "float32", False)   # what both loops run
     before = len(loop.overloads)
     for input_mode in ("linear_input", "skip_input"):
         case = make_rnn_case(rnn_config(1, H, H, "gru", input_mode=input_mode), 3, 2, [3, 1], seed=5,
@@ -192,8 +192,10 @@ def test_training_inference_and_skip_input_share_one_compiled_loop():
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 @pytest.mark.parametrize("groups", [2, 3, 5])
 def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
-    """Any number of row groups (the prange twins: each group runs its own time loop over its row tiles; 5 is
-    more groups than row tiles) gives the same bits as one group (the serial loops)."""
+    """Any number of row groups (the prange loops: each group runs its own time loop over its row tiles; 5 is
+    more groups than row tiles) gives the same bits as one group (the serial loops), and both run one compiled
+    body: the group functions have one overload each (a prange index passed as it is, unsigned, compiled the
+    forward body a second time)."""
     case = _wide_case(mode, np.float32, num_proj=5 if mode == "lstm" else 0)
     monkeypatch.setattr(fused, "row_groups", lambda *a: 1)
     serial = run_forward(case, "cpu")
@@ -203,6 +205,11 @@ def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
     par = named(par, run_backward(case, par, "cpu"))
     for name, a in serial.items():
         assert a.tobytes() == par[name].tobytes(), name
+    cell, proj = case.cfg.cell, case.cfg.has_proj
+    assert fused.forward_loop(cell, "float32", True, proj).py_func.__globals__["group"] is \
+        fused.forward_group(cell, "float32", proj)
+    assert len(fused.forward_group(cell, "float32", proj).overloads) == 1
+    assert len(fused.backward_group(cell, "float32", fused.COLUMN_VECTORS, proj).overloads) == 1
 
 
 def test_group_rows_interleave_row_tiles():
@@ -244,11 +251,14 @@ def vector_width(monkeypatch):
     def use(nbytes):
         monkeypatch.setattr(fused, "simd_bytes", lambda: nbytes)
         monkeypatch.setattr(fused, "machine", lambda: "x86_64")
-        fused.forward_loop.cache_clear()
-        fused.backward_loop.cache_clear()
+        _clear_loops()
     yield use
-    fused.forward_loop.cache_clear()
-    fused.backward_loop.cache_clear()
+    _clear_loops()
+
+
+def _clear_loops():
+    for factory in (fused.forward_group, fused.forward_loop, fused.backward_group, fused.backward_loop):
+        factory.cache_clear()
 
 
 @pytest.mark.parametrize("nbytes", [16, 32])

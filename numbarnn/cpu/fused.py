@@ -30,7 +30,8 @@ GFLOP/s).  Measured (`python bench/bench_cpu_fused.py`): R h^T for B=32, H=512, 
 
 Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups`
 (one parallel region per call, each group its own time loop over its row tiles; why not a region per step:
-see row_groups).  Rows are sorted by length once per call (longest first), so the rows active at step s
+see row_groups).  A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
+loop runs it for the one group, the parallel loop (a prange) for each.  Rows are sorted by length once per call (longest first), so the rows active at step s
 are a prefix (`n_active[s]`) and a step runs only the active row tiles; a partial tile's spare lanes
 recompute the longest row and are not written.  Units: a partial last tile computes on zeros (packed
 weights, biases and the padded columns of the h and c buffers are 0) and writes only its first H - j0 lanes.
@@ -273,10 +274,11 @@ lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = 
 
 
 @functools.cache
-def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
-    """The fused forward of one layer and direction for `cell` (see the module docstring).  With a projection
-    the cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by the micro-kernel
-    over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
+def forward_group(cell, compute: str, has_proj: bool = False):
+    """One row group's whole fused forward of one layer and direction for `cell` (see the module docstring):
+    ``group(grp, <forward_loop's arguments>)`` runs row tiles grp, grp + groups, ... through every step.  With
+    a projection the cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by
+    the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
 
     Two run-time flags: `save` False (an inference call) writes no reserve (acts, cs): measured LSTM T=100 B=32
     I=H=512, the loop alone, best of 9, three runs: 65.5-70.8 ms against 76.2-76.6 writing them (`acts` alone is
@@ -297,9 +299,10 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     STATE = cell.cell_state
     PROJ = has_proj
     MQ = COLUMN_VECTORS                         # vectors of projected outputs per product_tile call
-    KEY = cells.variant_key(cell, compute, has_proj, parallel) + f"fused {LANES} {NR} {MQ}"
+    KEY = cells.variant_key(cell, compute, has_proj, False) + f"fused {LANES} {NR} {MQ}"
 
-    def loop(
+    def group(
+        grp,      # int     the row group this call runs (of `groups`)
         d,        # int     direction (0 forward, 1 reverse)
         H,        # int     hidden units
         lens,     # [B]     int32 sequence lengths
@@ -340,108 +343,108 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
         HP = mbuf.shape[1]
         P = Rp.shape[2]
         NQ = Wq.shape[0]
-        for grp in prange(groups):                  # row group grp: row tiles grp, grp + groups, ...
-            # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
-            xrows_p = rows_x(i64)
-            xrows = numba.carray(xrows_p, NR)   # [NR] addresses of the rows' x_t
-            hrows_p = rows_h(i64)
-            hrows = numba.carray(hrows_p, NR)   # [NR] addresses of the rows' h
-            rb = numba.carray(rows_b(i64), NR)  # [NR] batch row of each lane group
-            rt = numba.carray(rows_t(i64), NR)  # [NR] its time index
-            wx_p = lanes_w(acc)
-            wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
-            rh_p = lanes_r(acc)
-            rh = numba.carray(rh_p, (G, L))     # [G, L] R_g h + bR_g
-            v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
-            saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
-            h_prev = numba.carray(lanes_h(acc), L)       # [L] h
-            c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
-            m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
-            c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
-            q_p = lanes_q(acc)
-            q_out = numba.carray(q_p, (MQ, L))           # [MQ, L] projection: W_proj m of a column tile
-            for s in range(n_active.shape[0]):
-                cur = s % 2
-                nxt = 1 - cur
-                n = n_active[s]
-                for jt in range(NT):
-                    j0 = jt * LANES
-                    nu = min(LANES, H - j0)         # units of this tile that exist
-                    for i0 in range(grp * NR, n, groups * NR):
-                        for r in range(NR):
-                            b = order[i0 + r] if i0 + r < n else order[0]   # spare lanes: the longest row
-                            t = s if d == 0 else lens[b] - 1 - s
-                            rb[r] = b
-                            rt[r] = t
-                            xrows[r] = x_addr + ((t * B + b) * I) * ITEM
-                            hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
-                        # the products with their biases: G x NR results, V*NR accumulators per pass over k
-                        if skip:                                 # x reaches every gate as it is (I == H)
-                            for g in range(G):
-                                for r in range(NR):
-                                    q = r * LANES
-                                    wx[g, q:q + LANES] = zero
-                                    load(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu)
-                                    accumulate(wx[g, q:q + LANES], bW[jt, g], LANES)
+        # row group grp: row tiles grp, grp + groups, ...
+        # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
+        xrows_p = rows_x(i64)
+        xrows = numba.carray(xrows_p, NR)   # [NR] addresses of the rows' x_t
+        hrows_p = rows_h(i64)
+        hrows = numba.carray(hrows_p, NR)   # [NR] addresses of the rows' h
+        rb = numba.carray(rows_b(i64), NR)  # [NR] batch row of each lane group
+        rt = numba.carray(rows_t(i64), NR)  # [NR] its time index
+        wx_p = lanes_w(acc)
+        wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
+        rh_p = lanes_r(acc)
+        rh = numba.carray(rh_p, (G, L))     # [G, L] R_g h + bR_g
+        v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
+        saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
+        h_prev = numba.carray(lanes_h(acc), L)       # [L] h
+        c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
+        m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
+        c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
+        q_p = lanes_q(acc)
+        q_out = numba.carray(q_p, (MQ, L))           # [MQ, L] projection: W_proj m of a column tile
+        for s in range(n_active.shape[0]):
+            cur = s % 2
+            nxt = 1 - cur
+            n = n_active[s]
+            for jt in range(NT):
+                j0 = jt * LANES
+                nu = min(LANES, H - j0)         # units of this tile that exist
+                for i0 in range(grp * NR, n, groups * NR):
+                    for r in range(NR):
+                        b = order[i0 + r] if i0 + r < n else order[0]   # spare lanes: the longest row
+                        t = s if d == 0 else lens[b] - 1 - s
+                        rb[r] = b
+                        rt[r] = t
+                        xrows[r] = x_addr + ((t * B + b) * I) * ITEM
+                        hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
+                    # the products with their biases: G x NR results, V*NR accumulators per pass over k
+                    if skip:                                 # x reaches every gate as it is (I == H)
+                        for g in range(G):
+                            for r in range(NR):
+                                q = r * LANES
+                                wx[g, q:q + LANES] = zero
+                                load(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu)
+                                accumulate(wx[g, q:q + LANES], bW[jt, g], LANES)
+                    else:
+                        tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
+                    tile_r(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
+                    # gather the lanes' other inputs (loops over slices, indexed by their counters: vectorized;
+                    # indexing the big arrays directly would keep them scalar, see cells.py)
+                    for r in range(NR):
+                        q = r * LANES
+                        for k in range(V):
+                            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+                        if PROJ:                             # a cell allowing a projection reads no h
+                            h_prev[q:q + LANES] = zero
                         else:
-                            tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
-                        tile_r(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
-                        # gather the lanes' other inputs (loops over slices, indexed by their counters: vectorized;
-                        # indexing the big arrays directly would keep them scalar, see cells.py)
-                        for r in range(NR):
-                            q = r * LANES
-                            for k in range(V):
-                                load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
-                            if PROJ:                             # a cell allowing a projection reads no h
-                                h_prev[q:q + LANES] = zero
-                            else:
-                                load(h_prev[q:q + LANES], hbuf[cur, rb[r], j0:j0 + LANES], LANES)
-                            if STATE:
-                                load(c_prev[q:q + LANES], cbuf[rb[r], j0:j0 + LANES], LANES)
-                            else:
-                                c_prev[q:q + LANES] = zero
-                        # the cell, one lane per (row, unit): reads and writes only the scratch
-                        for q in range(L):
-                            m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
-                                                           saved[:, q])
-                        # scatter the active rows' results
+                            load(h_prev[q:q + LANES], hbuf[cur, rb[r], j0:j0 + LANES], LANES)
+                        if STATE:
+                            load(c_prev[q:q + LANES], cbuf[rb[r], j0:j0 + LANES], LANES)
+                        else:
+                            c_prev[q:q + LANES] = zero
+                    # the cell, one lane per (row, unit): reads and writes only the scratch
+                    for q in range(L):
+                        m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
+                                                       saved[:, q])
+                    # scatter the active rows' results
+                    for r in range(min(NR, n - i0)):
+                        b = rb[r]
+                        t = rt[r]
+                        q = r * LANES
+                        if save:
+                            for k in range(S):
+                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+                        if PROJ:
+                            load(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu)
+                            if save:
+                                load(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu)
+                        else:
+                            load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
+                            load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                        if STATE:
+                            load(cbuf[b, j0:j0 + nu], c_out[q:q + nu], nu)
+                            if save:
+                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
+            if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
+                for i0 in range(grp * NR, n, groups * NR):
+                    for r in range(NR):
+                        b = order[i0 + r] if i0 + r < n else order[0]
+                        rb[r] = b
+                        rt[r] = s if d == 0 else lens[b] - 1 - s
+                        hrows[r] = m_addr + (b * HP) * ITEM
+                    for cq in range(NQ):
+                        tile_q(q_addr + cq * (H * MQ * LANES * ITEM), hrows_p, H, q_p)
                         for r in range(min(NR, n - i0)):
                             b = rb[r]
                             t = rt[r]
-                            q = r * LANES
-                            if save:
-                                for k in range(S):
-                                    load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
-                            if PROJ:
-                                load(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu)
-                                if save:
-                                    load(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu)
-                            else:
-                                load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
-                                load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
-                            if STATE:
-                                load(cbuf[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                                if save:
-                                    load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
-                if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
-                    for i0 in range(grp * NR, n, groups * NR):
-                        for r in range(NR):
-                            b = order[i0 + r] if i0 + r < n else order[0]
-                            rb[r] = b
-                            rt[r] = s if d == 0 else lens[b] - 1 - s
-                            hrows[r] = m_addr + (b * HP) * ITEM
-                        for cq in range(NQ):
-                            tile_q(q_addr + cq * (H * MQ * LANES * ITEM), hrows_p, H, q_p)
-                            for r in range(min(NR, n - i0)):
-                                b = rb[r]
-                                t = rt[r]
-                                for mq in range(MQ):
-                                    c0 = (cq * MQ + mq) * LANES
-                                    nc = min(LANES, P - c0)
-                                    if nc > 0:
-                                        load(hbuf[nxt, b, c0:c0 + nc], q_out[mq, r * LANES:r * LANES + nc], nc)
-                                        load(y[t, b, d * P + c0:d * P + c0 + nc], q_out[mq, r * LANES:r * LANES + nc],
-                                             nc)
+                            for mq in range(MQ):
+                                c0 = (cq * MQ + mq) * LANES
+                                nc = min(LANES, P - c0)
+                                if nc > 0:
+                                    load(hbuf[nxt, b, c0:c0 + nc], q_out[mq, r * LANES:r * LANES + nc], nc)
+                                    load(y[t, b, d * P + c0:d * P + c0 + nc], q_out[mq, r * LANES:r * LANES + nc],
+                                         nc)
 
     tile = product_tile(compute, G, NR, LANES, bias=True)
     extra = {"tile_w": tile, "tile_r": tile, "lanes_w": cells.stack_buffer(G * L),
@@ -451,16 +454,44 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
         extra[name] = cells.stack_buffer(NR)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_o"):
         extra[name] = cells.stack_buffer(L)
-    return cells.cached_step(loop, parallel, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
+    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
 
 
-#: a call (one layer and direction) of fewer multiply-adds than this runs the serial twin (one row group)
+@functools.cache
+def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
+    """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., skip, save)`` (the
+    arguments of `forward_group` after grp) runs every row group of `forward_group`.  Serial: the group
+    function itself for group 0 of 1.  Parallel: an njit prange over the groups, each calling it.
+
+    Why one body function that both call: written inside the prange, the body was compiled twice (the serial
+    loop and the parallel one), the parallel time through numba's parfor passes too, whose copies of its IR (the
+    inlined cell included) were most of that compile.  Now the parallel loop compiles only its few lines and
+    links the body.  LSTM T=40 B=16 I=H=256 float32, an empty numba cache, first forward calls (2-core EPYC,
+    bench/results/cpu.md, stop 27): serial then parallel 6.5 + 10.9 s -> 6.2 + 2.7 s; parallel then serial
+    12.5 + 4.7 s -> 8.7 + 0 s."""
+    if not parallel:
+        return functools.partial(forward_group(cell, compute, has_proj), 0)
+    KEY = cells.variant_key(cell, compute, has_proj, True) + " forward row groups"
+
+    def loop(d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs, groups, Wq, mbuf, ms,
+             skip, save):
+        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
+        for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
+            group(np.int64(g), d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,  # noqa: F821
+                  cs, groups, Wq, mbuf, ms, skip, save)
+
+    # `group` a global of the compiled copy, not a closure value: numba keys its cache by the closure's pickled
+    # values, and a dispatcher's pickle differs from process to process (the cache would never hit)
+    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute, has_proj))
+
+
+#: a call (one layer and direction) of fewer multiply-adds than this runs serially (one row group)
 PARALLEL_MIN_MACS = 1 << 28
 
 
 def row_groups(B: int, NR: int, macs: int) -> int:
     """Row groups for a call of B rows and `macs` multiply-adds: one per thread, at most one per tile of NR rows;
-    1 (the serial twin) below PARALLEL_MIN_MACS.
+    1 (the serial loop) below PARALLEL_MIN_MACS.
 
     Batch rows are independent through a whole layer and direction, so each group runs its own time loop over
     its row tiles with no synchronisation between steps: one parallel region per call.  Why not a parallel
@@ -534,9 +565,9 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
 
 
 @functools.cache
-def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = False):
-    """The backward of one layer and direction.  Per row group (in parallel, each its own time loop: rows are
-    independent), per step s = steps-1 .. 0:
+def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
+    """One row group's whole backward of one layer and direction: ``group(grp, <backward_loop's arguments>)``
+    runs the rows of line grp of `groups` (`group_rows`), per step s = steps-1 .. 0:
 
         (projection: dht = dy + dh -> dh_all[t];  dm = dht @ W_proj by the micro-kernel over W_proj's columns)
         cells.backward_step(...)            the pointwise backward of the group's rows: dgx[t], dgh[s], hp[s],
@@ -551,9 +582,10 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
     ITEM = np.dtype(compute).itemsize
     PROJ = has_proj
     step = cells.backward_step(cell, compute, has_proj, False)
-    KEY = cells.variant_key(cell, compute, has_proj, parallel) + f"fused backward {LANES} {NR} {MV}"
+    KEY = cells.variant_key(cell, compute, has_proj, False) + f"fused backward {LANES} {NR} {MV}"
 
-    def loop(
+    def group(
+        grp,      # int     the row group this call runs (a line of `groups`)
         d,        # int     direction
         lens,     # [B]     int32
         groups,   # [NG, n] int64 each row group's rows, longest first (-1 pads), `group_rows`
@@ -588,54 +620,73 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
         dht_addr = i64(dht.ctypes.data)
         NCH = Wc.shape[0]
         r_addr = i64(RTp.ctypes.data)
-        for grp in prange(groups.shape[0]):
-            size = 0                            # the group's rows (the rest of its line is -1)
-            while size < groups.shape[1] and groups[grp, size] >= 0:
-                size += 1
-            rows_g = groups[grp, :size]
-            rows_p = rows_d(i64)
-            rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
-            out_p = lanes_w(acc)
-            out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
-            for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
-                n = 0                                    # the group's rows active at s: a prefix
-                while n < size and lens[rows_g[n]] > s:
-                    n += 1
-                if PROJ:                                 # dm = W_proj^T (dy + dh) for the active rows
-                    for i in range(n):
-                        b = rows_g[i]
-                        t = s if d == 0 else lens[b] - 1 - s
-                        for k in range(P):
-                            dht[b, k] = dy[t, b, d * P + k] + dh[b, k]
-                            dh_all[t, b, k] = dht[b, k]
-                    for i0 in range(0, n, NR):
-                        for r in range(NR):
-                            b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
-                            rows[r] = dht_addr + (b * P) * ITEM
-                        for ch in range(NCH):
-                            tile(wc_addr + ch * (P * MV * LANES * ITEM), rows_p, P, out_p)
-                            for r in range(min(NR, n - i0)):
-                                b = rows_g[i0 + r]
-                                for m in range(MV):
-                                    c0_ = (ch * MV + m) * LANES
-                                    nc = min(LANES, H - c0_)
-                                    if nc > 0:
-                                        load(dm[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
-                step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
+        size = 0                            # the group's rows (the rest of its line is -1)
+        while size < groups.shape[1] and groups[grp, size] >= 0:
+            size += 1
+        rows_g = groups[grp, :size]
+        rows_p = rows_d(i64)
+        rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
+        out_p = lanes_w(acc)
+        out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
+        for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
+            n = 0                                    # the group's rows active at s: a prefix
+            while n < size and lens[rows_g[n]] > s:
+                n += 1
+            if PROJ:                                 # dm = W_proj^T (dy + dh) for the active rows
+                for i in range(n):
+                    b = rows_g[i]
+                    t = s if d == 0 else lens[b] - 1 - s
+                    for k in range(P):
+                        dht[b, k] = dy[t, b, d * P + k] + dh[b, k]
+                        dh_all[t, b, k] = dht[b, k]
                 for i0 in range(0, n, NR):
                     for r in range(NR):
-                        b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row
-                        rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
-                    for ct in range(NC):
-                        tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                        b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
+                        rows[r] = dht_addr + (b * P) * ITEM
+                    for ch in range(NCH):
+                        tile(wc_addr + ch * (P * MV * LANES * ITEM), rows_p, P, out_p)
                         for r in range(min(NR, n - i0)):
                             b = rows_g[i0 + r]
                             for m in range(MV):
-                                c0_ = (ct * MV + m) * LANES
-                                nc = min(LANES, P - c0_)
+                                c0_ = (ch * MV + m) * LANES
+                                nc = min(LANES, H - c0_)
                                 if nc > 0:
-                                    accumulate(dh[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
+                                    load(dm[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
+            step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
+            for i0 in range(0, n, NR):
+                for r in range(NR):
+                    b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row
+                    rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
+                for ct in range(NC):
+                    tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                    for r in range(min(NR, n - i0)):
+                        b = rows_g[i0 + r]
+                        for m in range(MV):
+                            c0_ = (ct * MV + m) * LANES
+                            nc = min(LANES, P - c0_)
+                            if nc > 0:
+                                accumulate(dh[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
 
     extra = {"step_fn": step, "tile": product_tile(compute, MV, NR, LANES), "rows_d": cells.stack_buffer(NR),
              "lanes_w": cells.stack_buffer(MV * NR * LANES)}
-    return cells.cached_step(loop, parallel, None, 1, 1, 1, 1, **extra)
+    return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
+
+
+@functools.cache
+def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = False):
+    """The backward of one layer and direction: ``loop(d, lens, groups, ..., dh_all)`` (the arguments of
+    `backward_group` after grp) runs every row group (line of `groups`) of `backward_group`: serially its
+    function for the one group, in parallel an njit prange over the groups calling it (why: forward_loop)."""
+    if not parallel:
+        return functools.partial(backward_group(cell, compute, MV, has_proj), 0)
+    KEY = cells.variant_key(cell, compute, has_proj, True) + f" backward row groups {MV}"
+
+    def loop(d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps, Wc, dht, dm,
+             dh_all):
+        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
+        for g in prange(groups.shape[0]):       # (prange's index is unsigned: int64 as the serial call's grp)
+            group(np.int64(g), d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp,  # noqa: F821
+                  dv_acc, RTp, steps, Wc, dht, dm, dh_all)
+
+    # `group` a global of the compiled copy, not a closure value (see forward_loop)
+    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=backward_group(cell, compute, MV, has_proj))
