@@ -205,11 +205,19 @@ def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
     par = named(par, run_backward(case, par, "cpu"))
     for name, a in serial.items():
         assert a.tobytes() == par[name].tobytes(), name
-    cell, proj = case.cfg.cell, case.cfg.has_proj
-    assert fused.forward_loop(cell, "float32", True, proj).py_func.__globals__["group"] is \
-        fused.forward_group(cell, "float32", proj)
-    assert len(fused.forward_group(cell, "float32", proj).overloads) == 1
-    assert len(fused.backward_group(cell, "float32", fused.COLUMN_VECTORS, proj).overloads) == 1
+    cell, proj, MV = case.cfg.cell, case.cfg.has_proj, fused.COLUMN_VECTORS
+    for loop, group in ((fused.forward_loop(cell, "float32", True, proj), fused.forward_group(cell, "float32", proj)),
+                        (fused.backward_loop(cell, "float32", True, MV, proj),
+                         fused.backward_group(cell, "float32", MV, proj))):
+        assert loop.py_func.__globals__["group"] is group and len(group.overloads) == 1
+        # the parallel loop's machine code includes the group's: its cache key (a closure value) extends the
+        # group's, so anything that changes the group (the vector width, the tiles) changes the loop's
+        assert _closure(loop)["KEY"].startswith(_closure(group)["KEY"])
+
+
+def _closure(dispatcher) -> dict:
+    fn = dispatcher.py_func
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
 
 
 def test_group_rows_interleave_row_tiles():

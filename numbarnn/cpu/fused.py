@@ -31,9 +31,9 @@ GFLOP/s).  Measured (`python bench/bench_cpu_fused.py`): R h^T for B=32, H=512, 
 Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups`
 (one parallel region per call, each group its own time loop over its row tiles; why not a region per step:
 see row_groups).  A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
-loop runs it for the one group, the parallel loop (a prange) for each.  Rows are sorted by length once per call (longest first), so the rows active at step s
-are a prefix (`n_active[s]`) and a step runs only the active row tiles; a partial tile's spare lanes
-recompute the longest row and are not written.  Units: a partial last tile computes on zeros (packed
+loop runs it for the one group, the parallel loop (a prange) for each.  Rows are sorted by length once per call
+(longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active row
+tiles; a partial tile's spare lanes recompute the longest row and are not written.  Units: a partial last tile computes on zeros (packed
 weights, biases and the padded columns of the h and c buffers are 0) and writes only its first H - j0 lanes.
 
 Used for every call (network.py); `network.FUSED = False` selects the BLAS loops.
@@ -273,6 +273,13 @@ rows_x = rows_h = rows_b = rows_t = rows_d = None
 lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = lanes_S = None
 
 
+def _forward_key(cell, compute: str, has_proj: bool) -> str:
+    """The fingerprint of forward_group's variant: the cell's and library's code (cells.variant_key), the vector
+    width and the tiles (a parallel loop links the group's machine code: its key extends this one)."""
+    return (cells.variant_key(cell, compute, has_proj, False)
+            + f"fused {lanes_for(compute)} {rows_for(cell.G)} {COLUMN_VECTORS}")
+
+
 @functools.cache
 def forward_group(cell, compute: str, has_proj: bool = False):
     """One row group's whole fused forward of one layer and direction for `cell` (see the module docstring):
@@ -299,7 +306,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     STATE = cell.cell_state
     PROJ = has_proj
     MQ = COLUMN_VECTORS                         # vectors of projected outputs per product_tile call
-    KEY = cells.variant_key(cell, compute, has_proj, False) + f"fused {LANES} {NR} {MQ}"
+    KEY = _forward_key(cell, compute, has_proj)
 
     def group(
         grp,      # int     the row group this call runs (of `groups`)
@@ -471,7 +478,7 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     12.5 + 4.7 s -> 8.7 + 0 s."""
     if not parallel:
         return functools.partial(forward_group(cell, compute, has_proj), 0)
-    KEY = cells.variant_key(cell, compute, has_proj, True) + " forward row groups"
+    KEY = _forward_key(cell, compute, has_proj) + " row groups"      # its machine code includes the group's
 
     def loop(d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs, groups, Wq, mbuf, ms,
              skip, save):
@@ -564,6 +571,12 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
     return out
 
 
+def _backward_key(cell, compute: str, MV: int, has_proj: bool) -> str:
+    """The fingerprint of backward_group's variant (see _forward_key)."""
+    return (cells.variant_key(cell, compute, has_proj, False)
+            + f"fused backward {lanes_for(compute)} {rows_for(MV)} {MV}")
+
+
 @functools.cache
 def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
     """One row group's whole backward of one layer and direction: ``group(grp, <backward_loop's arguments>)``
@@ -582,7 +595,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
     ITEM = np.dtype(compute).itemsize
     PROJ = has_proj
     step = cells.backward_step(cell, compute, has_proj, False)
-    KEY = cells.variant_key(cell, compute, has_proj, False) + f"fused backward {LANES} {NR} {MV}"
+    KEY = _backward_key(cell, compute, MV, has_proj)
 
     def group(
         grp,      # int     the row group this call runs (a line of `groups`)
@@ -679,7 +692,7 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
     function for the one group, in parallel an njit prange over the groups calling it (why: forward_loop)."""
     if not parallel:
         return functools.partial(backward_group(cell, compute, MV, has_proj), 0)
-    KEY = cells.variant_key(cell, compute, has_proj, True) + f" backward row groups {MV}"
+    KEY = _backward_key(cell, compute, MV, has_proj) + " row groups"  # its machine code includes the group's
 
     def loop(d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps, Wc, dht, dm,
              dh_all):
