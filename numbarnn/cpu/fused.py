@@ -47,7 +47,7 @@ import llvmlite.binding as llvm_binding
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -571,6 +571,23 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
     return out
 
 
+@njit(inline="always")
+def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
+    """dst[b, the columns of column tile ct] = out (add: +=) for the nr rows b = rows[i0 + r] of a product_tile
+    call: out [MV, NR*LANES] holds row r's MV vectors of LANES columns at lanes r*LANES ..; columns past `width`
+    (a partial last tile) are not written."""
+    for r in range(nr):
+        b = rows[i0 + r]
+        for m in range(MV):
+            c0 = (ct * MV + m) * LANES
+            nc = min(LANES, width - c0)
+            if nc > 0:
+                if add:
+                    accumulate(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc)
+                else:
+                    load(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc)
+
+
 def _backward_key(cell, compute: str, MV: int, has_proj: bool) -> str:
     """The fingerprint of backward_group's variant (see _forward_key)."""
     return (cells.variant_key(cell, compute, has_proj, False)
@@ -658,13 +675,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
                         rows[r] = dht_addr + (b * P) * ITEM
                     for ch in range(NCH):
                         tile(wc_addr + ch * (P * MV * LANES * ITEM), rows_p, P, out_p)
-                        for r in range(min(NR, n - i0)):
-                            b = rows_g[i0 + r]
-                            for m in range(MV):
-                                c0_ = (ch * MV + m) * LANES
-                                nc = min(LANES, H - c0_)
-                                if nc > 0:
-                                    load(dm[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
+                        scatter_columns(dm, rows_g, i0, min(NR, n - i0), out, ch, MV, LANES, H, False)
             step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
             for i0 in range(0, n, NR):
                 for r in range(NR):
@@ -672,13 +683,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
                     rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
                 for ct in range(NC):
                     tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
-                    for r in range(min(NR, n - i0)):
-                        b = rows_g[i0 + r]
-                        for m in range(MV):
-                            c0_ = (ct * MV + m) * LANES
-                            nc = min(LANES, P - c0_)
-                            if nc > 0:
-                                accumulate(dh[b, c0_:c0_ + nc], out[m, r * LANES:r * LANES + nc], nc)
+                    scatter_columns(dh, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, P, True)
 
     extra = {"step_fn": step, "tile": product_tile(compute, MV, NR, LANES), "rows_d": cells.stack_buffer(NR),
              "lanes_w": cells.stack_buffer(MV * NR * LANES)}
