@@ -33,7 +33,8 @@ def test_every_cached_function_of_the_cpu_backend_is_locked():
                    block_lstm.cell_forward, block_lstm.cell_backward,
                    cells.forward_step(get_cell("gru"), "float32", False, False),
                    cells.backward_step(get_cell("lstm"), "float64", True, False),
-                   fused.forward_group(get_cell("lstm"), "float32"), fused.forward_loop(get_cell("lstm"), "float32", True),
+                   fused.forward_group(get_cell("lstm"), "float32"),
+                   fused.forward_loop(get_cell("lstm"), "float32", True),
                    fused.backward_group(get_cell("rnn_tanh"), "float32", fused.COLUMN_VECTORS, True),
                    fused.backward_loop(get_cell("rnn_tanh"), "float32", True, fused.COLUMN_VECTORS)]
     for d in dispatchers:

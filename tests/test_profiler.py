@@ -458,7 +458,7 @@ def test_measured_h100_times_are_the_bench_csvs():
     from pathlib import Path
     runs = sorted((Path(__file__).parent.parent / "bench" / "results" / "h100").glob("run*_bench_v*.csv"))
     assert len(runs) == 7
-    rows = [dict(r, run=p.name) for p in runs for r in csv.DictReader(p.open())]
+    rows = [dict(r, run=p.name) for p in runs for r in csv.DictReader(p.read_text().splitlines())]
     for (H, B, T), m in roofline.MEASURED_H100.items():
         at = [r for r in rows if (int(r["H"]), int(r["B"]), int(r["T"])) == (H, B, T)]
         cudnn = [float(r["fwd_ms"]) for r in at if r["backend"] == "cudnn"]

@@ -33,8 +33,9 @@ Rows are independent through a layer and direction, so threads split the rows, n
 see row_groups).  A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
 loop runs it for the one group, the parallel loop (a prange) for each.  Rows are sorted by length once per call
 (longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active row
-tiles; a partial tile's spare lanes recompute the longest row and are not written.  Units: a partial last tile computes on zeros (packed
-weights, biases and the padded columns of the h and c buffers are 0) and writes only its first H - j0 lanes.
+tiles; a partial tile's spare lanes recompute the longest row and are not written.  Units: a partial last tile
+computes on zeros (packed weights, biases and the padded columns of the h and c buffers are 0) and writes only
+its first H - j0 lanes.
 
 Used for every call (network.py); `network.FUSED = False` selects the BLAS loops.
 """
