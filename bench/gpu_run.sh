@@ -10,6 +10,7 @@
 #   bash bench/gpu_run.sh wide     # v3 in blocks of 64 threads (NUMBARNN_V3_WIDE=0) and in the widest that fit
 #   bash bench/gpu_run.sh narrow   # v2 in the GPU tiles (NUMBARNN_V2_NARROW=0) and, on a small grid, the narrow ones
 #   bash bench/gpu_run.sh all      # env, bench, tests
+#   bash bench/gpu_run.sh lease    # one device call of ~8 minutes for a 15-minute lease (see `run_lease`)
 #
 # Logs and CSVs go to $OUT (the device tool brings them back), else to ./gpu_out.  numbarnn is used from the
 # checkout (PYTHONPATH), with the machine's numba, numba-cuda and torch.
@@ -38,7 +39,7 @@ EOF
 }
 
 run_bench() {     # step kernels v1, v2, v3 and cuDNN side by side, validated first
-    timeout 500 python3 -m numbarnn bench --backends cuda cudnn --modes lstm --step-versions ${VERSIONS:-1 2 3} \
+    timeout ${BENCH_TIMEOUT:-500} python3 -m numbarnn bench --backends cuda cudnn --modes lstm --step-versions ${VERSIONS:-1 2 3} \
         --shapes $SHAPES --reps "$REPS" --warmup 1 --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log"
 }
 
@@ -98,6 +99,17 @@ run_profile() {
     tail -3 "$OUT/ncu_sections.txt"
 }
 
+run_lease() {   # what a 15-minute lease (machine start included) decides first, in one call of ~8 minutes:
+    # 1. issue 8's two targets: v2, v3 and cuDNN at 768x16x1024 and 256x4x1000 (the bench validates every
+    #    kernel it times against the float64 reference first: v3's forward and backward on hardware);
+    # 2. the CUDA test files, for what is left of the call (the kernels built since the H100 run: the persistent
+    #    backward, the projection, the wide and narrow blocks, the fast launch, split-K: never run on a GPU).
+    # Each step writes its log as it goes, so a timeout still brings back what ran.
+    SHAPES=${LEASE_SHAPES:-"768x16x1024 256x4x1000"} VERSIONS=${VERSIONS:-"2 3"} REPS=${LEASE_REPS:-3} \
+        BENCH_TIMEOUT=${BENCH_TIMEOUT:-240} run_bench
+    TEST_TIMEOUT=${TEST_TIMEOUT:-210} run_tests
+}
+
 case "${1:-all}" in
     env) env_check ;;
     tests) env_check; run_tests ;;
@@ -110,5 +122,7 @@ case "${1:-all}" in
     profile+tests) env_check; run_profile; run_tests ;;
     profile+bench+tests) env_check; run_profile; run_bench; run_tests ;;
     all) env_check; run_bench; run_bench_proj; run_tests ;;
-    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|narrow|profile+tests|profile+bench+tests|all" >&2; exit 2 ;;
+    lease) env_check; run_lease ;;
+    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|narrow|profile+tests|profile+bench+tests|all|lease" >&2
+       exit 2 ;;
 esac
