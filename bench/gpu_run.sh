@@ -9,7 +9,7 @@
 #   bash bench/gpu_run.sh launch   # numbarnn bench with NUMBARNN_FAST_LAUNCH=0 and 1 (numba's launch / launch.py)
 #   bash bench/gpu_run.sh wide     # v3 in blocks of 64 threads (NUMBARNN_V3_WIDE=0) and in the widest that fit
 #   bash bench/gpu_run.sh narrow   # v2 in the GPU tiles (NUMBARNN_V2_NARROW=0) and, on a small grid, the narrow ones
-#   bash bench/gpu_run.sh all      # env, bench, tests
+#   bash bench/gpu_run.sh all      # env, bench, proj, tests
 #   bash bench/gpu_run.sh lease    # one device call of ~8 minutes for a 15-minute lease (see `run_lease`)
 #
 # Logs and CSVs go to $OUT (the device tool brings them back), else to ./gpu_out.  numbarnn is used from the
@@ -39,8 +39,9 @@ EOF
 }
 
 run_bench() {     # step kernels v1, v2, v3 and cuDNN side by side, validated first
-    timeout ${BENCH_TIMEOUT:-500} python3 -m numbarnn bench --backends cuda cudnn --modes lstm --step-versions ${VERSIONS:-1 2 3} \
-        --shapes $SHAPES --reps "$REPS" --warmup 1 --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log"
+    timeout ${BENCH_TIMEOUT:-500} python3 -m numbarnn bench --backends cuda cudnn --modes lstm \
+        --step-versions ${VERSIONS:-1 2 3} --shapes $SHAPES --reps "$REPS" --warmup 1 --csv "$OUT/bench.csv" \
+        2>&1 | tee "$OUT/bench.log"
 }
 
 run_bench_proj() {     # an LSTM with a projection: v2 (project launches per step) vs v3, beside cuDNN
