@@ -1,6 +1,7 @@
 """Where the time of numbarnn's cuda backend goes on a real GPU (run by bench/gpu_run.sh; needs a GPU).
 
     python bench/gpu_profile.py launch                 # host microseconds per launch: numba's ways of launching
+    python bench/gpu_profile.py call [V HxBxT]         # one warm host-bound call: launches, host profile, wall
     ncu --profile-from-start off --csv --metrics gpu__time_duration.sum \
         python bench/gpu_profile.py kernels            # device time of every kernel of one forward+backward
 
@@ -72,10 +73,49 @@ def kernels(versions=(1, 2, 3), shapes=((768, 16), (512, 32), (64, 1)), T_profil
                   f"{log['forward'].note}; backward {log['backward'].total}", flush=True)
 
 
+def call(version: int = 3, H: int = 64, B: int = 1, T: int = 200, n: int = 50) -> None:
+    """Where the time of one warm forward and forward+backward call goes at a host-bound shape (64x1x200 runs
+    cuDNN's forward in ~0.2 ms): the launches the driver makes, the wall time per call (synchronised), and the
+    host functions that take it (cProfile of n calls, by own time)."""
+    import cProfile
+    import pstats
+
+    from numba import cuda
+    from numbarnn import measure
+    from numbarnn.kernels import driver
+
+    case = measure.make_case("lstm", H, B, T, H, np.float32)
+    forward, backward, _ = measure.CudaAdapter(version).calls(case)
+    for _ in range(3):
+        backward(forward())
+    cuda.synchronize()
+    log = driver.last_launch_count()
+    for phase in ("forward", "backward"):
+        print(f"call v{version} {H}x{B}x{T} {phase}: {log[phase].total} launches {dict(log[phase].by_kernel)}")
+    for what, fn in (("forward", forward), ("forward+backward", lambda: backward(forward()))):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        print(f"call v{version} {H}x{B}x{T} {what}: median {1e3 * sorted(times)[n // 2]:.3f} ms wall")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        forward()
+        cuda.synchronize()
+    prof.disable()
+    print(f"host profile of {n} warm forward calls (synchronised), by own time:")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "launch"
     if what == "kernels" and len(sys.argv) > 2:       # kernels VERSIONS HxB ...: e.g. kernels 23 768x16
         kernels(tuple(int(v) for v in sys.argv[2]),
                 tuple(tuple(int(n) for n in s.split("x")) for s in sys.argv[3:]) or ((768, 16),))
+    elif what == "call" and len(sys.argv) > 3:       # call V HxBxT: e.g. call 3 64x1x200
+        call(int(sys.argv[2]), *(int(n) for n in sys.argv[3].split("x")))
     else:
-        {"launch": launch_costs, "kernels": kernels}[what]()
+        {"launch": launch_costs, "kernels": kernels, "call": call}[what]()

@@ -10,6 +10,7 @@
 #   bash bench/gpu_run.sh wide     # v3 in blocks of 64 threads (NUMBARNN_V3_WIDE=0) and in the widest that fit
 #   bash bench/gpu_run.sh narrow   # v2 in the GPU tiles (NUMBARNN_V2_NARROW=0) and, on a small grid, the narrow ones
 #   bash bench/gpu_run.sh all      # env, bench, proj, tests
+#   bash bench/gpu_run.sh check    # numbarnn check (the README's main job) on the GPU
 #   bash bench/gpu_run.sh lease    # one device call of ~8 minutes for a 15-minute lease (see `run_lease`)
 #
 # Logs and CSVs go to $OUT (the device tool brings them back), else to ./gpu_out.  numbarnn is used from the
@@ -24,7 +25,7 @@ SHAPES=${SHAPES:-"512x32x100 1024x64x100 256x4x1000 768x16x1024 64x1x200"}
 REPS=${REPS:-5}
 
 env_check() {
-    nvidia-smi -L
+    nvidia-smi -L; nvidia-smi --query-gpu=driver_version,clocks.max.sm --format=csv,noheader
     python3 - <<'EOF'
 import sys, numpy, numba, torch
 import numba_cuda
@@ -100,15 +101,23 @@ run_profile() {
     tail -3 "$OUT/ncu_sections.txt"
 }
 
+run_check() {   # the README's main job on the GPU: every backend against the float64 reference
+    timeout ${CHECK_TIMEOUT:-240} python3 -m numbarnn check > "$OUT/check.log" 2>&1
+    echo "numbarnn check: exit $?" >> "$OUT/check.log"
+}
+
 run_lease() {   # what a 15-minute lease (machine start included) decides first, in one call of ~8 minutes:
-    # 1. issue 8's two targets: v2, v3 and cuDNN at 768x16x1024 and 256x4x1000 (the bench validates every
-    #    kernel it times against the float64 reference first: v3's forward and backward on hardware);
-    # 2. the CUDA test files, for what is left of the call (the kernels built since the H100 run: the persistent
-    #    backward, the projection, the wide and narrow blocks, the fast launch, split-K: never run on a GPU).
+    # 1. the targets: v2, v3 and cuDNN at 256x4x1000, 768x16x1024, 512x32x100 and the host-bound 64x1x200,
+    #    alone on the GPU (the bench validates every kernel it times against the float64 reference first);
+    # 2. then side by side (16 cores): `numbarnn check` and the CUDA test files (the persistent backward, the
+    #    projection, the wide and narrow blocks, the fast launch, split-K, numbarnn.torch with CUDA tensors).
     # Each step writes its log as it goes, so a timeout still brings back what ran.
-    SHAPES=${LEASE_SHAPES:-"768x16x1024 256x4x1000"} VERSIONS=${VERSIONS:-"2 3"} REPS=${LEASE_REPS:-3} \
-        BENCH_TIMEOUT=${BENCH_TIMEOUT:-240} run_bench
-    TEST_TIMEOUT=${TEST_TIMEOUT:-210} run_tests
+    SHAPES=${LEASE_SHAPES:-"256x4x1000 768x16x1024 512x32x100 64x1x200"} VERSIONS=${VERSIONS:-"2 3"} \
+        REPS=${LEASE_REPS:-3} BENCH_TIMEOUT=${BENCH_TIMEOUT:-220} run_bench
+    run_check &
+    TEST_TIMEOUT=${TEST_TIMEOUT:-240} WORKERS=${WORKERS:-10} run_tests
+    wait
+    tail -5 "$OUT/check.log"
 }
 
 case "${1:-all}" in
@@ -123,7 +132,8 @@ case "${1:-all}" in
     profile+tests) env_check; run_profile; run_tests ;;
     profile+bench+tests) env_check; run_profile; run_bench; run_tests ;;
     all) env_check; run_bench; run_bench_proj; run_tests ;;
-    lease) env_check; run_lease ;;
-    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|narrow|profile+tests|profile+bench+tests|all|lease" >&2
+    check) env_check; run_check; cat "$OUT/check.log" ;;
+    lease) env_check 2>&1 | tee "$OUT/env.log"; run_lease ;;
+    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|narrow|profile+tests|profile+bench+tests|all|check|lease" >&2
        exit 2 ;;
 esac

@@ -452,22 +452,24 @@ def test_deepbench_model_of_v1_v2_v3():
 
 def test_measured_h100_times_are_the_bench_csvs():
     """roofline.MEASURED_H100 (what the comparison lines quote as measured) is read back from the H100 bench runs
-    in bench/results/h100: cuDNN's fastest and slowest forward over the seven runs, v3 and cuDNN in run 8; and the
-    H = 256, B = 4 target is stated against the fastest measured cuDNN."""
+    in bench/results/h100: cuDNN's fastest and slowest forward over the eight runs, v3 and cuDNN in the latest
+    (run 9, both versions in one file: backend 'cuda v3'); and the H = 256, B = 4 target is stated against the
+    fastest measured cuDNN."""
     import csv
     from pathlib import Path
     runs = sorted((Path(__file__).parent.parent / "bench" / "results" / "h100").glob("run*_bench_v*.csv"))
-    assert len(runs) == 7
+    assert len(runs) == 8
     rows = [dict(r, run=p.name) for p in runs for r in csv.DictReader(p.read_text().splitlines())]
     for (H, B, T), m in roofline.MEASURED_H100.items():
         at = [r for r in rows if (int(r["H"]), int(r["B"]), int(r["T"])) == (H, B, T)]
         cudnn = [float(r["fwd_ms"]) for r in at if r["backend"] == "cudnn"]
-        assert len(cudnn) == 7 and m["cudnn"] == (round(min(cudnn), 2), round(max(cudnn), 2)), (H, cudnn)
-        run8 = {r["backend"]: float(r["fwd_ms"]) for r in at if r["run"] == "run8_bench_v3.csv"}
-        assert (m["v3_run8"], m["cudnn_run8"]) == (round(run8["cuda"], 2), round(run8["cudnn"], 2)), (H, run8)
+        assert len(cudnn) == 8 and m["cudnn"] == (round(min(cudnn), 2), round(max(cudnn), 2)), (H, cudnn)
+        latest = {r["backend"]: float(r["fwd_ms"]) for r in at if r["run"] == "run9_bench_v23.csv"}
+        assert (m["v3_latest"], m["cudnn_latest"]) == (round(latest["cuda v3"], 2), round(latest["cudnn"], 2)), \
+            (H, latest)
     text = "\n".join(roofline.comparison_lines(roofline.deepbench_model(version=3), roofline.DEEPBENCH))
     assert "H=I=256 B=4 T=1000: model v3 forward" in text and "fastest MEASURED forward on an H100 (13.15 ms" in text
-    assert "v3 768x16x1024 forward 80.31 ms, cuDNN in the same run 20.21 ms" in text and "not checkable" not in text
+    assert "v3 768x16x1024 forward 19.09 ms, cuDNN in the same run 20.68 ms" in text and "not checkable" not in text
 
 
 def test_numbarnn_profile_from_a_process_without_the_simulator():

@@ -81,14 +81,14 @@ GPUS = {
 #: published reference times (ms, fp32 LSTM training forward pass per DeepBench-style shape) quoted by issue 8
 PUBLISHED = {(768, 16, 1024): dict(cudnn=2.01, haste=18.41)}
 
-#: MEASURED, not modelled: the training forward (ms, LSTM float32, one layer, I = H) on the one GPU this project
-#: was lent, an H100 80GB HBM3 (2026-11-23; bench/results/gpu_h100.md), median of 5 calls in each of seven
-#: `numbarnn bench` runs (bench/results/h100/run{3,7,8}_bench_v{1,2,3}.csv, which tests/test_profiler.py reads
-#: back): cuDNN 9.19 through torch (TF32 off) as (fastest run, slowest run); numbarnn's v3 in its last run
-#: (run 8, beside cuDNN's `cudnn_run8` in the same process), before the later product-loop revisions
-#: (step_v3's docstring), so an upper bound for today's kernel.
-MEASURED_H100 = {(256, 4, 1000): dict(cudnn=(13.15, 21.70), v3_run8=21.83, cudnn_run8=15.23),
-                 (768, 16, 1024): dict(cudnn=(20.21, 24.82), v3_run8=80.31, cudnn_run8=20.21)}
+#: MEASURED, not modelled: the training forward (ms, LSTM float32, one layer, I = H) on the H100 80GB HBM3 this
+#: project was lent (bench/results/gpu_h100.md), median of 3-5 calls in each of eight `numbarnn bench` runs
+#: (bench/results/h100/run{3,7,8,9}_bench_v*.csv, which tests/test_profiler.py reads back): cuDNN 9.19 through
+#: torch (TF32 off) as (fastest run, slowest run); numbarnn's v3 in the latest run (`latest`, beside cuDNN's
+#: `cudnn_latest` in the same process).
+MEASURED_H100_LATEST = "run 9, 2026-11-26"
+MEASURED_H100 = {(256, 4, 1000): dict(cudnn=(13.15, 21.70), v3_latest=7.74, cudnn_latest=16.49),
+                 (768, 16, 1024): dict(cudnn=(20.21, 24.82), v3_latest=19.09, cudnn_latest=20.68)}
 
 #: the DeepBench-style LSTM shapes of issue 8: (H = I, B, T)
 DEEPBENCH = ((512, 32, 100), (1024, 64, 100), (256, 4, 1000), (768, 16, 1024))
@@ -684,13 +684,13 @@ def comparison_lines(v3_rows, shapes) -> list[str]:
         ok = small["forward_ms"] <= 1.5 * lo
         out.append(f"H=I=256 B=4 T=1000: model v{small['runs']} forward {small['forward_ms']:.2f} ms = "
                    f"{small['forward_ms'] / lo:.2f}x cuDNN's fastest MEASURED forward on an H100 ({lo:.2f} ms; "
-                   f"{lo:.2f}-{hi:.2f} ms over seven runs, no published time at this shape); issue 8's target "
+                   f"{lo:.2f}-{hi:.2f} ms over eight runs, no published time at this shape); issue 8's target "
                    f"(within 1.5x of cuDNN): {'met' if ok else 'NOT met'} by the model")
     for shape in (s for s in shapes if s in MEASURED_H100):
         m = MEASURED_H100[shape]
-        ratio = m["v3_run8"] / m["cudnn_run8"]
+        ratio = m["v3_latest"] / m["cudnn_latest"]
         lo, hi = m["cudnn"]
-        out.append(f"  MEASURED on an H100 (2026-11-23, run 8, before the product-loop revisions): v3 "
-                   f"{'x'.join(map(str, shape))} forward {m['v3_run8']:.2f} ms, cuDNN in the same run "
-                   f"{m['cudnn_run8']:.2f} ms ({lo:.2f}-{hi:.2f} over seven runs): {ratio:.2f}x")
+        out.append(f"  MEASURED on an H100 ({MEASURED_H100_LATEST}): v3 "
+                   f"{'x'.join(map(str, shape))} forward {m['v3_latest']:.2f} ms, cuDNN in the same run "
+                   f"{m['cudnn_latest']:.2f} ms ({lo:.2f}-{hi:.2f} over eight runs): {ratio:.2f}x")
     return out
