@@ -44,6 +44,7 @@ from numbarnn.validation import (ArgumentTypeError,
     check_same_dtype,
     check_shape,
     is_device_array,
+    reject_torch_tensor,
 )
 
 #: the gate blocks along the 4C axis of ``w`` / ``b``, in order: V1 is i|ci|f|o, V2 is i|f|ci|o
@@ -90,6 +91,7 @@ class BlockLSTMCall:
 def _check_seq_len_max(value, T: int) -> int:
     """A scalar integer (Python int, NumPy integer, 0-d integer array) with 0 <= value <= T."""
     name = "seq_len_max"
+    reject_torch_tensor(name, value)
     if is_device_array(value):
         shape = tuple(int(s) for s in value.shape)
         if shape != ():

@@ -18,7 +18,7 @@ import numpy as np
 from .cells import CellSpec, cell_names, get_cell
 from .reserve import read_nonce
 from .validation import (ArgumentTypeError, as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
-                         check_shape, is_device_array, shape_of)
+                         check_shape, is_device_array, reject_torch_tensor, shape_of)
 
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 DIRECTIONS = ("unidirectional", "bidirectional")
@@ -239,6 +239,7 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     c0 = as_array("input_c", _typed("input_c", input_c) if is_lstm else input_c) \
         if (is_lstm or input_c is not None) else None
     dtype = check_same_dtype({"input": x, "input_h": h0, "params": w, **({"input_c": c0} if is_lstm else {})})
+    reject_torch_tensor("sequence_lengths", sequence_lengths)
 
     legend_x = "[T, B, I]" if time_major else "[B, T, I]"
     xs = check_rank("input", x, 3, legend_x)
@@ -346,6 +347,7 @@ def encode_host_reserved(call: RNNCall, reserve_size: int, nonce=None) -> np.nda
 
 
 def decode_host_reserved(host_reserved) -> dict:
+    reject_torch_tensor("host_reserved", host_reserved)
     a = np.asarray(host_reserved)
     if a.ndim != 1 or a.dtype != np.int8:
         raise ValueError(f"host_reserved: expected the int8 1-D array returned by the forward call, got dtype "

@@ -1,7 +1,8 @@
 """TensorFlow-style ops: one function per TF op, same argument names; validate, then dispatch to a backend.
 
 NumPy arrays in -> NumPy arrays out (in the input's dtype).  On backend="cuda", device arrays in ->
-device arrays out.  `backend=None` uses the default backend (see `numbarnn.backends`).
+device arrays out.  A torch.Tensor is refused, naming the argument (`numbarnn.torch` takes tensors).
+`backend=None` uses the default backend (see `numbarnn.backends`).
 
     cudnn_rnn_params_size / cudnn_rnn_canonical_to_params / cudnn_rnn_params_to_canonical
     cudnn_rnn_v3 (CudnnRNNV3) and cudnn_rnn_backprop_v3 (CudnnRNNBackpropV3)

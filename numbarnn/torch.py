@@ -7,29 +7,41 @@ Install with ``pip install numbarnn[torch]``; the rest of numbarnn never imports
     output, (h_n, c_n) = lstm(x)                      # exactly what torch.nn.LSTM returns
     lstm.load_state_dict(torch_lstm.state_dict())     # and the other way round
 
-Same constructor arguments as torch.nn (plus the keyword ``backend``: a numbarnn backend name, None = numbarnn's
-default), the same parameter names, shapes and initialisation (uniform(-1/sqrt(H), 1/sqrt(H)), drawn in
-PyTorch's order, so ``torch.manual_seed(s)`` gives the same initial weights as torch.nn), the same inputs
-(padded ``[T, B, I]`` / ``[B, T, I]`` with ``batch_first``, unbatched ``[T, I]``, or a ``PackedSequence``) and the
-same outputs.  Differences from torch.nn, by design:
+Same constructor arguments as torch.nn, in torch.nn's positional order (plus the keyword ``backend``: a numbarnn
+backend name, None = numbarnn's default), the same parameter names, shapes and initialisation
+(uniform(-1/sqrt(H), 1/sqrt(H)), drawn in PyTorch's order, so ``torch.manual_seed(s)`` gives the same initial
+weights as torch.nn), the same inputs (padded ``[T, B, I]`` / ``[B, T, I]`` with ``batch_first``, unbatched
+``[T, I]``, or a ``PackedSequence``), the same outputs, and torch.nn's checks with its messages (numbarnn's detail
+after them).
 
-* **Autograd.** One ``torch.autograd.Function`` per call: its forward gathers the parameters into numbarnn's
-  opaque buffer (SPEC 4.2; PyTorch's ``weight_ih_l{k}`` is the stacked W of pseudo-layer p, ``weight_hh`` the
-  stacked R, ``bias_ih``/``bias_hh`` bW/bR, ``weight_hr`` W_proj; absent biases are zeros) and calls
-  ``ops.cudnn_rnn_v3``; its backward calls ``ops.cudnn_rnn_backprop_v3`` and hands each parameter its slice of
-  ``params_backprop``.  Gradients reach the input, h_0, c_0 and every parameter; double backward is not supported.
-  The op runs with ``is_training=True`` (keeping the reserve space) whenever a gradient may be needed, in eval
-  mode too (then with dropout 0), or when dropout is active; otherwise it runs in inference mode.
+* **One operator.** A call is the custom operator ``numbarnn::rnn`` (``torch.library``; backward:
+  ``numbarnn::rnn_backward``), with a fake implementation (the meta device, FakeTensor tracing) and autograd
+  registered on it: ``torch.compile(..., fullgraph=True)`` keeps it as one node (dynamo never traces numba) and
+  ``torch.export`` exports it.  The operator gathers the parameters into numbarnn's opaque buffer (SPEC 4.2;
+  ``weight_ih_l{k}`` is the stacked W of pseudo-layer p, ``weight_hh`` the stacked R, ``bias_ih``/``bias_hh``
+  bW/bR, ``weight_hr`` W_proj; absent biases are zeros) and calls ``ops.cudnn_rnn_v3``; its backward calls
+  ``ops.cudnn_rnn_backprop_v3`` and hands each parameter its slice of ``params_backprop``.  It runs with
+  ``is_training=True`` (keeping the reserve space) whenever a gradient may be needed, or dropout is active.
+* **Higher derivatives.** Under ``create_graph=True`` (double backward, gradgradcheck, Hessians) the gradients
+  come from the network recomputed in torch operations from the cell's own spec (``numbarnn.torch_network``),
+  which autograd differentiates again; first-order gradients stay numbarnn's kernels.  torch.func's transforms
+  (vmap: extra batch rows; grad, jacrev; jacfwd: forward mode through ``torch_network``) go through an
+  autograd.Function with ``setup_context`` around the same operator (torch.library's generated autograd
+  refuses them).
+* **Dtypes.** float16, bfloat16, float32, float64; bfloat16 and float16 are stored as such and computed in
+  float32.  Under ``torch.autocast`` the input, state and weights are cast to the autocast dtype, as torch.nn's
+  RNNs are.
 * **Dropout** (training mode, ``num_layers > 1``) uses numbarnn's Philox mask (SPEC 6), not torch's bernoulli
-  draws: each call draws ``(seed, seed2)`` with ``torch.randint`` from torch's default CPU generator, so masks
-  differ from call to call and ``torch.manual_seed`` makes runs reproducible.  Calls without active dropout
-  draw nothing.  Masks therefore differ from torch.nn's for the same seed (the distribution is the same).
-* **Errors** are raised before any work: shape errors as ``ValueError`` (also catchable as ``RuntimeError``,
-  which torch.nn raises), dtype errors as ``TypeError`` (also catchable as ``ValueError``).
+  draws: each call draws ``(seed, seed2)`` with ``torch.randint`` from torch's default CPU generator (inside a
+  compiled graph too), so masks differ from call to call and ``torch.manual_seed`` makes runs reproducible.
+  Masks therefore differ from torch.nn's for the same seed (the distribution is the same).
+* **Errors** are raised before any work: shape errors as ``RNNShapeError`` (a ``ValueError`` and a
+  ``RuntimeError``, whichever torch.nn raises), dtype errors as ``RNNDtypeError`` (``TypeError`` and
+  ``ValueError``).
 
 Distributed training.  The modules work under ``torch.nn.parallel.DistributedDataParallel`` unchanged (gloo on
 the CPU, NCCL on GPUs; tests/test_ddp.py, examples/ddp_train.py): every weight is an ordinary registered
-parameter, in a fixed order, reached by autograd through the one Function; there are no buffers and no state
+parameter, in a fixed order, reached by autograd through the one operator; there are no buffers and no state
 outside the parameters, and ``flatten_parameters`` is a no-op.  With dropout, each process draws its Philox keys
 from its own torch generator, so processes seeded alike draw the same masks for their (different) samples, as
 torch.nn's dropout does; seed each process differently (``torch.manual_seed(seed + rank)`` after wrapping in DDP)
@@ -45,33 +57,38 @@ launch and torch's current stream wait for the default stream after it, so the o
 torch's current stream (no host synchronisation).  Device memory of results is allocated by numba, not by
 torch's caching allocator.  The CUDA path cannot be exercised without a GPU (the tests cover the CPU path).
 
-Why one file (~600 lines): the three modules share one base (RNNBase: constructor checks, parameter
-registration, input forms, the autograd Function); split up, a reader would chase one call across files.
+Why one file: the modules share one base (constructor checks, parameter registration, input forms) and one
+operator; split up, a reader would chase one call across files.  (The network in torch operations, used only
+for higher derivatives, is its own module: numbarnn/torch_network.py.)
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 try:
     import torch
-    from torch.autograd.function import once_differentiable
     from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("numbarnn.torch needs PyTorch: pip install numbarnn[torch]") from exc
 
 from . import ops
 from .backends import BACKENDS
-from .config import RNNConfig, rnn_config
+from .cells import get_cell
+from .config import RNNCall, RNNConfig, encode_host_reserved, rnn_config
 from .params import params_size, unpack
+from .reserve import NONCE_SIZE, reserve_size, write_nonce
 from .validation import check_choice, check_float, check_int, check_shape
 
-__all__ = ["LSTM", "GRU", "RNN", "RNNShapeError", "RNNDtypeError"]
+__all__ = ["LSTM", "GRU", "RNN", "RNNBase", "LSTMCell", "GRUCell", "RNNCell", "CellModule", "RNNShapeError",
+           "RNNDtypeError", "rnn_op", "rnn_backward_op"]
 
 
 class RNNShapeError(ValueError, RuntimeError):
@@ -82,7 +99,7 @@ class RNNDtypeError(TypeError, ValueError):
     """A bad or mixed dtype: a TypeError (numbarnn's rule) and a ValueError (torch.nn's)."""
 
 
-_TORCH_DTYPES = (torch.float16, torch.float32, torch.float64)
+_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: PyTorch parameter name prefix -> the LayerParams field of `numbarnn.params.unpack` it maps onto
 _SLOT_OF_PREFIX = {"weight_ih": "W", "weight_hh": "R", "bias_ih": "bW", "bias_hh": "bR", "weight_hr": "W_proj"}
 
@@ -131,33 +148,20 @@ def _device_scope(device: torch.device):
         current.wait_stream(default)
 
 
-# ---------------------------------------------------------------------------------------------------
-# the autograd Function
-# ---------------------------------------------------------------------------------------------------
+def _op_attrs(cfg: RNNConfig, backend: str) -> dict:
+    """The op attributes of a call of the network `cfg` (time-major, linear input: torch.nn's RNNs)."""
+    return dict(rnn_mode=cfg.rnn_mode, input_mode="linear_input", direction=cfg.direction, dropout=cfg.dropout,
+                seed=cfg.seed, seed2=cfg.seed2, num_proj=cfg.num_proj, time_major=True, backend=backend or None)
 
-@dataclass(frozen=True)
-class _Plan:
-    """Everything about one call that is not a tensor."""
 
-    config: RNNConfig     # the network, with this call's dropout and seeds
-    lengths: tuple | None  # B sequence lengths (PackedSequence input), None = all T
-    is_training: bool     # the op's is_training: keep the reserve space for backward (and apply dropout)
-    backend: str | None
-    spans: tuple          # per weight tensor given to the Function: (offset, shape) in the opaque buffer
-
-    def op_attrs(self) -> dict:
-        c = self.config
-        return dict(rnn_mode=c.rnn_mode, input_mode="linear_input", direction=c.direction, dropout=c.dropout,
-                    seed=c.seed, seed2=c.seed2, num_proj=c.num_proj, time_major=True, backend=self.backend)
-
-    def sequence_lengths(self):
-        return None if self.lengths is None else np.asarray(self.lengths, dtype=np.int32)   # [B]
+def _lengths_array(lengths):
+    return None if lengths is None else np.asarray(lengths, dtype=np.int32)      # [B]
 
 
 def _weight_spans(cfg: RNNConfig, slots) -> tuple:
     """(offset, shape) in the opaque buffer of each (pseudo-layer p, LayerParams field) slot.
 
-    Read off `numbarnn.params.unpack` views of an index buffer, once per module (unpack walks every region).
+    Read off `numbarnn.params.unpack` views of an index buffer, once per layout (unpack walks every region).
     """
     index = np.arange(params_size(cfg))          # [N]: element k holds k
     views = unpack(cfg, index)
@@ -169,147 +173,399 @@ def _weight_spans(cfg: RNNConfig, slots) -> tuple:
     return tuple(spans)
 
 
-def _opaque_params(plan: _Plan, weights, like: torch.Tensor) -> torch.Tensor:
-    """The module's parameters gathered into numbarnn's opaque buffer [N] (missing biases stay 0)."""
-    params = torch.zeros(params_size(plan.config), dtype=like.dtype, device=like.device)   # [N]
-    for (offset, shape), w in zip(plan.spans, weights):
+def _opaque_params(spans: tuple, weights, like: torch.Tensor, n: int) -> torch.Tensor:
+    """The weights gathered into numbarnn's opaque buffer [n] in `like`'s dtype (missing biases stay 0)."""
+    params = torch.zeros(n, dtype=like.dtype, device=like.device)                  # [N]
+    for (offset, shape), w in zip(spans, weights):
         params[offset:offset + w.numel()].view(shape).copy_(w.detach())
     return params
 
 
-def _weight_grads(plan: _Plan, dparams: torch.Tensor) -> list:
+def _weight_grads(spans: tuple, dparams: torch.Tensor) -> list:
     """params_backprop [N] -> one view per weight tensor (shaped like it)."""
-    return [dparams[offset:offset + int(np.prod(shape))].view(shape) for offset, shape in plan.spans]
+    return [dparams[offset:offset + math.prod(shape)].view(shape) for offset, shape in spans]
 
 
-def _no_double_backward(backward):
-    """Backward runs with grad mode on only under create_graph=True: numbarnn's backward is not differentiable,
-    so say so instead of returning gradients without a graph (torch then fails later with a generic
-    "element 0 of tensors does not require grad")."""
-    @functools.wraps(backward)
-    def wrapper(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError("numbarnn.torch: double backward (gradients of gradients, create_graph=True) is not "
-                               "supported: numbarnn's RNN backward is not itself differentiable; use "
-                               "create_graph=False, or torch.nn's RNN modules where second derivatives are needed")
-        return backward(ctx, *grads)
-    return wrapper
+@functools.lru_cache(maxsize=256)
+def _host_reserved(cfg: RNNConfig, T: int, B: int, dtype: str, lengths) -> np.ndarray:
+    """The host_reserved of a training call of `rnn_op` (the operators pass tensors only: its length is no shape a
+    fake implementation can know), with the operator's fixed reserve tag; backward pairs it with the reserve."""
+    lens = (T,) * B if lengths is None else tuple(lengths)
+    call = RNNCall(cfg, T, B, np.dtype(dtype), True, True, lens)
+    return encode_host_reserved(call, reserve_size(call), _NONCE)
 
 
-class _NumbaRNNFunction(torch.autograd.Function):
-    """(plan, x [T,B,I], h0 [L*D,B,P], c0 [L*D,B,H] | None, *weights) -> y [T,B,D*P], h_n [L*D,B,P][, c_n]."""
+# ---------------------------------------------------------------------------------------------------
+# the network's parameter layout (per module configuration)
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Layout:
+    """The parameters of one network as torch.nn names them, and where each sits in numbarnn's opaque buffer."""
+
+    config: RNNConfig     # the network (no dropout: that is per call)
+    names: tuple          # the flat weight names, torch.nn's order (weight_ih_l0, weight_hh_l0, bias_ih_l0, ...)
+    groups: tuple         # the names per pseudo-layer (torch.nn's `_all_weights`)
+    shapes: tuple         # the shape of each weight
+    slots: tuple          # per weight: (pseudo-layer p, LayerParams field, or ("V", k) for cell vector k)
+    spans: tuple          # per weight: (offset, shape) in the opaque buffer
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidirectional: bool, proj_size: int,
+            bias: bool) -> _Layout:
+    cfg = rnn_config(num_layers, hidden_size, input_size, cell, "linear_input",
+                     "bidirectional" if bidirectional else "unidirectional", proj_size)
+    names, groups, shapes, slots = [], [], [], []
+    for p, layer, d in cfg.pseudo_layers():
+        suffix = f"_l{layer}" + ("_reverse" if d else "")
+        shape_of = {"weight_ih": (cfg.G * cfg.H, cfg.layer_input_size(layer)),   # stacked W  [G*H, I_l]
+                    "weight_hh": (cfg.G * cfg.H, cfg.P)}                         # stacked R  [G*H, P]
+        if bias:
+            shape_of.update({"bias_ih": (cfg.G * cfg.H,), "bias_hh": (cfg.G * cfg.H,)})   # bW, bR [G*H]
+        if cfg.has_proj:
+            shape_of["weight_hr"] = (cfg.P, cfg.H)                                # W_proj     [P, H]
+        slot_of = dict(_SLOT_OF_PREFIX)
+        for k, name in enumerate(cfg.cell.vectors):                               # a cell's vectors [H]
+            shape_of[name] = (cfg.H,)
+            slot_of[name] = ("V", k)
+        group = []
+        for prefix, shape in shape_of.items():
+            names.append(prefix + suffix)
+            group.append(prefix + suffix)
+            shapes.append(shape)
+            slots.append((p, slot_of[prefix]))
+        groups.append(tuple(group))
+    return _Layout(cfg, tuple(names), tuple(groups), tuple(shapes), tuple(slots), _weight_spans(cfg, slots))
+
+
+def _call_config(layout: _Layout, dropout: float, seeds) -> RNNConfig:
+    """The network of one call: the layout's, with this call's dropout and Philox keys."""
+    return _config_with(layout.config, dropout, *seeds) if dropout else layout.config
+
+
+@functools.lru_cache(maxsize=256)
+def _config_with(c: RNNConfig, dropout: float, seed: int, seed2: int) -> RNNConfig:
+    return rnn_config(c.L, c.H, c.I, c.rnn_mode, "linear_input", c.direction, c.num_proj, dropout, seed, seed2)
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """bfloat16 is stored as bfloat16 and computed in float32 (numbarnn's ops have no bfloat16)."""
+    return torch.float32 if t.dtype == torch.bfloat16 else t.dtype
+
+
+# ---------------------------------------------------------------------------------------------------
+# the operators: numbarnn::rnn and numbarnn::rnn_backward (torch.library custom ops)
+# ---------------------------------------------------------------------------------------------------
+#
+# Custom operators are how PyTorch takes in kernels it cannot see into: torch.compile and torch.export keep
+# them as single nodes (no graph break: dynamo never traces numba), their fake implementations give every
+# output's shape and dtype (meta tensors, FakeTensor tracing), and autograd is registered on the operator.
+# Arguments are what the schema language allows: tensors, ints, floats, bools, strings and lists of them.
+# The Philox keys of dropout travel as an int64 tensor `seeds` [2] (drawn with torch.randint by the module), so
+# that a compiled graph draws fresh keys at every call instead of baking one pair in.
+
+_NONCE = [1024] * NONCE_SIZE      # the reserve's tag (numbarnn.reserve) in every call of the operator
+
+
+@torch.library.custom_op("numbarnn::rnn", mutates_args=())
+def rnn_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weights: List[torch.Tensor],
+           lengths: Optional[List[int]], seeds: torch.Tensor, cell: str, num_layers: int, hidden_size: int,
+           input_size: int, bidirectional: bool, proj_size: int, bias: bool, dropout: float, is_training: bool,
+           backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """numbarnn's CudnnRNNV3 on tensors: x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] (cells with a state, else
+    None), weights in torch.nn's order -> (y [T, B, D*P], h_n [L*D, B, P], c_n [L*D, B, H] (empty without a
+    cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T."""
+    layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
+    cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
+    lstm = cfg.has_cell_state
+    dtype = _compute_dtype(x)
+    x_, h0_ = x.to(dtype), h0.to(dtype)
+    c0_ = c0.to(dtype) if lstm else None
+    params = _opaque_params(layout.spans, weights, x_, params_size(cfg))                        # [N]
+    with _device_scope(x.device):
+        y, hT, cT, reserve, _ = ops.cudnn_rnn_v3(
+            _array(x_), _array(h0_), _array(c0_), _array(params), _lengths_array(lengths), is_training=is_training,
+            **_op_attrs(cfg, backend))
+        if is_training:     # a fixed tag: the operator's outputs are a function of its inputs (torch.compile
+            write_nonce(reserve, _NONCE)   # checks); the backward operator rebuilds host_reserved from it
+    out = x.dtype
+    return (_tensor(y, x.device).to(out), _tensor(hT, x.device).to(out),
+            _tensor(cT, x.device).to(out) if lstm else x.new_empty((0,)),
+            _tensor(reserve, x.device) if is_training else x_.new_empty((0,)))
+
+
+@rnn_op.register_fake
+def _rnn_fake(x, h0, c0, weights, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
+              proj_size, bias, dropout, is_training, backend):
+    layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
+    cfg = _call_config(layout, dropout, (0, 0))
+    T, B = x.shape[0], x.shape[1]
+    D, P, H = cfg.D, cfg.P, cfg.H
+    dtype = _compute_dtype(x)
+    n = reserve_size(RNNCall(cfg, T, B, np.dtype("float32"), is_training=True)) if is_training else 0
+    return (x.new_empty((T, B, D * P)), x.new_empty((num_layers * D, B, P)),
+            x.new_empty((num_layers * D, B, H)) if cfg.has_cell_state else x.new_empty((0,)),
+            x.new_empty((n,), dtype=dtype))
+
+
+@torch.library.custom_op("numbarnn::rnn_backward", mutates_args=())
+def rnn_backward_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], params: torch.Tensor,
+                    lengths: Optional[List[int]], seeds: torch.Tensor, y: torch.Tensor, hT: torch.Tensor,
+                    cT: torch.Tensor, reserve: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor,
+                    dcT: torch.Tensor, cell: str, num_layers: int, hidden_size: int, input_size: int,
+                    bidirectional: bool, proj_size: int, bias: bool, dropout: float,
+                    backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """numbarnn's CudnnRNNBackpropV3 for a call of `rnn_op` (its inputs, the weights as the opaque buffer params
+    [N], its outputs and reserve; the upstream gradients dy, dhT, dcT) -> (dx, dh0, dc0 (empty without a cell
+    state), dparams [N] in the opaque layout).  No tensor-list argument, so torch's per-example fallback batches
+    it where no batching rule applies (gradcheck's batched gradients)."""
+    layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
+    cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
+    lstm = cfg.has_cell_state
+    dtype = _compute_dtype(x)
+    x_, h0_, y_, hT_, dy_, dhT_ = (t.to(dtype) for t in (x, h0, y, hT, dy, dhT))
+    c0_, cT_, dcT_ = (t.to(dtype) for t in (c0, cT, dcT)) if lstm else (None, None, None)
+    params = params.to(dtype)                                                      # [N]
+    lens = _lengths_array(lengths)
+    attrs = _op_attrs(cfg, backend)
+    host = _host_reserved(cfg, x.shape[0], x.shape[1], str(dtype).replace("torch.", ""),
+                          None if lengths is None else tuple(lengths))
+    with _device_scope(x.device):
+        dx, dh0, dc0, dparams = ops.cudnn_rnn_backprop_v3(
+            _array(x_), _array(h0_), _array(c0_), _array(params), lens, _array(y_), _array(hT_), _array(cT_),
+            _array(dy_), _array(dhT_), _array(dcT_), _array(reserve), host, **attrs)
+    out = x.dtype
+    return (_tensor(dx, x.device).to(out), _tensor(dh0, x.device).to(out),
+            _tensor(dc0, x.device).to(out) if lstm else x.new_empty((0,)), _tensor(dparams, x.device).to(out))
+
+
+@rnn_backward_op.register_fake
+def _rnn_backward_fake(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
+                       hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend):
+    layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
+    return (torch.empty_like(x), torch.empty_like(h0),
+            torch.empty_like(c0) if layout.config.has_cell_state else x.new_empty((0,)),
+            torch.empty_like(params))
+
+
+def _save(ctx, x, h0, c0, weights, lengths, seeds, net, output) -> None:
+    """What backward needs of a call of `rnn_op` (net: its arguments from `cell` on)."""
+    ctx.net, ctx.lengths, ctx.n_weights = tuple(net), lengths, len(weights)
+    ctx.save_for_backward(x, h0, c0, seeds, *weights, *output)
+
+
+def _grads(ctx, dy, dhT, dcT) -> tuple:
+    """(dx, dh0, dc0 or None, [dweight, ...]) of a call saved by `_save`: numbarnn's backward kernels, or under
+    create_graph=True gradients that are themselves differentiable (`_differentiable_grads`)."""
+    cell, L, H, I, bidirectional, P, bias, dropout, is_training, backend = ctx.net
+    x, h0, c0, seeds, *rest = ctx.saved_tensors
+    weights, (y, hT, cT, reserve) = rest[:ctx.n_weights], rest[ctx.n_weights:]
+    layout = _layout(cell, L, H, I, bidirectional, P, bias)
+    lstm = layout.config.has_cell_state
+    if torch.is_grad_enabled():
+        return _differentiable_grads(ctx.net, ctx.lengths, seeds, x, h0, c0, weights, dy, dhT, dcT)
+    if not is_training:
+        raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
+    params = _opaque_params(layout.spans, weights, x, params_size(layout.config))         # [N]
+    dx, dh0, dc0, dparams = rnn_backward_op(
+        x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
+        cell, L, H, I, bidirectional, P, bias, dropout, backend)
+    return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
+
+
+@torch.library.register_vmap("numbarnn::rnn_backward")
+def _rnn_backward_vmap(info, in_dims, *args):
+    """Batched upstream gradients (gradcheck's check_batched_grad, torch.func over a backward): one call each."""
+    def pick(a, d, i):
+        if d is None or a is None:
+            return a
+        if isinstance(a, (list, tuple)):
+            return [pick(t, e, i) for t, e in zip(a, d)]
+        return a.select(d, i)
+
+    outs = [rnn_backward_op(*[pick(a, d, i) for a, d in zip(args, in_dims)]) for i in range(info.batch_size)]
+    return tuple(torch.stack([o[k] for o in outs]) for k in range(4)), (0, 0, 0, 0)
+
+
+def _rnn_setup_context(ctx, inputs, output):
+    x, h0, c0, weights, lengths, seeds, *net = inputs
+    _save(ctx, x, h0, c0, weights, lengths, seeds, net, output)
+
+
+def _rnn_backward(ctx, dy, dhT, dcT, _dreserve):
+    dx, dh0, dc0, dweights = _grads(ctx, dy, dhT, dcT)
+    return (dx, dh0, dc0, dweights, None, None, *[None] * len(ctx.net))
+
+
+torch.library.register_autograd("numbarnn::rnn", _rnn_backward, setup_context=_rnn_setup_context)
+
+
+class _RNNFunction(torch.autograd.Function):
+    """The modules' way into `rnn_op`: the same operator and gradients as its registered autograd, in an
+    autograd.Function that torch.func's transforms accept (setup_context, vmap and jvp staticmethods; the
+    autograd that torch.library generates for a custom op refuses them: "must override setup_context").
+    apply(x, h0, c0, seeds, lengths, net, *weights); net: rnn_op's arguments from `cell` on."""
 
     @staticmethod
-    def forward(ctx, plan, x, h0, c0, *weights):
-        lstm = plan.config.has_cell_state
-        params = _opaque_params(plan, weights, like=x)                                 # [N]
-        with _device_scope(x.device):
-            results = ops.cudnn_rnn_v3(
-                _array(x), _array(h0), _array(c0) if lstm else None, _array(params), plan.sequence_lengths(),
-                is_training=plan.is_training, **plan.op_attrs())
-        y, hT, cT = results[:3]                                  # op arrays: [T, B, D*P], [L*D, B, P], [L*D, B, H]
-        outputs = (_tensor(y, x.device), _tensor(hT, x.device)) + ((_tensor(cT, x.device),) if lstm else ())
-        ctx.plan = plan
-        ctx.results = None
-        if plan.is_training:
-            # the op arrays, not the output tensors (no reference cycle); they share memory with the outputs
-            ctx.save_for_backward(x, h0, c0 if lstm else None, params)
-            ctx.results = results                                 # (y, h_n, c_n, reserve_space, host_reserved)
-        return outputs
+    def forward(x, h0, c0, seeds, lengths, net, *weights):
+        return rnn_op(x, h0, c0, list(weights), lengths, seeds, *net)
 
     @staticmethod
-    @_no_double_backward
-    @once_differentiable
-    def backward(ctx, *grads):
+    def setup_context(ctx, inputs, output):
+        x, h0, c0, seeds, lengths, net, *weights = inputs
+        _save(ctx, x, h0, c0, weights, lengths, seeds, net, output)
+        ctx.save_for_forward(x, h0, c0, seeds, *weights)
+        ctx.mark_non_differentiable(output[3])          # the reserve space
 
-        plan = ctx.plan
-        if ctx.results is None:   # pragma: no cover - the module only runs inference mode when no grad is needed
-            raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
-        x, h0, c0, params = ctx.saved_tensors
-        y, hT, cT, reserve, host_reserved = ctx.results
-        lstm = plan.config.has_cell_state
-        shapes = (y.shape, hT.shape) + ((cT.shape,) if lstm else ())
-        # upstream gradients: all of them are used; an absent one is zeros
-        dy, dhT, *rest = [torch.zeros(s, dtype=x.dtype, device=x.device) if g is None else g
-                          for g, s in zip(grads, shapes)]
-        dcT = rest[0] if lstm else None
-        with _device_scope(x.device):
-            dx, dh0, dc0, dparams = ops.cudnn_rnn_backprop_v3(
-                _array(x), _array(h0), _array(c0), _array(params), plan.sequence_lengths(), y, hT,
-                cT if lstm else None, _array(dy), _array(dhT), _array(dcT), reserve, host_reserved,
-                **plan.op_attrs())
-        device = x.device
-        dparams = _tensor(dparams, device)                   # [N]
-        weight_grads = _weight_grads(plan, dparams)
-        need = ctx.needs_input_grad
-        return (None,
-                _tensor(dx, device) if need[1] else None,
-                _tensor(dh0, device) if need[2] else None,
-                _tensor(dc0, device) if (lstm and need[3]) else None,
-                *[g if n else None for g, n in zip(weight_grads, need[4:])])
+    @staticmethod
+    def backward(ctx, dy, dhT, dcT, _dreserve):
+        dx, dh0, dc0, dweights = _grads(ctx, dy, dhT, dcT)
+        return (dx, dh0, dc0, None, None, None, *dweights)
+
+    @staticmethod
+    def jvp(ctx, dx, dh0, dc0, _dseeds, _dlengths, _dnet, *dweights):
+        """Forward mode (torch.func.jvp, jacfwd): the network in torch operations, differentiated by torch."""
+        x, h0, c0, seeds, *weights = ctx.saved_tensors
+        fn = _network_function(ctx.net, ctx.lengths, seeds)
+        primals = (x, h0, c0, *weights)
+        tangents = tuple(torch.zeros_like(p) if t is None else t
+                         for p, t in zip(primals, (dx, dh0, dc0, *dweights)) if p is not None)
+        _, (dy, dhT, dcT) = torch.func.jvp(fn, tuple(p for p in primals if p is not None), tangents)
+        return dy, dhT, dcT, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, h0, c0, seeds, lengths, net, *weights):
+        """A vmapped dimension becomes more batch rows when only x and the states carry it (and no dropout:
+        its masks depend on the batch size); otherwise one call per element."""
+        n = info.batch_size
+        x_d, h_d, c_d, s_d, _, _, *w_d = in_dims
+        dropout = net[7]
+        if x_d is not None and s_d is None and lengths is None and not any(w_d) and not dropout and \
+                all(d is None for d in w_d):
+            T, B = x.shape[0 if x_d != 0 else 1], x.shape[1 if x_d > 1 else 2]
+            xs = x.movedim(x_d, 1).reshape(T, n * B, -1)                      # [T, n*B, I]
+
+            def rows(t, d):                                                    # [L*D, B, W] -> [L*D, n*B, W]
+                if t is None:
+                    return None
+                t = t.unsqueeze(1).expand(t.shape[0], n, *t.shape[1:]) if d is None else t.movedim(d, 1)
+                return t.reshape(t.shape[0], n * B, t.shape[-1])
+
+            y, hT, cT, reserve = _RNNFunction.apply(xs, rows(h0, h_d), rows(c0, c_d), seeds, lengths, net, *weights)
+            split = (lambda t: t.reshape(t.shape[0], n, B, t.shape[-1]))
+            return (split(y), split(hT), split(cT) if cT.numel() else cT.expand(n, 0), reserve), (1, 1, 1 if cT.numel() else 0, None)
+
+        def pick(t, d, i):
+            return t if d is None or t is None else t.select(d, i)
+
+        outs = [_RNNFunction.apply(pick(x, x_d, i), pick(h0, h_d, i), pick(c0, c_d, i), pick(seeds, s_d, i), lengths,
+                                   net, *[pick(w, d, i) for w, d in zip(weights, w_d)]) for i in range(n)]
+        return tuple(torch.stack([o[k] for o in outs]) for k in range(4)), (0, 0, 0, 0)
+
+
+def _call(x, h0, c0, weights, lengths, seeds, net):
+    """The operator with its registered autograd (what torch.compile and torch.export keep as one node), or under
+    torch.func's transforms the same operator through `_RNNFunction` (dynamo cannot trace a custom jvp)."""
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        return _RNNFunction.apply(x, h0, c0, seeds, lengths, net, *weights)
+    return rnn_op(x, h0, c0, weights, lengths, seeds, *net)
+
+
+def _network_function(net, lengths, seeds):
+    """(x, h0, c0 or absent, *weights) -> (y, hT, cT): the call's network in torch operations (torch_network)."""
+    from . import torch_network
+    cell, L, H, I, bidirectional, P, bias, dropout, _, _ = net
+    layout = _layout(cell, L, H, I, bidirectional, P, bias)
+    cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
+    lstm = cfg.has_cell_state
+    keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
+
+    def fn(x, h0, *rest):
+        c0 = rest[0] if lstm else None
+        weights = rest[1:] if lstm else rest
+        dtype = _compute_dtype(x)
+        layers = [dict(W=None, R=None, bW=None, bR=None, W_proj=None, V=[None] * cfg.V) for _ in range(L * cfg.D)]
+        for (p, slot), w in zip(layout.slots, weights):
+            if isinstance(slot, str):
+                layers[p][slot] = w.to(dtype)
+            else:
+                layers[p]["V"][slot[1]] = w.to(dtype)
+        y, hT, cT = torch_network.forward(cfg, layers, x.to(dtype), h0.to(dtype),
+                                          c0.to(dtype) if lstm else None, lengths, keys)
+        out = x.dtype
+        return y.to(out), hT.to(out), (cT.to(out) if lstm else x.new_empty((0,)))
+
+    return fn
+
+
+def _differentiable_grads(net, lengths, seeds, x, h0, c0, weights, dy, dhT, dcT):
+    """First-order gradients as a graph autograd can differentiate again: the forward recomputed with torch
+    operations from the cell's spec (numbarnn.torch_network), and its vector-Jacobian product by torch.func.vjp
+    (which composes with autograd's create_graph and with torch.func's transforms alike)."""
+    lstm = get_cell(net[0]).cell_state
+    fn = _network_function(net, lengths, seeds)
+    inputs = [x, h0] + ([c0] if lstm else []) + list(weights)
+    _, vjp = torch.func.vjp(fn, *inputs)
+    got = vjp((dy, dhT, dcT if lstm else x.new_zeros((0,))))
+    return got[0], got[1], (got[2] if lstm else None), list(got[3 if lstm else 2:])
 
 
 # ---------------------------------------------------------------------------------------------------
 # the modules
 # ---------------------------------------------------------------------------------------------------
 
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {value!r} ({type(value).__name__})")
-    return bool(value)
+def _check_network_args(input_size, hidden_size, num_layers, bias, batch_first, dropout, proj_size) -> None:
+    """torch.nn.RNNBase's constructor checks, in its order and with its messages (then numbarnn's own)."""
+    if not isinstance(dropout, numbers.Number) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
+        raise ValueError("dropout should be a number in range [0, 1] representing the probability of an element "
+                         f"being zeroed (got {dropout!r})")
+    for name, value in (("bias", bias), ("batch_first", batch_first)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} should be of type bool, got: {type(value).__name__}")
+    for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
+                        ("proj_size", proj_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} should be of type int, got: {type(value).__name__}")
+    if input_size <= 0:
+        raise ValueError(f"input_size must be greater than zero (got {input_size})")
+    if hidden_size <= 0:
+        raise ValueError(f"hidden_size must be greater than zero (got {hidden_size})")
+    if num_layers <= 0:
+        raise ValueError(f"num_layers must be greater than zero (got {num_layers})")
+    if proj_size < 0:
+        raise ValueError(f"proj_size should be a positive integer or zero to disable projections (got {proj_size})")
+    if proj_size >= hidden_size:
+        raise ValueError(f"proj_size has to be smaller than hidden_size (got proj_size={proj_size}, "
+                         f"hidden_size={hidden_size})")
 
 
 class _NumbaRNNBase(torch.nn.Module):
-    """Shared by LSTM, GRU and RNN: parameters as torch.nn.RNNBase registers them, forward via numbarnn."""
+    """Shared by LSTM, GRU and RNN: parameters as torch.nn.RNNBase registers them, forward via numbarnn's
+    operator.  Arguments are checked as torch.nn checks them, with torch.nn's messages."""
 
     def __init__(self, mode: str, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, backend=None):
         super().__init__()
         self.mode = mode   # torch.nn's spelling: "LSTM", "GRU", "RNN_TANH", "RNN_RELU"; or a registered cell
         self.rnn_mode = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}.get(mode, mode)
-        self.input_size = check_int("input_size", input_size, minimum=1)
-        self.hidden_size = check_int("hidden_size", hidden_size, minimum=1)
-        self.num_layers = check_int("num_layers", num_layers, minimum=1)
-        self.bias = _check_bool("bias", bias)
-        self.batch_first = _check_bool("batch_first", batch_first)
-        self.dropout = check_float("dropout", dropout, 0.0, 1.0)
-        self.bidirectional = _check_bool("bidirectional", bidirectional)
-        self.proj_size = check_int("proj_size", proj_size, minimum=0)
-        if self.proj_size >= self.hidden_size:
-            raise ValueError(f"proj_size: expected 0 <= proj_size < hidden_size = {self.hidden_size} (PyTorch's "
-                             f"rule), got {self.proj_size}")
-        self.backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
-        if self.dropout > 0 and self.num_layers == 1:
+        _check_network_args(input_size, hidden_size, num_layers, bias, batch_first, dropout, proj_size)
+        if dropout > 0 and num_layers == 1:
             warnings.warn("dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
-                          f"expects num_layers greater than 1, but got dropout={self.dropout} and "
-                          f"num_layers={self.num_layers}", stacklevel=3)
-        self._config = rnn_config(self.num_layers, self.hidden_size, self.input_size, self.rnn_mode,
-                                  "linear_input", "bidirectional" if self.bidirectional else "unidirectional",
-                                  self.proj_size)   # numbarnn's own checks of the network
-
-        cfg = self._config
+                          f"expects num_layers greater than 1, but got dropout={dropout} and "
+                          f"num_layers={num_layers}", stacklevel=3)
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional, self.proj_size = bool(bidirectional), proj_size
+        self.backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
+        self._layout = _layout(self.rnn_mode, num_layers, hidden_size, input_size, self.bidirectional, proj_size,
+                               bias)                      # numbarnn's checks of the network (rnn_config)
+        self._config = self._layout.config
         factory = {"device": device, "dtype": dtype}
-        self._flat_weights_names, self._all_weights, slots = [], [], []
-        for p, layer, d in cfg.pseudo_layers():
-            suffix = f"_l{layer}" + ("_reverse" if d else "")
-            shapes = {"weight_ih": (cfg.G * cfg.H, cfg.layer_input_size(layer)),   # stacked W  [G*H, I_l]
-                      "weight_hh": (cfg.G * cfg.H, cfg.P)}                         # stacked R  [G*H, P]
-            if self.bias:
-                shapes.update({"bias_ih": (cfg.G * cfg.H,), "bias_hh": (cfg.G * cfg.H,)})   # bW, bR [G*H]
-            if cfg.has_proj:
-                shapes["weight_hr"] = (cfg.P, cfg.H)                                # W_proj     [P, H]
-            slot_of = dict(_SLOT_OF_PREFIX)
-            for k, name in enumerate(cfg.cell.vectors):                             # a cell's vectors [H]
-                shapes[name] = (cfg.H,)
-                slot_of[name] = ("V", k)
-            names = []
-            for prefix, shape in shapes.items():
-                setattr(self, prefix + suffix, torch.nn.Parameter(torch.empty(shape, **factory)))
-                names.append(prefix + suffix)
-                slots.append((p, slot_of[prefix]))
-            self._flat_weights_names.extend(names)
-            self._all_weights.append(names)
-        self._spans = _weight_spans(cfg, slots)
+        for name, shape in zip(self._layout.names, self._layout.shapes):
+            setattr(self, name, torch.nn.Parameter(torch.empty(shape, **factory)))
+        self._flat_weights_names = list(self._layout.names)
+        self._all_weights = [list(group) for group in self._layout.groups]
         self.reset_parameters()
 
     # -- torch.nn.RNNBase compatibility ---------------------------------------------------------
@@ -349,87 +605,126 @@ class _NumbaRNNBase(torch.nn.Module):
         return s.format(**self.__dict__)
 
     # -- forward ----------------------------------------------------------------------------------
-    def _check_tensor(self, name: str, t, like: torch.Tensor | None = None) -> None:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _TORCH_DTYPES:
-            raise RNNDtypeError(f"{name}: expected dtype float16, float32 or float64, got {t.dtype}")
-        if like is not None and t.dtype != like.dtype:
-            raise RNNDtypeError(f"{name}: expected dtype {like.dtype} (the dtype of the parameters), got {t.dtype}")
-        if like is not None and t.device != like.device:
-            raise RNNShapeError(f"{name}: expected a tensor on {like.device} (where the parameters are), "
-                                f"got one on {t.device}")
+    def _check_input(self, x: torch.Tensor, packed: bool, autocast: bool) -> None:
+        """torch.nn.RNNBase.check_input (dtype, rank, input_size), then numbarnn's: a float dtype, one device."""
+        w = self._flat_weights[0]
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input: expected a torch.Tensor or a PackedSequence, got {type(x).__name__}")
+        if x.dtype != w.dtype and not autocast:
+            raise RNNDtypeError(f"RNN input dtype ({x.dtype}) does not match weight dtype ({w.dtype}). Convert "
+                                f"input: input.to({w.dtype}), or convert model: model.to({x.dtype})")
+        expected = 2 if packed else 3
+        if x.dim() != expected:
+            raise RNNShapeError(f"input must have {expected} dimensions, got {x.dim()} (input"
+                                f"{'.data of a PackedSequence' if packed else ''}: shape {tuple(x.shape)})")
+        if x.size(-1) != self.input_size:
+            raise RNNShapeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, got "
+                                f"{x.size(-1)} (input{'.data' if packed else ''}: shape {tuple(x.shape)})")
+        if x.dtype not in _TORCH_DTYPES:
+            raise RNNDtypeError(f"input: expected dtype float16, bfloat16, float32 or float64, got {x.dtype}")
+        if x.device != w.device:
+            raise RNNShapeError(f"Input and parameter tensors are not at the same device, found input tensor at "
+                                f"{x.device} and parameter tensor at {w.device}")
 
-    def _initial_state(self, hx, x: torch.Tensor, batched: bool):
-        """hx (None, a tensor, or (h_0, c_0) for LSTM) -> h0 [L*D, B, P], c0 [L*D, B, H] or None."""
+    def _initial_state(self, hx, x: torch.Tensor):
+        """hx (None, a tensor, or (h_0, c_0) for LSTM), already batched -> h0 [L*D, B, P], c0 [L*D, B, H] or
+        None, checked as torch.nn.RNNBase.check_hidden_size checks them (its messages)."""
         cfg, B = self._config, x.shape[1]
-        LD = cfg.L * cfg.D
+        expected_h, expected_c = (cfg.L * cfg.D, B, cfg.P), (cfg.L * cfg.D, B, cfg.H)
         if hx is None:
-            h0 = x.new_zeros((LD, B, cfg.P))                                      # [L*D, B, P]
-            c0 = x.new_zeros((LD, B, cfg.H)) if cfg.has_cell_state else None             # [L*D, B, H]
-            return h0, c0
-        if cfg.has_cell_state:
-            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                raise TypeError(f"hx: expected a tuple (h_0, c_0) for LSTM, got {type(hx).__name__}")
-            states = (("hx[0] (h_0)", hx[0], cfg.P, "proj_size or hidden_size"),
-                      ("hx[1] (c_0)", hx[1], cfg.H, "hidden_size"))
-        else:
-            states = (("hx", hx, cfg.P, "hidden_size"),)
+            h0 = x.new_zeros(expected_h)                                                   # [L*D, B, P]
+            return h0, (x.new_zeros(expected_c) if cfg.has_cell_state else None)           # [L*D, B, H]
+        what_h = "[num_layers*num_directions, batch, proj_size or hidden_size]" if cfg.has_proj else \
+            "[num_layers*num_directions, batch, hidden_size]"
+        what_c = "[num_layers*num_directions, batch, hidden_size]"
+        states = ((hx[0], expected_h, "Expected hidden[0] size {}, got {} (h_0: " + what_h + ")"),
+                  (hx[1], expected_c, "Expected hidden[1] size {}, got {} (c_0: " + what_c + ")")) \
+            if cfg.has_cell_state else ((hx, expected_h, "Expected hidden size {}, got {} (hx: " + what_h + ")"),)
         out = []
-        for name, t, width, what in states:
-            self._check_tensor(name, t, like=x)
-            if not batched:
-                _check_shape(name, t, (LD, width), f"[num_layers*num_directions, {what}] for unbatched input")
-                t = t.unsqueeze(1)
-            _check_shape(name, t, (LD, B, width), f"[num_layers*num_directions, batch, {what}]")
+        for t, expected, msg in states:
+            if tuple(t.size()) != expected:
+                raise RNNShapeError(msg.format(expected, list(t.size())))
+            if t.dtype != x.dtype:
+                raise RNNDtypeError(f"hx: expected dtype {x.dtype} (the input's), got {t.dtype}")
+            if t.device != x.device:
+                raise RNNShapeError(f"Input and hidden tensors are not at the same device, found input tensor at "
+                                    f"{x.device} and hidden tensor at {t.device}")
             out.append(t)
         return out[0], (out[1] if cfg.has_cell_state else None)
 
-    def _plan(self, x, h0, c0, weights, lengths) -> _Plan:
-        cfg = self._config
-        dropout_active = self.training and self.dropout > 0 and cfg.L > 1
+    def _batched_hx(self, hx, batched: bool):
+        """torch.nn's rank checks of hx for padded input (its messages); unbatched hx gains the batch axis."""
+        if hx is None:
+            return None
+        lstm = self._config.has_cell_state
+        if lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise TypeError(f"hx: expected a tuple (h_0, c_0) for LSTM, got {type(hx).__name__}")
+            for t in hx:
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"hx: expected a tuple of two tensors (h_0, c_0), got {type(t).__name__}")
+            rank, what = (3, "batched 3-D") if batched else (2, "unbatched 2-D")
+            if hx[0].dim() != rank or hx[1].dim() != rank:
+                raise RNNShapeError(f"For {what} input, hx and cx should also be {rank}-D but got "
+                                    f"({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
+            return hx if batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
+        if not isinstance(hx, torch.Tensor):
+            raise TypeError(f"hx: expected a tensor, got {type(hx).__name__}")
+        rank, what = (3, "batched 3-D") if batched else (2, "unbatched 2-D")
+        if hx.dim() != rank:
+            raise RNNShapeError(f"For {what} input, hx should also be {rank}-D but got {hx.dim()}-D tensor")
+        return hx if batched else hx.unsqueeze(1)
+
+    def _call_args(self, x, h0, c0, weights) -> tuple:
+        """(seeds [2] int64, dropout, is_training) of this call: the op keeps the reserve space whenever a
+        gradient may be needed (eval mode too, then with dropout 0) or dropout is active; a fresh Philox key per
+        call with active dropout, drawn from torch's default generator."""
+        dropout_active = self.training and self.dropout > 0 and self.num_layers > 1
         needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                      for t in (x, h0, c0, *weights))
-        seed = seed2 = 0
-        if dropout_active:   # a fresh Philox key per call, from torch's default generator
-            seed, seed2 = (int(v) for v in torch.randint(0, 2 ** 32, (2,), dtype=torch.int64))
-        config = rnn_config(cfg.L, cfg.H, cfg.I, cfg.rnn_mode, "linear_input", cfg.direction, cfg.num_proj,
-                            self.dropout if dropout_active else 0.0, seed, seed2)
-        backend = self.backend
-        if backend is None and x.is_cuda:
-            backend = "cuda"
-        return _Plan(config, lengths, bool(needs_grad or dropout_active), backend, self._spans)
+        if dropout_active:
+            seeds = torch.randint(0, 2 ** 32, (2,), dtype=torch.int64)
+        else:
+            seeds = torch.zeros(2, dtype=torch.int64)
+        return seeds, (self.dropout if dropout_active else 0.0), bool(needs_grad or dropout_active)
 
     def forward(self, input, hx=None):
         weights = self._flat_weights
-        first = weights[0]
+        name = {"LSTM": "LSTM", "GRU": "GRU", "RNN_TANH": "RNN", "RNN_RELU": "RNN"}.get(self.mode, type(self).__name__)
         packed = isinstance(input, PackedSequence)
         if packed:
-            self._check_tensor("input.data", input.data, like=first)
-            _check_shape("input.data", input.data, (input.data.shape[0], self.input_size),
-                              "[sum of lengths, input_size]")
+            self._check_input(input.data, True, _autocast_dtype(input.data) is not None)
             x, lengths = pad_packed_sequence(input)          # [T, B, I] in the caller's batch order, [B]
             lengths = tuple(int(v) for v in lengths)
             batched = True
         else:
-            self._check_tensor("input", input, like=first)
+            if not isinstance(input, torch.Tensor):
+                raise TypeError(f"input: expected a torch.Tensor or a PackedSequence, got {type(input).__name__}")
             if input.dim() not in (2, 3):
-                raise RNNShapeError(f"input: expected rank 3 ([T, B, I], or [B, T, I] with batch_first) or rank 2 "
-                                    f"(unbatched [T, I]), got rank {input.dim()} with shape {tuple(input.shape)}")
+                raise RNNShapeError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D "
+                                    f"{'tensor ' if name == 'RNN' else ''}instead")
             batched = input.dim() == 3
             x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
+            self._check_input(x, False, _autocast_dtype(x) is not None)
             if self.batch_first:
                 x = x.transpose(0, 1)                         # [T, B, I]
             lengths = None
-            legend = "[T, B, input_size]" if not self.batch_first else "[B, T, input_size]"
-            _check_shape("input", input, tuple(input.shape[:-1]) + (self.input_size,),
-                              legend if batched else "[T, input_size]")
-        for name, w in zip(self._flat_weights_names, weights):
-            self._check_tensor(name, w, like=first)
-        h0, c0 = self._initial_state(hx, x, batched)
-        plan = self._plan(x, h0, c0, weights, lengths)
-        y, hT, *rest = _NumbaRNNFunction.apply(plan, x, h0, c0, *weights)   # [T, B, D*P], [L*D, B, P]
-        cT = rest[0] if rest else None                                        # [L*D, B, H]
+            if x.shape[0] == 0:
+                raise RNNShapeError("Expected sequence length to be larger than 0 in RNN")
+        hx = self._batched_hx(hx, batched)                    # in the caller's batch order, as x
+        autocast = _autocast_dtype(x)
+        if autocast is not None:                              # torch.autocast: compute as torch.nn does
+            x = x.to(autocast)
+            weights = [w.to(autocast) for w in weights]
+            if hx is not None:
+                hx = tuple(t.to(autocast) for t in hx) if self._config.has_cell_state else hx.to(autocast)
+        h0, c0 = self._initial_state(hx, x)
+        seeds, dropout, is_training = self._call_args(x, h0, c0, weights)
+        backend = self.backend or ("cuda" if x.is_cuda else "")
+        net = (self.rnn_mode, self.num_layers, self.hidden_size, self.input_size, self.bidirectional,
+               self.proj_size, self.bias, dropout, is_training, backend)
+        y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net)   # [T, B, D*P], [L*D, B, P], [L*D, B, H]
+        cT = cT if self._config.has_cell_state else None
 
         if packed:
             output = _repack(y, lengths, input)
@@ -442,12 +737,12 @@ class _NumbaRNNBase(torch.nn.Module):
         return (output, (hT, cT)) if self._config.has_cell_state else (output, hT)
 
 
-def _check_shape(name: str, t, expected: tuple, legend: str) -> None:
-    """numbarnn's check_shape, raising RNNShapeError (a ValueError that torch.nn users can catch as RuntimeError)."""
-    try:
-        check_shape(name, t, expected, legend)
-    except ValueError as exc:
-        raise RNNShapeError(str(exc)) from None
+def _autocast_dtype(x: torch.Tensor):
+    """The dtype torch.autocast computes RNNs in on x's device, or None when it is off (or x is not float)."""
+    kind = x.device.type
+    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind) and x.is_floating_point():
+        return torch.get_autocast_dtype(kind)
+    return None
 
 
 def _repack(y: torch.Tensor, lengths: tuple, like: PackedSequence) -> PackedSequence:
@@ -473,9 +768,10 @@ class LSTM(_NumbaRNNBase):
                          proj_size, device, dtype, backend)
 
 
-def _no_proj(cls: str, proj_size) -> None:
-    if proj_size is not None:
-        raise ValueError(f"proj_size: projections are only supported for LSTM, not {cls}; got proj_size={proj_size}")
+def _no_proj(proj_size) -> None:
+    """torch.nn.GRU / RNN take proj_size (positionally after bidirectional) only as 0."""
+    if proj_size != 0:
+        raise ValueError(f"proj_size argument is only supported for LSTM, not RNN or GRU (got proj_size={proj_size})")
 
 
 class RNNBase(_NumbaRNNBase):
@@ -489,7 +785,7 @@ class RNNBase(_NumbaRNNBase):
 
     def __init__(self, cell, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
-        from .cells import CellSpec, get_cell, register
+        from .cells import CellSpec, register
         if isinstance(cell, CellSpec):
             register(cell)
             cell = cell.name
@@ -499,37 +795,36 @@ class RNNBase(_NumbaRNNBase):
 
 class GRU(_NumbaRNNBase):
     """torch.nn.GRU on numbarnn: ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-    dropout=0.0, bidirectional=False, device=None, dtype=None, *, backend=None)``.
+    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None)`` (torch.nn's
+    positional order; proj_size only 0, as torch.nn.GRU takes it).
 
-    ``forward(input, hx=None) -> (output, h_n)``.  (``proj_size`` is rejected, as torch.nn.GRU does.)
+    ``forward(input, hx=None) -> (output, h_n)``.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, device=None, dtype=None, *, backend=None, proj_size=None):
-        _no_proj("GRU", proj_size)
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+        _no_proj(proj_size)
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          0, device, dtype, backend)
 
 
 class RNN(_NumbaRNNBase):
     """torch.nn.RNN on numbarnn: ``RNN(input_size, hidden_size, num_layers=1, nonlinearity='tanh', bias=True,
-    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None, *, backend=None)``.
+    batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *,
+    backend=None)`` (torch.nn's positional order; proj_size only 0).
 
     ``nonlinearity`` 'tanh' or 'relu' (numbarnn's rnn_tanh / rnn_relu).  ``forward(input, hx=None) -> (output,
-    h_n)``.  (``proj_size`` is rejected, as torch.nn.RNN does.)
+    h_n)``.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None, *, backend=None, proj_size=None):
-        _no_proj("RNN", proj_size)
-        nonlinearity = check_choice("nonlinearity", nonlinearity, ("tanh", "relu"))
+                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+        _no_proj(proj_size)
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
         super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size, hidden_size,
                          num_layers, bias, batch_first, dropout, bidirectional, 0, device, dtype, backend)
-        self.nonlinearity = nonlinearity
-
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        return s if self.nonlinearity == "tanh" else s + ", nonlinearity='relu'"
+        self.nonlinearity = nonlinearity         # (not in repr: torch.nn's RNN leaves it out too)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -618,3 +913,6 @@ def torch_nn_outputs(case) -> dict:
     if cfg.has_cell_state:
         result.update(output_c=back(cn, not tm), input_c_backprop=back(c0.grad, not tm))
     return result
+
+
+from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell  # noqa: E402  (the cells run the operator above)

@@ -23,16 +23,35 @@ SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.floa
 
 
 def is_device_array(a) -> bool:
-    """True for numba device arrays (also the simulator's), CuPy arrays, torch CUDA tensors, ... (not NumPy)."""
+    """True for numba device arrays (also the simulator's), CuPy arrays, ... (not NumPy; torch tensors are refused
+    before this is asked, see `reject_torch_tensor`)."""
     if isinstance(a, np.ndarray):
         return False
     return hasattr(a, "__cuda_array_interface__") or bool(getattr(a, "__cuda_ndarray__", False))
 
 
+def is_torch_tensor(a) -> bool:
+    """True for a torch.Tensor or a subclass (nn.Parameter, ...), told by its classes so torch is never imported."""
+    return any(c.__name__ == "Tensor" and c.__module__.split(".")[0] == "torch" for c in type(a).__mro__)
+
+
+def reject_torch_tensor(name: str, a) -> None:
+    """One rule for tensors: the ops take NumPy (or device) arrays, never a torch.Tensor.
+
+    Converting one here would silently detach it from autograd (and fails once it requires grad), so the
+    error points to the modules that do handle tensors and autograd, or to the explicit conversion.
+    """
+    if is_torch_tensor(a):
+        raise ArgumentTypeError(f"{name}: got a torch.Tensor; numbarnn.ops (and numbarnn's layers) take NumPy arrays "
+                                f"(or numba device arrays): use numbarnn.torch's modules (LSTM, GRU, RNN) for tensors "
+                                f"and autograd, or pass t.detach().cpu().numpy()")
+
+
 def as_array(name: str, a):
-    """Host inputs become NumPy arrays; device arrays pass through untouched."""
+    """Host inputs become NumPy arrays; device arrays pass through untouched; torch tensors are refused."""
     if a is None:
         raise ValueError(f"{name}: expected an array, got None")
+    reject_torch_tensor(name, a)
     if is_device_array(a) or isinstance(a, np.ndarray):
         return a
     try:

@@ -554,3 +554,47 @@ def test_canonical_errors():
     bad[2] = bad[2].astype(np.float32)
     with pytest.raises(TypeError, match=r"^weights\[2\]"):
         ops.cudnn_rnn_canonical_to_params(weights=bad, biases=b, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch tensors: the ops take NumPy (or device) arrays; a tensor is refused, naming the argument
+# ----------------------------------------------------------------------------------------------
+
+def torch_raises(name, fn, **kw):
+    """fn(**kw) raises a TypeError (also a ValueError) that names `name` and points to numbarnn.torch."""
+    msg = raises(TypeError, name, fn, **kw)
+    assert "torch.Tensor" in msg and "numbarnn.torch" in msg and ".detach().cpu().numpy()" in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["cpu-tensor", "requires-grad"])
+@pytest.mark.parametrize("name", ["input", "input_h", "input_c", "params"])
+def test_torch_tensor_is_refused_naming_it(lstm_case, name, requires_grad):
+    """A plain CPU tensor used to come back as NumPy, detached; one that requires grad blamed its type."""
+    torch = pytest.importorskip("torch")
+    kw = forward_args(lstm_case)
+    kw[name] = torch.from_numpy(kw[name]).requires_grad_(requires_grad)
+    torch_raises(name, forward, **kw)
+
+
+def test_torch_tensor_is_refused_by_every_op(lstm_case):
+    """The same rule in backprop, the params converters and the BlockLSTM ops (integer arguments too)."""
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy
+    kw = forward_args(lstm_case)
+    torch_raises("sequence_lengths", forward, **dict(kw, sequence_lengths=t(lstm_case.lengths)))
+    back = backward_args(lstm_case, forward(**kw))
+    for name in ("output_backprop", "reserve_space", "host_reserved"):
+        torch_raises(name, backward, **dict(back, **{name: t(back[name])}))
+    cfg = lstm_case.cfg
+    sizes = dict(num_layers=cfg.L, num_units=cfg.H, input_size=cfg.I, direction=cfg.direction, num_proj=cfg.num_proj)
+    torch_raises("params", ops.cudnn_rnn_params_to_canonical, params=t(lstm_case.params), **sizes)
+    w, b = ops.cudnn_rnn_params_to_canonical(params=lstm_case.params, **sizes)
+    torch_raises("weights[0]", ops.cudnn_rnn_canonical_to_params, weights=[t(w[0])] + w[1:], biases=b, **sizes)
+    T, B, I, C = 3, 2, 4, 5
+    blk = dict(seq_len_max=T, x=np.zeros((T, B, I)), cs_prev=np.zeros((B, C)), h_prev=np.zeros((B, C)),
+               w=np.zeros((I + C, 4 * C)), wci=np.zeros(C), wcf=np.zeros(C), wco=np.zeros(C), b=np.zeros(4 * C))
+    ops.block_lstm(**blk, backend=BACKEND)
+    torch_raises("x", ops.block_lstm, **dict(blk, x=t(blk["x"]).requires_grad_()), backend=BACKEND)
+    torch_raises("seq_len_max", ops.block_lstm, **dict(blk, seq_len_max=torch.tensor(T)), backend=BACKEND)
+    torch_raises("params", forward, **dict(kw, params=torch.nn.Parameter(t(lstm_case.params))))   # a subclass

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence  # noqa: E402
 
 from numbarnn import ops  # noqa: E402
-from numbarnn.params import from_torch_state_dict  # noqa: E402
+from numbarnn.params import from_torch_state_dict, params_size  # noqa: E402
 from numbarnn.torch import GRU, LSTM, RNN, RNNDtypeError, RNNShapeError  # noqa: E402
 
 BACKEND = "reference"
@@ -244,18 +244,51 @@ def test_gradcheck_with_dropout():
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_double_backward_says_it_is_not_supported(kind):
-    """Issue 10: create_graph=True then a second backward failed with torch's generic "element 0 of tensors
-    does not require grad"; now the first-order call under create_graph=True names the limitation."""
-    ours, _ = make_pair(kind)
-    x = torch.randn(2, 1, ours.input_size, dtype=F64, requires_grad=True)
+def test_double_backward_matches_torch_nn(kind):
+    """create_graph=True: the gradient is itself differentiable (numbarnn.torch_network recomputes the forward
+    in torch operations from the cell's spec) and its gradient equals torch.nn's (a gradient penalty)."""
+    ours, ref = make_pair(kind, num_layers=2, bidirectional=True)
+    x, make_input, _, _ = make_case("padded", T=3, B=2)
+    h0, c0 = initial_state(ours, 2)
+    grads = []
+    for module in (ours, ref):
+        xs = x.detach().clone().requires_grad_()
+        out, _ = module(xs, hx_of(h0, c0) if is_lstm(module) else h0)
+        (g,) = torch.autograd.grad((out * out).sum(), xs, create_graph=True)
+        penalty = (g ** 2).sum()
+        grads.append(torch.autograd.grad(penalty, [xs, *module.parameters()]))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
-    out, _ = ours(x)
-    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
-        torch.autograd.grad(out.sum(), x, create_graph=True)
-    out, _ = ours(x)                                           # first order is unaffected
-    (g,) = torch.autograd.grad(out.sum(), x)
-    assert g.shape == x.shape
+
+@pytest.mark.parametrize("kind", ["lstm_proj", "gru", "rnn_relu"])
+def test_gradgradcheck(kind):
+    """torch.autograd.gradgradcheck through the drop-in: packed ragged input, two layers, bidirectional."""
+    ours, _ = make_pair(kind, num_layers=2, bidirectional=True)
+    lengths = torch.tensor([3, 1, 2])
+    x = torch.randn(3, 3, ours.input_size, dtype=F64, requires_grad=True)
+    h0, c0 = initial_state(ours, 3)
+    h0.requires_grad_()
+
+    def f(x, h0):
+        packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+        out, _ = ours(packed, hx_of(h0, c0) if is_lstm(ours) else h0)
+        return pad_packed_sequence(out)[0]
+
+    assert torch.autograd.gradgradcheck(f, (x, h0))
+
+
+def test_double_backward_with_dropout_uses_the_same_masks():
+    """With dropout, the recomputed forward draws the call's Philox masks: the first-order gradient it yields
+    under create_graph equals the kernels' (create_graph=False) for the same call."""
+    ours, _ = make_pair("lstm", num_layers=2, dropout=0.5)
+    x = torch.randn(4, 2, ours.input_size, dtype=F64, requires_grad=True)
+    torch.manual_seed(3)
+    (plain,) = torch.autograd.grad(ours(x)[0].sum(), x)
+    torch.manual_seed(3)
+    (graph,) = torch.autograd.grad(ours(x)[0].sum(), x, create_graph=True)
+    assert graph.requires_grad
+    torch.testing.assert_close(graph, plain, rtol=1e-10, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,8 +329,9 @@ def test_state_dict_round_trip_both_ways(kind):
     assert all(torch.equal(p, q) for p, q in zip(ref2.parameters(), ref.parameters()))
     # the opaque buffer the Function builds is numbarnn's from_torch_state_dict of the same state_dict
     from numbarnn.torch import _opaque_params
-    plan = ours._plan(x, h0, c0, ours._flat_weights, None)
-    np.testing.assert_array_equal(_opaque_params(plan, ours._flat_weights, x).numpy(),
+    layout = ours._layout
+    np.testing.assert_array_equal(_opaque_params(layout.spans, ours._flat_weights, x,
+                                                 params_size(layout.config)).numpy(),
                                   from_torch_state_dict(ours._config, ours.state_dict()))
 
 
@@ -416,7 +450,7 @@ def test_cuda_backend_in_simulator_matches_reference():
 @pytest.mark.parametrize("make, match", [
     (lambda: GRU(2, 3, proj_size=1), "proj_size.*only supported for LSTM"),
     (lambda: RNN(2, 3, proj_size=1), "proj_size.*only supported for LSTM"),
-    (lambda: LSTM(2, 3, proj_size=3), "proj_size.*< hidden_size = 3"),
+    (lambda: LSTM(2, 3, proj_size=3), "proj_size has to be smaller than hidden_size .got proj_size=3, hidden"),
     (lambda: LSTM(2, 3, proj_size=-1), "proj_size"),
     (lambda: RNN(2, 3, nonlinearity="sigmoid"), "nonlinearity"),
     (lambda: LSTM(2, 3, dropout=1.5), "dropout"),
@@ -438,33 +472,55 @@ def test_bad_constructor_types():
 
 
 def test_bad_call_arguments():
+    """torch.nn's messages first (as torch.nn raises them), then numbarnn's detail."""
     lstm = LSTM(3, 4, num_layers=2, dtype=F64, backend=BACKEND)
     x = torch.zeros(5, 2, 3, dtype=F64)
     h, c = torch.zeros(2, 2, 4, dtype=F64), torch.zeros(2, 2, 4, dtype=F64)
-    with pytest.raises(RNNShapeError, match=r"input: expected shape \[T, B, input_size\] = \(5, 2, 3\), got "
-                                            r"\(5, 2, 7\)") as info:
+    with pytest.raises(RNNShapeError, match=r"^input.size\(-1\) must be equal to input_size. Expected 3, got 7 "
+                                            r"\(input: shape \(5, 2, 7\)\)") as info:
         lstm(torch.zeros(5, 2, 7, dtype=F64))
     assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
-    with pytest.raises(ValueError, match="input: expected rank 3"):
+    with pytest.raises(ValueError, match="^LSTM: Expected input to be 2D or 3D, got 4D instead"):
         lstm(torch.zeros(1, 5, 2, 3, dtype=F64))
-    with pytest.raises(ValueError, match=r"hx\[0\] \(h_0\): expected shape .* = \(2, 2, 4\), got \(2, 3, 4\)"):
+    with pytest.raises(RuntimeError, match=r"^Expected hidden\[0\] size \(2, 2, 4\), got \[2, 3, 4\] \(h_0: "):
         lstm(x, (torch.zeros(2, 3, 4, dtype=F64), c))
-    with pytest.raises(ValueError, match=r"hx\[1\] \(c_0\): expected shape .* = \(2, 2, 4\), got \(1, 2, 4\)"):
+    with pytest.raises(RuntimeError, match=r"^Expected hidden\[1\] size \(2, 2, 4\), got \[1, 2, 4\]"):
         lstm(x, (h, torch.zeros(1, 2, 4, dtype=F64)))
     with pytest.raises(TypeError, match=r"hx: expected a tuple \(h_0, c_0\)"):
         lstm(x, h)
-    with pytest.raises(ValueError, match=r"hx\[0\] \(h_0\): expected rank 2"):   # unbatched input, batched hx
+    with pytest.raises(RuntimeError, match=r"^For unbatched 2-D input, hx and cx should also be 2-D but got "
+                                           r"\(3-D, 3-D\) tensors"):
         lstm(torch.zeros(5, 3, dtype=F64), (h, c))
-    with pytest.raises(RNNDtypeError, match="input: expected dtype torch.float64") as info:
+    with pytest.raises(RNNDtypeError, match=r"^RNN input dtype \(torch.float32\) does not match weight dtype "
+                                            r"\(torch.float64\)") as info:
         lstm(x.float())
     assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
-    with pytest.raises(TypeError, match="input: expected dtype float16, float32 or float64"):
+    with pytest.raises(TypeError, match=r"^RNN input dtype \(torch.int64\) does not match"):
         lstm(x.to(torch.int64))
+    with pytest.raises(RuntimeError, match="^Expected sequence length to be larger than 0 in RNN"):
+        lstm(torch.zeros(0, 2, 3, dtype=F64))
     gru = GRU(3, 4, dtype=F64, backend=BACKEND)
-    with pytest.raises(ValueError, match=r"input.data: expected shape"):
+    with pytest.raises(RuntimeError, match=r"^input.size\(-1\) must be equal to input_size. Expected 3, got 5 "
+                                           r"\(input.data: "):
         gru(pack_padded_sequence(torch.zeros(3, 2, 5, dtype=F64), torch.tensor([3, 2])))
     with pytest.raises(TypeError, match="hx: expected dtype torch.float64"):
         gru(x, torch.zeros(1, 2, 4))
+
+
+def test_torch_positional_arguments_and_repr():
+    """GRU/RNN take torch.nn's positional order (proj_size after bidirectional, only 0); repr as torch.nn's."""
+    assert GRU(3, 5, 1, True, False, 0.0, False, 0, backend=BACKEND).hidden_size == 5
+    assert RNN(3, 5, 1, "relu", True, False, 0.0, False, 0, backend=BACKEND).mode == "RNN_RELU"
+    with pytest.raises(ValueError, match="^proj_size argument is only supported for LSTM, not RNN or GRU"):
+        GRU(3, 5, 1, True, False, 0.0, False, 2)
+    with pytest.raises(ValueError, match="^Unknown nonlinearity 'sigmoid'. Select from 'tanh' or 'relu'."):
+        RNN(3, 4, nonlinearity="sigmoid")
+    for ours, theirs in ((RNN(3, 4, nonlinearity="relu"), torch.nn.RNN(3, 4, nonlinearity="relu")),
+                         (LSTM(3, 4, 2, proj_size=2, bidirectional=True), torch.nn.LSTM(3, 4, 2, proj_size=2,
+                                                                                         bidirectional=True)),
+                         (GRU(3, 4, batch_first=True, dropout=0.5, num_layers=2),
+                          torch.nn.GRU(3, 4, batch_first=True, dropout=0.5, num_layers=2))):
+        assert repr(ours) == repr(theirs)
 
 
 def test_packed_output_round_trips_to_padded():
@@ -476,3 +532,33 @@ def test_packed_output_round_trips_to_padded():
     assert_close(y1, y2, "padded output")
     for b, n in enumerate(LENGTHS):
         assert torch.all(y1[n:, b] == 0)
+
+
+@pytest.mark.parametrize("cell, proj", [("peephole_lstm", 0), ("cifg_lstm", 2), ("readme", 0)])
+def test_gradgradcheck_user_cells(cell, proj):
+    """Double backward for cells registered through the public API (cell vectors; a projection; the README's
+    own cell, run from its text): the spec's forward, rebound to torch, is the differentiable path, checked
+    against finite differences of the kernels' first-order gradients (gradgradcheck) and against gradcheck."""
+    import re
+    from pathlib import Path
+
+    import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
+    import numbarnn.contrib.peephole_lstm  # noqa: F401
+    from numbarnn.torch import RNNBase
+    if cell == "readme":
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "CellSpec(" in b)
+        namespace = {}
+        exec(compile(block.split("print(check_cell")[0], "README cell", "exec"), namespace)
+        cell = namespace["cifg"].name
+    torch.manual_seed(4)
+    module = RNNBase(cell, 2, 3, num_layers=2, bidirectional=True, proj_size=proj, dtype=F64, backend=BACKEND)
+    x = torch.randn(3, 2, 2, dtype=F64, requires_grad=True)
+
+    def f(x, *weights):
+        out = torch.func.functional_call(module, dict(zip(module._flat_weights_names, weights)), (x,))
+        return out[0], out[1][1]                          # y, c_n
+
+    weights = [w.detach().requires_grad_() for w in module._flat_weights]
+    assert torch.autograd.gradcheck(f, (x, *weights), fast_mode=True)
+    assert torch.autograd.gradgradcheck(f, (x, *weights), fast_mode=True)

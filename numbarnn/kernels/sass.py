@@ -61,6 +61,10 @@ class Loop(NamedTuple):
         return self.first <= other.first and other.last <= self.last and self != other
 
 
+#: what to say when nvdisasm cannot be found: the package that provides it
+NVDISASM_MISSING = "nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.*' (numbarnn's cuda extra)"
+
+
 def nvdisasm_path() -> str | None:
     """nvdisasm from the CUDA wheels (or a toolkit on PATH), None when neither has it."""
     try:
@@ -97,7 +101,7 @@ def disassemble(ptx: str, cc: tuple = (9, 0)) -> str:
     """The SASS of a kernel's PTX for sm_XY (nvdisasm's text)."""
     tool = nvdisasm_path()
     if tool is None:
-        raise RuntimeError("nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.*' (numbarnn's cuda extra)")
+        raise RuntimeError(NVDISASM_MISSING)
     fd, path = tempfile.mkstemp(suffix=".cubin")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -258,8 +262,7 @@ def main(argv=None) -> int:
         print("python -m numbarnn.kernels.sass: needs numba without NUMBA_ENABLE_CUDASIM", file=sys.stderr)
         return 2
     if nvdisasm_path() is None:
-        print("python -m numbarnn.kernels.sass: nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.*'",
-              file=sys.stderr)
+        print(f"python -m numbarnn.kernels.sass: {NVDISASM_MISSING}", file=sys.stderr)
         return 2
     cc = (int(args.cc[0]), int(args.cc[1]))
     if args.per_step:

@@ -1,0 +1,120 @@
+"""The RNN network as torch operations, built from the cell's own `CellSpec`: numbarnn.torch's differentiable path.
+
+numbarnn's kernels compute the forward and the first-order backward; their backward is not itself
+differentiable.  When a caller differentiates a gradient (``create_graph=True``: gradient penalties,
+Hessian-vector products, MAML, ``gradgradcheck``), numbarnn.torch recomputes the forward here, with torch
+operations that autograd can differentiate to any order, and lets autograd supply the derivatives.
+
+The cell is the spec's own scalar ``forward(wx, rh, v, h, c, saved)``, run once per step on whole tensors: gate g's
+``wx[g]``/``rh[g]`` are the [B, H] columns of that gate, ``v[k]`` a cell vector [H], ``h``/``c`` the [B, H] states,
+and every helper of ``numbarnn.cells.functions`` it calls (sigmoid, tanh, relu, ...) is rebound to its torch twin,
+exactly as the kernels rebind them to typed device functions.  So user cells get second derivatives too, as
+long as their forward is written with those helpers and arithmetic (no Python ``if`` on a value, no ``math``).
+
+The network around the cell follows SPEC 3, 5 and 6 as the reference does (numbarnn/reference/network.py):
+per layer and direction ``gx = x W^T + bW`` over all steps, then per step ``gh = h R^T + bR``, the cell, the
+projection; rows past their length keep their state and output 0 (reversal within each sequence's length);
+dropout on the inputs of layers 1.. with the Philox keep flags of SPEC 6 and the scale 1/(1-p).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .cells import get_cell
+from .cells.functions import HELPERS, compile_with_twins
+from .dropout import dropout_scale
+from .reference.philox import dropout_keep_mask
+
+#: the torch twin of each helper a cell's forward may call (derivatives: autograd's)
+TORCH_TWINS = {HELPERS["sigmoid"]: torch.sigmoid, HELPERS["tanh"]: torch.tanh, HELPERS["relu"]: torch.relu,
+               HELPERS["one_minus"]: lambda x: 1.0 - x}
+
+
+@functools.lru_cache(maxsize=None)
+def torch_cell_forward(cell_name: str):
+    """The spec's forward with its helpers rebound to torch (a plain Python function over tensors)."""
+    return compile_with_twins(get_cell(cell_name).forward, TORCH_TWINS, lambda fn: fn)
+
+
+def _cell_step(cell, forward, gx, gh, v, h, c, H):
+    """One step of the cell on all rows: gx, gh [B, G*H] -> (m [B, H], c' [B, H] or None)."""
+    wx = [gx[:, g * H:(g + 1) * H] for g in range(cell.G)]           # G x [B, H]
+    rh = [gh[:, g * H:(g + 1) * H] for g in range(cell.G)]
+    saved = [None] * cell.S
+    try:
+        m, c_new = forward(wx, rh, v, 0.0 if h is None else h, 0.0 if c is None else c, saved)
+    except TypeError as exc:
+        raise TypeError(f"cell {cell.name!r}: its forward could not run on torch tensors ({exc}); the "
+                        f"differentiable path (double backward) needs a forward written with the helpers of "
+                        f"numbarnn.cells.functions (sigmoid, tanh, relu, one_minus) and arithmetic") from None
+    if not isinstance(m, torch.Tensor):
+        m = torch.zeros_like(gx[:, :H]) + m
+    if cell.cell_state and not isinstance(c_new, torch.Tensor):
+        c_new = torch.zeros_like(gx[:, :H]) + c_new
+    return m, (c_new if cell.cell_state else None)
+
+
+def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
+    """The network forward in torch operations (differentiable to any order).
+
+    cfg: the RNNConfig; layers: per pseudo-layer dict of tensors W [G*H, I_l], R [G*H, P], bW, bR [G*H] (None:
+    zeros), W_proj [P, H] or None, V: list of [H] cell vectors; x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or
+    None; lengths: B ints or None (all T); dropout_keys: (seed, seed2) when dropout is active, else None.
+    -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None)."""
+    cell = get_cell(cfg.rnn_mode)
+    cell_forward = torch_cell_forward(cfg.rnn_mode)
+    T, B = x.shape[0], x.shape[1]
+    H, P, D = cfg.H, cfg.P, cfg.D
+    lens = torch.as_tensor(np.full(B, T) if lengths is None else np.asarray(lengths), device=x.device)   # [B]
+    steps = torch.arange(T, device=x.device)
+    valid = steps[:, None] < lens[None, :]                                # [T, B] (t or s) < len[b]
+    rev = (lens[None, :] - 1 - steps[:, None]).clamp(0, max(T - 1, 0))   # [T, B] reversed index within length
+    rows = torch.arange(B, device=x.device)
+    h_final, c_final = [], []
+    x_l = x                                                               # [T, B, I_l]
+    for layer in range(cfg.L):
+        if layer > 0 and dropout_keys is not None:
+            keep = dropout_keep_mask(dropout_keys[0], dropout_keys[1], layer, T, B, D * P, cfg.dropout)
+            x_l = x_l * torch.as_tensor(keep, dtype=x_l.dtype, device=x.device) * dropout_scale(cfg.dropout)
+        outs = []
+        for d in range(D):
+            p = layer * D + d
+            lp = layers[p]
+            gx = x_l @ lp["W"].T                                          # [T, B, G*H]
+            if lp["bW"] is not None:
+                gx = gx + lp["bW"]
+            h = h0[p]                                                     # [B, P]
+            c = c0[p] if cell.cell_state else None                        # [B, H]
+            per_step = []                                                 # h' of step s, [B, P]
+            for s in range(T):
+                t = torch.full_like(rows, s) if d == 0 else rev[s]        # [B] time index of each row
+                gh = h @ lp["R"].T                                        # [B, G*H]
+                if lp["bR"] is not None:
+                    gh = gh + lp["bR"]
+                m, c_new = _cell_step(cell, cell_forward, gx[t, rows], gh, lp["V"],
+                                      None if cfg.has_proj else h, c, H)
+                h_new = m @ lp["W_proj"].T if lp["W_proj"] is not None else m   # [B, P]
+                active = valid[s][:, None]                                # [B, 1]
+                h = torch.where(active, h_new, h)
+                if c is not None:
+                    c = torch.where(active, c_new, c)
+                per_step.append(torch.where(active, h_new, torch.zeros_like(h_new)))
+            if T:
+                by_step = torch.stack(per_step)                           # [T(steps), B, P]
+                if d == 0:
+                    y_d = by_step
+                else:                                                     # y[t, b] = step len[b]-1-t
+                    index = rev[:, :, None].expand(T, B, P)
+                    y_d = torch.where(valid[:, :, None], torch.gather(by_step, 0, index), torch.zeros_like(by_step))
+            else:
+                y_d = x_l.new_zeros((0, B, P))
+            outs.append(y_d)
+            h_final.append(h)
+            c_final.append(c)
+        x_l = torch.cat(outs, dim=2)                                      # [T, B, D*P]
+    hT = torch.stack(h_final)                                             # [L*D, B, P]
+    cT = torch.stack(c_final) if cell.cell_state else None                # [L*D, B, H]
+    return x_l, hT, cT
