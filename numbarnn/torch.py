@@ -85,7 +85,7 @@ from .cells import get_cell
 from .config import RNNCall, RNNConfig, encode_host_reserved, rnn_config
 from .params import params_size, unpack
 from .reserve import NONCE_SIZE, reserve_size, write_nonce
-from .validation import check_choice, check_float, check_int, check_shape
+from .validation import check_choice
 
 __all__ = ["LSTM", "GRU", "RNN", "RNNBase", "LSTMCell", "GRUCell", "RNNCell", "CellModule", "RNNShapeError",
            "RNNDtypeError", "rnn_op", "rnn_backward_op"]
@@ -515,6 +515,29 @@ def _differentiable_grads(net, lengths, seeds, x, h0, c0, weights, dy, dhT, dcT)
 # the modules
 # ---------------------------------------------------------------------------------------------------
 
+def _check_sizes(minimum: int = 1, **sizes) -> None:
+    """torch.nn's checks of sizes, its messages (the value after them): ints; every one but proj_size at least
+    `minimum` (1 for RNNs; 0 for cells, which torch.nn builds with hidden_size 0)."""
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} should be of type int, got: {type(value).__name__}")
+    for name, value in sizes.items():
+        if name != "proj_size" and value < minimum:
+            raise ValueError(f"{name} must be {'greater than zero' if minimum else 'non-negative'} (got {value})")
+
+
+def _reset_uniform(module: torch.nn.Module, hidden_size: int) -> None:
+    """PyTorch's init of RNNs and cells: every parameter uniform(-1/sqrt(H), 1/sqrt(H)), in its order."""
+    stdv = 1.0 / math.sqrt(hidden_size) if hidden_size > 0 else 0.0      # (torch.nn's cells allow H = 0)
+    for weight in module.parameters():
+        torch.nn.init.uniform_(weight, -stdv, stdv)
+
+
+def _needs_reserve(x, h0, c0, weights) -> bool:
+    """Whether a call may be differentiated: grad mode on and some input or weight requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, h0, c0, *weights))
+
+
 def _check_network_args(input_size, hidden_size, num_layers, bias, batch_first, dropout, proj_size) -> None:
     """torch.nn.RNNBase's constructor checks, in its order and with its messages (then numbarnn's own)."""
     if not isinstance(dropout, numbers.Number) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
@@ -523,16 +546,7 @@ def _check_network_args(input_size, hidden_size, num_layers, bias, batch_first, 
     for name, value in (("bias", bias), ("batch_first", batch_first)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} should be of type bool, got: {type(value).__name__}")
-    for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
-                        ("proj_size", proj_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} should be of type int, got: {type(value).__name__}")
-    if input_size <= 0:
-        raise ValueError(f"input_size must be greater than zero (got {input_size})")
-    if hidden_size <= 0:
-        raise ValueError(f"hidden_size must be greater than zero (got {hidden_size})")
-    if num_layers <= 0:
-        raise ValueError(f"num_layers must be greater than zero (got {num_layers})")
+    _check_sizes(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, proj_size=proj_size)
     if proj_size < 0:
         raise ValueError(f"proj_size should be a positive integer or zero to disable projections (got {proj_size})")
     if proj_size >= hidden_size:
@@ -571,9 +585,7 @@ class _NumbaRNNBase(torch.nn.Module):
     # -- torch.nn.RNNBase compatibility ---------------------------------------------------------
     def reset_parameters(self) -> None:
         """PyTorch's init: every parameter uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in its order."""
-        stdv = 1.0 / math.sqrt(self.hidden_size)
-        for weight in self.parameters():
-            torch.nn.init.uniform_(weight, -stdv, stdv)
+        _reset_uniform(self, self.hidden_size)
 
     def flatten_parameters(self) -> None:
         """No-op (torch.nn uses it for cuDNN's flat weight buffer; numbarnn gathers parameters per call)."""
@@ -680,8 +692,7 @@ class _NumbaRNNBase(torch.nn.Module):
         gradient may be needed (eval mode too, then with dropout 0) or dropout is active; a fresh Philox key per
         call with active dropout, drawn from torch's default generator."""
         dropout_active = self.training and self.dropout > 0 and self.num_layers > 1
-        needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                     for t in (x, h0, c0, *weights))
+        needs_grad = _needs_reserve(x, h0, c0, weights)
         if dropout_active:
             seeds = torch.randint(0, 2 ** 32, (2,), dtype=torch.int64)
         else:

@@ -27,14 +27,13 @@ How: one step of a one-layer unidirectional network is one cell step, so a call 
 cell's spec in torch operations), torch.func, torch.compile (fullgraph), bfloat16 and torch.autocast handling
 as numbarnn.torch.LSTM.  Differences from torch.nn: under torch.autocast the input, state and weights are all
 cast to the autocast dtype, so every output is in it (torch.nn's CPU cells return float32 for LSTMCell/GRUCell
-there); hx must have the input's dtype; input_size and hidden_size must be positive ints.
+there); hx must have the input's dtype.  Cells with hidden_size or input_size 0 (which torch.nn builds) run
+the cell's spec in torch operations (numbarnn's op needs both sizes positive).
 
 This module imports ``numbarnn.torch`` at its end (not its top) because numbarnn.torch imports these classes at
 its own end: either module may be imported first.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -57,17 +56,6 @@ def _scalar_name(dtype: torch.dtype) -> str:
     return _SCALAR_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def _check_cell_args(input_size, hidden_size) -> None:
-    """numbarnn's checks of a cell's sizes (torch.nn's cells check none; numbarnn.torch.RNNBase's messages)."""
-    for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} should be of type int, got: {type(value).__name__}")
-    if input_size <= 0:
-        raise ValueError(f"input_size must be greater than zero (got {input_size})")
-    if hidden_size <= 0:
-        raise ValueError(f"hidden_size must be greater than zero (got {hidden_size})")
-
-
 class CellModule(torch.nn.Module):
     """One step of any registered numbarnn cell as a torch module: ``CellModule(cell, input_size, hidden_size,
     bias=True, device=None, dtype=None, *, backend=None)``; see the module docstring."""
@@ -83,16 +71,21 @@ class CellModule(torch.nn.Module):
 
     def _setup(self, rnn_mode: str, input_size, hidden_size, bias, device, dtype, backend) -> None:
         """Parameters as torch.nn.RNNCellBase registers them (then the cell's vectors), initialised as it does."""
-        _check_cell_args(input_size, hidden_size)
+        _nt._check_sizes(minimum=0, input_size=input_size, hidden_size=hidden_size)
         self.cell = rnn_mode
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
         self.backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
-        layout = _nt._layout(rnn_mode, 1, hidden_size, input_size, False, 0, bool(bias))
+        layout = _nt._layout(rnn_mode, 1, max(hidden_size, 1), max(input_size, 1), False, 0, bool(bias))
         self._has_cell_state = layout.config.has_cell_state
         factory = {"device": device, "dtype": dtype}
         names = []
         for name, shape in zip(layout.names, layout.shapes):       # weight_ih_l0, ..., then the cell's vectors
             name = name[:-len("_l0")]
+            if not hidden_size or not input_size:                  # torch.nn's empty cells: the same shapes
+                G = layout.config.G
+                shape = {"weight_ih": (G * hidden_size, input_size),
+                         "weight_hh": (G * hidden_size, hidden_size)}.get(name, (G * hidden_size,) if
+                                                                         name.startswith("bias") else (hidden_size,))
             if name in self.__dict__ or hasattr(type(self), name):
                 raise ValueError(f"cell: the cell vector name {name!r} of {rnn_mode!r} clashes with an attribute "
                                  f"of {type(self).__name__}")
@@ -107,9 +100,7 @@ class CellModule(torch.nn.Module):
     # -- torch.nn.RNNCellBase compatibility -----------------------------------------------------------
     def reset_parameters(self) -> None:
         """PyTorch's init: every parameter uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in its order."""
-        stdv = 1.0 / math.sqrt(self.hidden_size)
-        for weight in self.parameters():
-            torch.nn.init.uniform_(weight, -stdv, stdv)
+        _nt._reset_uniform(self, self.hidden_size)
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
@@ -211,6 +202,8 @@ class CellModule(torch.nn.Module):
         rnn_mode = self._rnn_mode()
         autocast = _nt._autocast_dtype(x)
         self._check_sizes(x, states, batched, autocast is not None)
+        if not self.hidden_size or not self.input_size:    # an empty cell (numbarnn's op needs H, I > 0)
+            return self._empty_step(x, states, batched, autocast)
         weights = [getattr(self, name) for name in self._weight_names]
         if autocast is not None:                            # torch.autocast: as numbarnn.torch's RNNs compute
             x = x.to(autocast)
@@ -222,8 +215,7 @@ class CellModule(torch.nn.Module):
         else:
             h0, c0 = states[0].unsqueeze(0), (states[1].unsqueeze(0) if lstm else None)  # [1, B, H]
         x = x.unsqueeze(0)                                                             # [T=1, B, I]
-        is_training = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                      for t in (x, h0, c0, *weights))
+        is_training = _nt._needs_reserve(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (rnn_mode, 1, self.hidden_size, self.input_size, False, 0, bool(self.bias), 0.0, bool(is_training),
                backend)
@@ -233,6 +225,24 @@ class CellModule(torch.nn.Module):
         if not lstm:
             return h1
         return h1, (cT[0] if batched else cT[0, 0])
+
+
+    def _empty_step(self, x, states, batched, autocast):
+        """torch.nn's cells with hidden_size 0 (an empty h') or input_size 0 (h' from h alone): computed here in
+        torch operations, the cell's own forward on zero-width W x (`numbarnn.torch_network`'s cell step)."""
+        from .torch_network import cell_step
+        dtype = autocast or x.dtype
+        B, H = x.shape[0], self.hidden_size
+        w = {name: getattr(self, name) for name in self._weight_names}
+        h = states[0].to(dtype) if states else x.new_zeros((B, H), dtype=dtype)
+        c = (states[1].to(dtype) if states else x.new_zeros((B, H), dtype=dtype)) if self._has_cell_state else None
+        gx = x.to(dtype) @ w["weight_ih"].to(dtype).T + (w["bias_ih"].to(dtype) if self.bias else 0.0)
+        gh = h @ w["weight_hh"].to(dtype).T + (w["bias_hh"].to(dtype) if self.bias else 0.0)
+        vectors = [w[name].to(dtype) for name in get_cell(self._rnn_mode()).vectors]
+        h1, c1 = cell_step(self._rnn_mode(), gx, gh, vectors, h, c, H)
+        if not batched:
+            h1, c1 = h1[0], (None if c1 is None else c1[0])
+        return (h1, c1) if self._has_cell_state else h1
 
 
 class LSTMCell(CellModule):

@@ -39,6 +39,12 @@ def torch_cell_forward(cell_name: str):
     return compile_with_twins(get_cell(cell_name).forward, TORCH_TWINS, lambda fn: fn)
 
 
+def cell_step(cell_name: str, gx, gh, v, h, c, H: int):
+    """One step of a registered cell on torch tensors: gx, gh [B, G*H], v: list of [H], h, c [B, H] (c None
+    without a cell state) -> (m [B, H], c' [B, H] or None)."""
+    return _cell_step(get_cell(cell_name), torch_cell_forward(cell_name), gx, gh, v, h, c, H)
+
+
 def _cell_step(cell, forward, gx, gh, v, h, c, H):
     """One step of the cell on all rows: gx, gh [B, G*H] -> (m [B, H], c' [B, H] or None)."""
     wx = [gx[:, g * H:(g + 1) * H] for g in range(cell.G)]           # G x [B, H]

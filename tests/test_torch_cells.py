@@ -232,8 +232,8 @@ def test_more_errors():
         LSTMCell(3, 4, backend=BACKEND)(_z(2, 3))
     with pytest.raises(TypeError, match="hidden_size should be of type int"):
         LSTMCell(3, 4.0)
-    with pytest.raises(ValueError, match="input_size must be greater than zero"):
-        GRUCell(0, 4)
+    with pytest.raises(ValueError, match="input_size must be non-negative"):
+        GRUCell(-1, 4)
     with pytest.raises(ValueError, match="backend"):
         GRUCell(3, 4, backend="tpu")
     with pytest.raises(ValueError, match="rnn_mode"):
@@ -384,3 +384,21 @@ def test_torch_func_transforms():
     jr = torch.func.jacrev(cell)(x[0])
     torch.testing.assert_close(jr, torch.func.jacrev(ref)(x[0]), atol=1e-12, rtol=0)
     torch.testing.assert_close(torch.func.jacfwd(cell)(x[0]), jr, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("cls, ref_cls", [(RNNCell, torch.nn.RNNCell), (GRUCell, torch.nn.GRUCell),
+                                          (LSTMCell, torch.nn.LSTMCell)])
+@pytest.mark.parametrize("input_size, hidden_size", [(3, 0), (0, 4)])
+def test_empty_cells_as_torch_nn(cls, ref_cls, input_size, hidden_size):
+    """torch.nn builds cells with hidden_size 0 (an empty h') or input_size 0 (h' from h alone): the same
+    parameters, initial values and outputs, batched and unbatched."""
+    torch.manual_seed(2)
+    ours = cls(input_size, hidden_size, dtype=F64)
+    torch.manual_seed(2)
+    ref = ref_cls(input_size, hidden_size, dtype=F64)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), ref.state_dict().values()))
+    for x in (torch.randn(2, input_size, dtype=F64), torch.randn(input_size, dtype=F64)):
+        got, want = ours(x), ref(x)
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b)
