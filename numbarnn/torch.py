@@ -129,13 +129,25 @@ def _tensor(a, device: torch.device):
 
 @contextlib.contextmanager
 def _device_scope(device: torch.device):
-    """CPU: nothing.  CUDA: numba's context on the tensor's GPU, ordered with torch's current stream.
+    """CPU: numbarnn's loops on torch's thread count, torch's setting untouched.  CUDA: numba's context on the
+    tensor's GPU, ordered with torch's current stream.
 
-    numbarnn's kernels run on the legacy default stream (torch.cuda.default_stream()); events order it after
-    the work already queued on torch's current stream, and that stream after the kernels.
+    CPU: numba's parallel loops run on `torch.get_num_threads()` threads (numba's own setting is restored after
+    the call), and torch's count is put back if numba changed it: numba's OpenMP threading layer and torch share
+    libgomp, and the layer's start sets OpenMP's thread count to numba's (torch.set_num_threads(1) was undone by
+    the first call).  CUDA: numbarnn's kernels run on the legacy default stream (torch.cuda.default_stream());
+    events order it after the work already queued on torch's current stream, and that stream after the kernels.
     """
     if device.type != "cuda":
-        yield
+        import numba
+        threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(numba_threads)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
         return
     from numba import cuda   # pragma: no cover - needs a GPU
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -12,7 +12,7 @@ if os.environ.get("NUMBARNN_REAL_GPU") != "1":
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Simulator runs are slow and their time varies: no deadlines; a small, deterministic default budget
-# (CI: ~14-16 minutes on 2 cores, much of it compiling: the kernel report, the CPU backend's cold numba cache).
+# (CI: ~16-18 minutes on 2 cores, much of it compiling: the kernel report, the CPU backend's cold numba cache).
 # NUMBARNN_HYPOTHESIS_PROFILE=thorough for more examples.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

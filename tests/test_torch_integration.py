@@ -211,3 +211,28 @@ def test_numbarnn_torch_is_an_attribute_after_import_numbarnn():
     code = ("import sys, numbarnn; assert 'torch' not in sys.modules; "
             "from numbarnn.torch import LSTM; assert numbarnn.torch.LSTM is LSTM")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_torch_thread_count_is_used_and_kept():
+    """Inside numbarnn.torch the cpu backend's loops run on torch's thread count, and torch's setting survives
+    the call (numba's OpenMP layer, started by the first call, used to reset it: libgomp is shared); numba's own
+    setting is restored after each call.  In a fresh process: the layer starts at the first call."""
+    import subprocess
+    import sys
+    code = """
+import numba, torch
+torch.set_num_threads(1)
+import numbarnn.ops, numbarnn.torch as nt
+seen = []
+real = numbarnn.ops.cudnn_rnn_v3
+numbarnn.ops.cudnn_rnn_v3 = lambda *a, **k: (seen.append(numba.get_num_threads()), real(*a, **k))[1]
+numba_threads = numba.get_num_threads()
+m = nt.LSTM(16, 16, 2, backend="cpu")
+x = torch.randn(8, 64, 16, requires_grad=True)
+y, _ = m(x)
+y.sum().backward()
+assert torch.get_num_threads() == 1, torch.get_num_threads()
+assert seen == [1], seen
+assert numba.get_num_threads() == numba_threads
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
