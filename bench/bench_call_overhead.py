@@ -3,7 +3,8 @@
     python bench/bench_call_overhead.py            # LSTM H=128 I=58 (examples/char_lstm.py), B=1, T=1
 
 Times ops.cudnn_rnn_v3 (inference) and forward+backward (training) per call on the reference and cpu
-backends, and torch.nn.LSTM on the CPU for scale when torch is installed (same thread count); median of
+backends, and when torch is installed torch.nn.LSTM on the CPU for scale and numbarnn.torch.LSTM (the drop-in:
+numbarnn's torch operator around the default backend; same thread count); median of
 --calls calls after 20 warm ones, every result validated against the float64 reference first.
 """
 from __future__ import annotations
@@ -45,8 +46,10 @@ def main(argv=None) -> int:
     ref = bench_cpu.numbarnn_runner(case.astype(np.float64), "reference")[1]()
     backends = ["reference", "cpu"]
     try:
-        import torch  # noqa: F401
-        backends.append("torch")
+        import numba
+        import torch
+        torch.set_num_threads(numba.get_num_threads())      # the same thread count for everyone
+        backends += ["torch", "numbarnn.torch"]
     except ImportError:
         pass
     print(f"LSTM H={args.H} I={args.I} B=1 T=1 float32, median of {args.calls} calls, microseconds per call")

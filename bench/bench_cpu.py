@@ -88,15 +88,19 @@ def numbarnn_runner(case, backend):
     return fwd, fwdbwd
 
 
-def torch_runner(case):
+def torch_runner(case, dropin: bool = False):
+    """torch.nn's module on the CPU, or with dropin=True numbarnn.torch's (the same calls, numbarnn's operator)."""
     import torch
 
     from numbarnn.params import from_torch_state_dict, to_torch_state_dict
     cfg = case.cfg
-    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(cfg.rnn_mode)
+    nn = torch.nn
+    if dropin:
+        import numbarnn.torch as nn
+    cls = {"lstm": nn.LSTM, "gru": nn.GRU}.get(cfg.rnn_mode)
     kw = {"input_size": cfg.I, "hidden_size": cfg.H, "num_layers": cfg.L, "bidirectional": cfg.D == 2}
     if cls is None:
-        cls = torch.nn.RNN
+        cls = nn.RNN
         kw["nonlinearity"] = "tanh" if cfg.rnn_mode == "rnn_tanh" else "relu"
     module = cls(**kw)
     module.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v, np.float32))
@@ -129,7 +133,10 @@ def torch_runner(case):
 
 
 def runner(case, backend):
-    return torch_runner(case) if backend == "torch" else numbarnn_runner(case, backend)
+    """backend: a numbarnn backend name, "torch" (torch.nn) or "numbarnn.torch" (the drop-in, default backend)."""
+    if backend in ("torch", "numbarnn.torch"):
+        return torch_runner(case, dropin=backend == "numbarnn.torch")
+    return numbarnn_runner(case, backend)
 
 
 # ---------------------------------------------------------------------------------------------------

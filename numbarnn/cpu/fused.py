@@ -76,8 +76,10 @@ def lanes_for(compute) -> int:
     return simd_bytes() // np.dtype(compute).itemsize
 
 
+@functools.cache
 def machine() -> str:
-    """The host's architecture, as `platform.machine()` names it (x86_64, aarch64, arm64, ...)."""
+    """The host's architecture, as `platform.machine()` names it (x86_64, aarch64, arm64, ...); asked once (the
+    tile-shape rules ask it ~180 times a call)."""
     return platform.machine().lower()
 
 
