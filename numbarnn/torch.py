@@ -221,6 +221,7 @@ class _Layout:
     shapes: tuple         # the shape of each weight
     slots: tuple          # per weight: (pseudo-layer p, LayerParams field, or ("V", k) for cell vector k)
     spans: tuple          # per weight: (offset, shape) in the opaque buffer
+    size: int             # N, the opaque buffer's length (params_size)
 
 
 @functools.lru_cache(maxsize=None)
@@ -248,7 +249,8 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
             shapes.append(shape)
             slots.append((p, slot_of[prefix]))
         groups.append(tuple(group))
-    return _Layout(cfg, tuple(names), tuple(groups), tuple(shapes), tuple(slots), _weight_spans(cfg, slots))
+    return _Layout(cfg, tuple(names), tuple(groups), tuple(shapes), tuple(slots), _weight_spans(cfg, slots),
+                   params_size(cfg))
 
 
 def _call_config(layout: _Layout, dropout: float, seeds) -> RNNConfig:
@@ -294,7 +296,7 @@ def rnn_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weight
     dtype = _compute_dtype(x)
     x_, h0_ = x.to(dtype), h0.to(dtype)
     c0_ = c0.to(dtype) if lstm else None
-    params = _opaque_params(layout.spans, weights, x_, params_size(cfg))                        # [N]
+    params = _opaque_params(layout.spans, weights, x_, layout.size)                             # [N]
     with _device_scope(x.device):
         y, hT, cT, reserve, _ = ops.cudnn_rnn_v3(
             _array(x_), _array(h0_), _array(c0_), _array(params), _lengths_array(lengths), is_training=is_training,
@@ -379,25 +381,28 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
         return _differentiable_grads(ctx.net, ctx.lengths, seeds, x, h0, c0, weights, dy, dhT, dcT)
     if not is_training:
         raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
-    params = _opaque_params(layout.spans, weights, x, params_size(layout.config))         # [N]
+    params = _opaque_params(layout.spans, weights, x, layout.size)                        # [N]
     dx, dh0, dc0, dparams = rnn_backward_op(
         x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
         cell, L, H, I, bidirectional, P, bias, dropout, backend)
     return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
 
 
+def _select(t, d, i):
+    """Element i of a vmapped argument (d: its batched dimension, None: not batched; non-tensors pass)."""
+    return t if d is None or t is None else t.select(d, i)
+
+
+def _stacked(outs) -> tuple:
+    """One call's 4 outputs per vmapped element -> the 4 outputs batched along dimension 0, and their dims."""
+    return tuple(torch.stack([o[k] for o in outs]) for k in range(4)), (0, 0, 0, 0)
+
+
 @torch.library.register_vmap("numbarnn::rnn_backward")
 def _rnn_backward_vmap(info, in_dims, *args):
     """Batched upstream gradients (gradcheck's check_batched_grad, torch.func over a backward): one call each."""
-    def pick(a, d, i):
-        if d is None or a is None:
-            return a
-        if isinstance(a, (list, tuple)):
-            return [pick(t, e, i) for t, e in zip(a, d)]
-        return a.select(d, i)
-
-    outs = [rnn_backward_op(*[pick(a, d, i) for a, d in zip(args, in_dims)]) for i in range(info.batch_size)]
-    return tuple(torch.stack([o[k] for o in outs]) for k in range(4)), (0, 0, 0, 0)
+    return _stacked([rnn_backward_op(*[_select(a, d, i) for a, d in zip(args, in_dims)])
+                     for i in range(info.batch_size)])
 
 
 def _rnn_setup_context(ctx, inputs, output):
@@ -453,10 +458,10 @@ class _RNNFunction(torch.autograd.Function):
         n = info.batch_size
         x_d, h_d, c_d, s_d, _, _, *w_d = in_dims
         dropout = net[7]
-        if x_d is not None and s_d is None and lengths is None and not any(w_d) and not dropout and \
-                all(d is None for d in w_d):
-            T, B = x.shape[0 if x_d != 0 else 1], x.shape[1 if x_d > 1 else 2]
-            xs = x.movedim(x_d, 1).reshape(T, n * B, -1)                      # [T, n*B, I]
+        if x_d is not None and s_d is None and lengths is None and not dropout and all(d is None for d in w_d):
+            xs = x.movedim(x_d, 1)                                             # [T, n, B, I]
+            T, B = xs.shape[0], xs.shape[2]
+            xs = xs.reshape(T, n * B, -1)                                      # [T, n*B, I]
 
             def rows(t, d):                                                    # [L*D, B, W] -> [L*D, n*B, W]
                 if t is None:
@@ -468,12 +473,9 @@ class _RNNFunction(torch.autograd.Function):
             split = (lambda t: t.reshape(t.shape[0], n, B, t.shape[-1]))
             return (split(y), split(hT), split(cT) if cT.numel() else cT.expand(n, 0), reserve), (1, 1, 1 if cT.numel() else 0, None)
 
-        def pick(t, d, i):
-            return t if d is None or t is None else t.select(d, i)
-
-        outs = [_RNNFunction.apply(pick(x, x_d, i), pick(h0, h_d, i), pick(c0, c_d, i), pick(seeds, s_d, i), lengths,
-                                   net, *[pick(w, d, i) for w, d in zip(weights, w_d)]) for i in range(n)]
-        return tuple(torch.stack([o[k] for o in outs]) for k in range(4)), (0, 0, 0, 0)
+        return _stacked([_RNNFunction.apply(_select(x, x_d, i), _select(h0, h_d, i), _select(c0, c_d, i),
+                                            _select(seeds, s_d, i), lengths, net,
+                                            *[_select(w, d, i) for w, d in zip(weights, w_d)]) for i in range(n)])
 
 
 def _call(x, h0, c0, weights, lengths, seeds, net):
@@ -716,7 +718,8 @@ class _NumbaRNNBase(torch.nn.Module):
         name = {"LSTM": "LSTM", "GRU": "GRU", "RNN_TANH": "RNN", "RNN_RELU": "RNN"}.get(self.mode, type(self).__name__)
         packed = isinstance(input, PackedSequence)
         if packed:
-            self._check_input(input.data, True, _autocast_dtype(input.data) is not None)
+            autocast = _autocast_dtype(input.data)
+            self._check_input(input.data, True, autocast is not None)
             x, lengths = pad_packed_sequence(input)          # [T, B, I] in the caller's batch order, [B]
             lengths = tuple(int(v) for v in lengths)
             batched = True
@@ -728,14 +731,14 @@ class _NumbaRNNBase(torch.nn.Module):
                                     f"{'tensor ' if name == 'RNN' else ''}instead")
             batched = input.dim() == 3
             x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
-            self._check_input(x, False, _autocast_dtype(x) is not None)
+            autocast = _autocast_dtype(x)
+            self._check_input(x, False, autocast is not None)
             if self.batch_first:
                 x = x.transpose(0, 1)                         # [T, B, I]
             lengths = None
             if x.shape[0] == 0:
                 raise RNNShapeError("Expected sequence length to be larger than 0 in RNN")
         hx = self._batched_hx(hx, batched)                    # in the caller's batch order, as x
-        autocast = _autocast_dtype(x)
         if autocast is not None:                              # torch.autocast: compute as torch.nn does
             x = x.to(autocast)
             weights = [w.to(autocast) for w in weights]
