@@ -53,14 +53,16 @@ def launch_costs(n: int = 2000) -> None:
 
 
 def kernels(versions=(1, 2, 3), shapes=((768, 16), (512, 32), (64, 1)), T_profile: int = 8) -> None:
-    """shapes: (H, B) pairs, each run for T_profile steps (the per-step kernels are the same at any T)."""
+    """shapes: (H, B) or (H, B, T) tuples, run for T (default T_profile) steps (the per-step kernels are the
+    same at any T; the persistent v3 kernel's time grows with T)."""
     from numba import cuda
     from numbarnn import measure
     from numbarnn.kernels import driver
 
     for version in versions:
-        for H, B in shapes:
-            case = measure.make_case("lstm", H, B, T_profile, H, np.float32)
+        for H, B, *T in shapes:
+            T = T[0] if T else T_profile
+            case = measure.make_case("lstm", H, B, T, H, np.float32)
             forward, backward, _ = measure.CudaAdapter(version).calls(case)     # pins the step version
             backward(forward())
             cuda.synchronize()
@@ -69,7 +71,7 @@ def kernels(versions=(1, 2, 3), shapes=((768, 16), (512, 32), (64, 1)), T_profil
             cuda.synchronize()
             getattr(cuda, "profile_stop", lambda: None)()
             log = driver.last_launch_count()
-            print(f"kernels v{version} {H}x{B}x{T_profile}: forward launches {log['forward'].total} "
+            print(f"kernels v{version} {H}x{B}x{T}: forward launches {log['forward'].total} "
                   f"{log['forward'].note}; backward {log['backward'].total}", flush=True)
 
 
@@ -93,13 +95,16 @@ def call(version: int = 3, H: int = 64, B: int = 1, T: int = 200, n: int = 50) -
     for phase in ("forward", "backward"):
         print(f"call v{version} {H}x{B}x{T} {phase}: {log[phase].total} launches {dict(log[phase].by_kernel)}")
     for what, fn in (("forward", forward), ("forward+backward", lambda: backward(forward()))):
-        times = []
+        times, host = [], []
         for _ in range(n):
             t0 = time.perf_counter()
             fn()
+            t1 = time.perf_counter()             # the host has queued every launch (and waited where it must)
             cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        print(f"call v{version} {H}x{B}x{T} {what}: median {1e3 * sorted(times)[n // 2]:.3f} ms wall")
+            host.append(t1 - t0)
+        print(f"call v{version} {H}x{B}x{T} {what}: median {1e3 * sorted(times)[n // 2]:.3f} ms wall, "
+              f"{1e3 * sorted(host)[n // 2]:.3f} ms until the host returns (before synchronising)")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):

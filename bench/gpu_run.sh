@@ -6,6 +6,7 @@
 #   bash bench/gpu_run.sh bench    # numbarnn bench: step kernels v1, v2, v3 beside cuDNN, DeepBench shapes
 #   bash bench/gpu_run.sh proj     # the same with an LSTM projection (P = H/2): v2 vs v3 (two phases per step)
 #   bash bench/gpu_run.sh profile  # bench/gpu_profile.py: host cost of a launch; ncu: device time of every kernel
+#   bash bench/gpu_run.sh host     # a warm call at the host-bound 64x1x200: host vs device time, ncu per kernel
 #   bash bench/gpu_run.sh launch   # numbarnn bench with NUMBARNN_FAST_LAUNCH=0 and 1 (numba's launch / launch.py)
 #   bash bench/gpu_run.sh wide     # v3 in blocks of 64 threads (NUMBARNN_V3_WIDE=0) and in the widest that fit
 #   bash bench/gpu_run.sh narrow   # v2 in the GPU tiles (NUMBARNN_V2_NARROW=0) and, on a small grid, the narrow ones
@@ -102,6 +103,15 @@ run_profile() {
     tail -3 "$OUT/ncu_sections.txt"
 }
 
+run_host() {   # the host-bound shape: host vs device time of a warm call, then ncu's device time of every kernel
+    local SHAPE=${HOST_SHAPE:-64x1x200}
+    python3 bench/gpu_profile.py call 3 "$SHAPE" 2>&1 | tee "$OUT/call_$SHAPE.log" | grep -v "^ *[0-9]"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    timeout 150 "$NCU" --profile-from-start off --csv --metrics gpu__time_duration.sum \
+        python3 bench/gpu_profile.py kernels 3 "$SHAPE" > "$OUT/ncu_$SHAPE.csv" 2> "$OUT/ncu_$SHAPE.err"
+    grep "^kernels" "$OUT/ncu_$SHAPE.csv"; tail -3 "$OUT/ncu_$SHAPE.err"
+}
+
 run_check() {   # the README's main job on the GPU: every backend against the float64 reference
     timeout ${CHECK_TIMEOUT:-240} python3 -m numbarnn check > "$OUT/check.log" 2>&1
     echo "numbarnn check: exit $?" >> "$OUT/check.log"
@@ -127,6 +137,7 @@ case "${1:-all}" in
     bench) env_check; run_bench ;;
     proj) env_check; run_bench_proj ;;
     profile) env_check; run_profile ;;
+    host) env_check; run_host ;;
     launch) env_check; run_launch ;;
     wide) env_check; run_wide ;;
     narrow) env_check; run_narrow ;;
@@ -135,6 +146,6 @@ case "${1:-all}" in
     all) env_check; run_bench; run_bench_proj; run_tests ;;
     check) env_check; run_check; cat "$OUT/check.log" ;;
     lease) env_check 2>&1 | tee "$OUT/env.log"; run_lease ;;
-    *) echo "usage: $0 env|tests|bench|proj|profile|launch|wide|narrow|profile+tests|profile+bench+tests|all|check|lease" >&2
+    *) echo "usage: $0 env|tests|bench|proj|profile|host|launch|wide|narrow|profile+tests|profile+bench+tests|all|check|lease" >&2
        exit 2 ;;
 esac

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cells import CellSpec, cell_names, get_cell
+from .cells import CellSpec, cell_names, get_cell, registered_cell
 from .reserve import read_nonce
 from .validation import (ArgumentTypeError, as_array, check_choice, check_float, check_int, check_rank, check_same_dtype,
                          check_shape, is_device_array, reject_torch_tensor, shape_of)
@@ -219,13 +219,66 @@ def output_shape(call: RNNCall) -> tuple:
 
 
 
+_VALIDATED: dict = {}       # signature of a call that passed validate_forward -> (cell spec, RNNCall)
+_VALIDATED_MAX = 256
+
+
+def _signature(arrays, sequence_lengths, attrs) -> tuple | None:
+    """Everything validate_forward's checks read, as a hashable key: each array's class, shape and dtype, the
+    lengths' values, each attribute's type and value (True and 1 must not share an entry); None where some
+    input has no such key (lists, torch tensors, device lengths: those take the full checks every time)."""
+    key = []
+    for a in arrays:
+        if a is None:
+            key.append(None)
+        elif isinstance(a, np.ndarray) or is_device_array(a):
+            key.append((type(a), a.shape, a.dtype))
+        else:
+            return None
+    if sequence_lengths is None:
+        key.append(None)
+    elif type(sequence_lengths) is np.ndarray:
+        key.append((sequence_lengths.dtype, sequence_lengths.shape, sequence_lengths.tobytes()))
+    else:
+        return None
+    key.extend((type(v), v) for v in attrs)
+    try:
+        hash(tuple(key))
+    except TypeError:
+        return None
+    return tuple(key)
+
+
 def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode, direction,
                      dropout, seed, seed2, num_proj, is_training, time_major, num_layers=None, num_units=None):
     """Checks of CudnnRNNV3's inputs.  Returns (call, arrays) with arrays = dict of the checked arrays.
 
     `num_layers`/`num_units` are not op attributes in TF (they come from the params size and input_h);
     numbarnn infers them as TF does: L from input_h, H from input_c (LSTM) or input_h, unless given.
+    The checks are a function of the arrays' classes, shapes and dtypes, the lengths and the attributes: a
+    signature that passed once is not checked again (a loop of small calls paid ~60 us a call for them).
     """
+    key = _signature((input, input_h, input_c, params), sequence_lengths,
+                     (rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, is_training, time_major,
+                      num_layers, num_units))
+    hit = _VALIDATED.get(key) if key is not None else None
+    if hit is not None and hit[0] is registered_cell(hit[1].config.rnn_mode):   # (a cell replaced since: check again)
+        call = hit[1]
+        c0 = input_c if (call.config.has_cell_state or input_c is not None) else None
+        return call, {"input": input, "input_h": input_h, "input_c": c0, "params": params}
+    call, arrays = _validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+                                     input_mode=input_mode, direction=direction, dropout=dropout, seed=seed,
+                                     seed2=seed2, num_proj=num_proj, is_training=is_training, time_major=time_major,
+                                     num_layers=num_layers, num_units=num_units)
+    if key is not None:
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.clear()
+        _VALIDATED[key] = (call.config.cell, call)
+    return call, arrays
+
+
+def _validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode, direction,
+                      dropout, seed, seed2, num_proj, is_training, time_major, num_layers, num_units):
     if not isinstance(time_major, (bool, np.bool_)):
         raise ArgumentTypeError(f"time_major: expected a bool, got {time_major!r}")
     if not isinstance(is_training, (bool, np.bool_)):

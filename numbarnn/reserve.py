@@ -25,6 +25,7 @@ is an error instead of a silently wrong gradient.  Compare two calls' reserves w
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -51,7 +52,18 @@ class ReserveEntry:
         return math.prod(self.shape)
 
 
-def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
+def reserve_entries(call: RNNCall) -> tuple[ReserveEntry, ...]:
+    """The named regions of a training call's reserve, in order (worked out once per call signature and cell;
+    symbolic shapes, torch.compile's SymInts, are not hashable: worked out every time)."""
+    try:
+        hash(call)
+    except TypeError:
+        return _entries.__wrapped__(call, call.config.cell)
+    return _entries(call, call.config.cell)
+
+
+@functools.lru_cache(maxsize=256)
+def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
     cfg, T, B = call.config, call.T, call.B
     H, P, D, S, saved = cfg.H, cfg.P, cfg.D, cfg.cell.S, cfg.cell.saved
     out, offset = [], 0
@@ -72,7 +84,7 @@ def reserve_entries(call: RNNCall) -> list[ReserveEntry]:
         for layer in range(1, cfg.L):
             add(f"keep{layer}", (T, B, D * P), f"layer {layer}: dropout keep flags (0/1) of its input")
     add("nonce", (NONCE_SIZE,), "this forward call's random tag (also in host_reserved; backprop checks it)")
-    return out
+    return tuple(out)
 
 
 def reserve_size(call: RNNCall) -> int:

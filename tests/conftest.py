@@ -35,6 +35,9 @@ def _simulator_state() -> dict:
         return {}
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi
+
+    import numbarnn.kernels.common  # noqa: F401  (installs numbarnn's simulator fixes: a test that first imports
+    #                                 the kernels did not leak them; seen in a worker whose first such test was one)
     state = {
         "kernel context": sim_kernel._kernel_context,
         "FakeCUDAKernel.__call__": sim_kernel.FakeCUDAKernel.__dict__["__call__"],

@@ -525,3 +525,35 @@ def test_release_workspaces_frees_what_the_backends_hold():
     assert held > 0 and numbarnn.release_workspaces() >= held and workspace.held_bytes() == 0
     assert numbarnn.release_workspaces() == 0
     compare(case)
+
+
+# ---------------------------------------------------------------------------------------------------
+# one thread budget: BLAS at most at numba's thread count during a call, put back afterwards
+# ---------------------------------------------------------------------------------------------------
+
+def test_blas_runs_on_numbas_thread_count_during_a_call(monkeypatch):
+    import numba
+
+    from numbarnn.cpu import network, threads
+
+    libs = threads._blas_libraries()
+    if not libs or max(lib.num_threads for lib in libs) < 2:
+        pytest.skip("NumPy's BLAS runs one thread here already (nothing to lower)")
+    seen, real = [], network.backward
+
+    def backward(*args):
+        seen.append([lib.num_threads for lib in libs])
+        return real(*args)
+
+    monkeypatch.setattr(network, "backward", backward)
+    case = make_rnn_case(rnn_config(1, 3, 2, "lstm"), 3, 2, None, seed=0)
+    before, numba_before = [lib.num_threads for lib in libs], numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        out = ops.cudnn_rnn_v3(case.x, case.h0, case.c0, case.params, backend="cpu")
+        ops.cudnn_rnn_backprop_v3(case.x, case.h0, case.c0, case.params, None, *out[:3], case.dy, case.dhT,
+                                  case.dcT, out[3], out[4], backend="cpu")
+    finally:
+        numba.set_num_threads(numba_before)
+    assert seen == [[1] * len(libs)]
+    assert [lib.num_threads for lib in libs] == before

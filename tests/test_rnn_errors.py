@@ -598,3 +598,41 @@ def test_torch_tensor_is_refused_by_every_op(lstm_case):
     torch_raises("x", ops.block_lstm, **dict(blk, x=t(blk["x"]).requires_grad_()), backend=BACKEND)
     torch_raises("seq_len_max", ops.block_lstm, **dict(blk, seq_len_max=torch.tensor(T)), backend=BACKEND)
     torch_raises("params", forward, **dict(kw, params=torch.nn.Parameter(t(lstm_case.params))))   # a subclass
+
+
+# ---------------------------------------------------------------------------------------------------
+# the checks are remembered per call signature: a signature that passed once must not let another one through
+# ---------------------------------------------------------------------------------------------------
+
+def test_a_validated_signature_does_not_pass_other_lengths_or_attribute_types(case):
+    forward(**forward_args(case))                                    # valid: its signature is remembered
+    forward(**forward_args(case))
+    lens = np.full(case.B, case.T + 1, dtype=np.int32)               # same shapes, lengths past T
+    with pytest.raises(ValueError, match=r"^sequence_lengths: expected every length in \[0, T="):
+        forward(**dict(forward_args(case), sequence_lengths=lens))
+    with pytest.raises(TypeError, match=r"^time_major: expected a bool, got 1"):   # 1 == True, but not a bool
+        forward(**dict(forward_args(case), time_major=int(case.time_major)))
+    with pytest.raises(TypeError, match=r"^seed: "):
+        forward(**dict(forward_args(case), seed=float(case.cfg.seed)))
+    bad = case.params.astype(np.float64 if case.params.dtype == np.float32 else np.float32)
+    with pytest.raises(TypeError, match=r"^params: expected dtype"):
+        forward(**dict(forward_args(case), params=bad))
+
+
+def test_a_cell_replaced_under_its_name_is_checked_again():
+    import dataclasses
+
+    from numbarnn import cells
+    from numbarnn.cells import get_cell, register
+
+    lstm = get_cell("lstm")
+    name = "test_replaced_cell"
+    register(dataclasses.replace(lstm, name=name))
+    try:
+        case = make_rnn_case(rnn_config(1, 3, 2, name), 2, 2, None, seed=0, dtype=np.float64)
+        forward(**forward_args(case))
+        register(dataclasses.replace(get_cell("gru"), name=name), replace=True)   # 3 gates now: params too short
+        with pytest.raises(ValueError, match=r"^params: expected length params_size"):
+            forward(**forward_args(case))
+    finally:
+        cells.spec._CELLS.pop(name, None)

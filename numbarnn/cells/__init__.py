@@ -9,7 +9,7 @@ cells, `numbarnn/contrib/` for two cells built only through this API, and tutori
 """
 from . import gru, lstm, rnn_relu, rnn_tanh
 from .functions import HELPERS, drelu, dsigmoid, dtanh, one_minus, relu, sigmoid, tanh
-from .spec import BUILTIN, CellSpec, cell_names, get_cell, is_builtin, load_cell_modules, register
+from .spec import BUILTIN, CellSpec, cell_names, get_cell, is_builtin, load_cell_modules, register, registered_cell
 
 for _module in (lstm, gru, rnn_tanh, rnn_relu):
     register(_module.SPEC)

@@ -144,6 +144,12 @@ def get_cell(name: str) -> CellSpec:
                          f"numbarnn.cells.register), got {name!r}") from None
 
 
+def registered_cell(name) -> CellSpec | None:
+    """The spec registered under `name` now, or None (no error: for caches that check a name still means the
+    same cell)."""
+    return _CELLS.get(name) if isinstance(name, str) else None
+
+
 def cell_names() -> tuple:
     """Every registered rnn_mode, built-in first."""
     return tuple(_CELLS)

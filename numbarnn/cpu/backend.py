@@ -2,8 +2,9 @@
 `numbarnn.cpu.block_lstm` (BLAS + numba.njit; see the package docstring for threads and dtypes).
 
 Host arrays only: device arrays (numba, CuPy, torch CUDA tensors) are copied to the host first, and results
-are NumPy arrays.  Inputs are converted to the compute dtype once (no copy when they already are, and never
-written to); results are converted to the call's dtype once.
+are NumPy arrays.  BLAS runs on at most numba's thread count during a call (`threads.budget`).  Inputs are
+converted to the compute dtype once (no copy when they already are, and never written to); results are
+converted to the call's dtype once.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..reference.backend import to_host
 from . import block_lstm as _block_lstm
 from . import network
 from .cells import compute_dtype
+from .threads import within_budget
 
 
 def _ct(a, ct):
@@ -27,6 +29,7 @@ def zeros(shape, dtype, like=None):
     return np.zeros(shape, dtype=dtype)
 
 
+@within_budget
 def rnn_forward(call, x, h0, c0, params):
     dt, ct = np.dtype(call.dtype), compute_dtype(call.dtype)
     y, hT, cT, reserve = network.forward(call, _ct(x, ct), _ct(h0, ct), _ct(c0, ct), _ct(params, ct), ct)
@@ -35,6 +38,7 @@ def rnn_forward(call, x, h0, c0, params):
     return y.astype(dt), hT.astype(dt, copy=False), cT, reserve
 
 
+@within_budget
 def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     dt, ct = np.dtype(call.dtype), compute_dtype(call.dtype)
     dx, dh0, dc0, dparams = network.backward(call, *(_ct(a, ct) for a in (x, h0, c0, params, dy, dhT, dcT,
@@ -43,9 +47,11 @@ def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             dc0.astype(dt, copy=False) if dc0 is not None else None, dparams.astype(dt, copy=False))
 
 
+@within_budget
 def block_lstm(call, *arrays):
     return _block_lstm.forward(call, *[to_host(a) for a in arrays])
 
 
+@within_budget
 def block_lstm_grad(call, *arrays):
     return _block_lstm.backward(call, *[to_host(a) for a in arrays])

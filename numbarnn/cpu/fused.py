@@ -89,10 +89,11 @@ def registers() -> int:
     return 32 if simd_bytes() == 64 or machine() in ("aarch64", "arm64") else 16
 
 
-def fits(V: int, NR: int) -> bool:
+def fits(V: int, NR: int, regs: int | None = None) -> bool:
     """A micro-kernel pass of V vectors x NR rows keeps its accumulators in registers: V*NR of them (at most
-    ACCUMULATORS), plus V panel vectors and one broadcast row value."""
-    return V * NR <= ACCUMULATORS[registers()] and V * NR + V + 1 <= registers()
+    ACCUMULATORS), plus V panel vectors and one broadcast row value (`regs`: the host's `registers()`)."""
+    regs = registers() if regs is None else regs
+    return V * NR <= ACCUMULATORS[regs] and V * NR + V + 1 <= regs
 
 
 def vectors_per_pass(G: int, NR: int) -> int:
@@ -100,7 +101,12 @@ def vectors_per_pass(G: int, NR: int) -> int:
     `fits` (G // V passes over k).  AVX-512: V = G for every built-in cell.  AVX2 (16 registers), LSTM: G = 4
     gates x NR = 3 rows was one pass of 12 accumulators + 4 panel vectors + a broadcast = 17 registers: LLVM
     spilled, 39-43 GFLOP/s on one Zen 3 core; two passes of 2 gates x 4 rows run at 88-91 (see tile_shape)."""
-    return max([V for V in range(1, G + 1) if G % V == 0 and fits(V, NR)], default=1)
+    return _vectors_per_pass(G, NR, registers())
+
+
+@functools.cache
+def _vectors_per_pass(G: int, NR: int, regs: int) -> int:
+    return max([V for V in range(1, G + 1) if G % V == 0 and fits(V, NR, regs)], default=1)
 
 
 def tile_shape(G: int) -> tuple[int, int]:
@@ -111,9 +117,16 @@ def tile_shape(G: int) -> tuple[int, int]:
     (`python bench/bench_cpu_fused.py --tile-shapes`), GFLOP/s: LSTM one pass of 4 x 2: 54-63, 4 x 3: 39-43
     (spills), two passes of 2 x 4: 88-91, of 2 x 6: 94-98; GRU 3 x 4: 90-97; RNN 1 x 8: 77-81, 1 x 12: 63-67,
     1 x 4: 50.  LSTM at B = 32: 2 x 4 rather than 2 x 6, whose sixth row tile is two thirds spare rows."""
-    nr_max = 4 if registers() == 32 else 8
+    return _tile_shape(G, registers())
+
+
+@functools.cache
+def _tile_shape(G: int, regs: int) -> tuple[int, int]:
+    """`tile_shape` for a host of `regs` vector registers (worked out once per call signature's G: every call
+    asks)."""
+    nr_max = 4 if regs == 32 else 8
     shapes = [(V, NR) for V in range(1, G + 1) if G % V == 0
-              for NR in (1, 2, 4, 8) if NR <= nr_max and fits(V, NR)]
+              for NR in (1, 2, 4, 8) if NR <= nr_max and fits(V, NR, regs)]
     return max(shapes, key=lambda s: (s[0] * s[1], -(s[0] + s[1])), default=(1, 1))
 
 
