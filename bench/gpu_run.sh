@@ -7,6 +7,7 @@
 #   bash bench/gpu_run.sh proj     # the same with an LSTM projection (P = H/2): v2 vs v3 (two phases per step)
 #   bash bench/gpu_run.sh profile  # bench/gpu_profile.py: host cost of a launch; ncu: device time of every kernel
 #   bash bench/gpu_run.sh host     # a warm call at the host-bound 64x1x200: host vs device time, ncu per kernel
+#   BASELINE=dir bash bench/gpu_run.sh host_compare   # the same call with an older numbarnn, alternating
 #   bash bench/gpu_run.sh launch   # numbarnn bench with NUMBARNN_FAST_LAUNCH=0 and 1 (numba's launch / launch.py)
 #   bash bench/gpu_run.sh wide     # v3 in blocks of 64 threads (NUMBARNN_V3_WIDE=0) and in the widest that fit
 #   bash bench/gpu_run.sh narrow   # v2 in the GPU tiles (NUMBARNN_V2_NARROW=0) and, on a small grid, the narrow ones
@@ -112,6 +113,17 @@ run_host() {   # the host-bound shape: host vs device time of a warm call, then 
     grep "^kernels" "$OUT/ncu_$SHAPE.csv"; tail -3 "$OUT/ncu_$SHAPE.err"
 }
 
+run_host_compare() {   # the host-bound call with this checkout and with an older numbarnn (BASELINE: a folder
+    # holding its numbarnn/ package, e.g. `git archive REV numbarnn | tar -x -C gpu_baseline`), alternating
+    local SHAPE=${HOST_SHAPE:-64x1x200}
+    for round in 1 2; do
+        for tree in "$BASELINE" "$PWD"; do
+            echo "== round $round, numbarnn from $tree"
+            PYTHONPATH=$tree:$PWD python3 bench/gpu_profile.py call 3 "$SHAPE" 2>&1 | grep "^call"
+        done
+    done 2>&1 | tee "$OUT/host_compare_$SHAPE.log"
+}
+
 run_check() {   # the README's main job on the GPU: every backend against the float64 reference
     timeout ${CHECK_TIMEOUT:-240} python3 -m numbarnn check > "$OUT/check.log" 2>&1
     echo "numbarnn check: exit $?" >> "$OUT/check.log"
@@ -138,6 +150,7 @@ case "${1:-all}" in
     proj) env_check; run_bench_proj ;;
     profile) env_check; run_profile ;;
     host) env_check; run_host ;;
+    host_compare) env_check; run_host_compare ;;
     launch) env_check; run_launch ;;
     wide) env_check; run_wide ;;
     narrow) env_check; run_narrow ;;
@@ -146,6 +159,6 @@ case "${1:-all}" in
     all) env_check; run_bench; run_bench_proj; run_tests ;;
     check) env_check; run_check; cat "$OUT/check.log" ;;
     lease) env_check 2>&1 | tee "$OUT/env.log"; run_lease ;;
-    *) echo "usage: $0 env|tests|bench|proj|profile|host|launch|wide|narrow|profile+tests|profile+bench+tests|all|check|lease" >&2
+    *) echo "usage: $0 env|tests|bench|proj|profile|host|host_compare|launch|wide|narrow|profile+tests|profile+bench+tests|all|check|lease" >&2
        exit 2 ;;
 esac

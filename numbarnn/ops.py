@@ -18,7 +18,8 @@ from .block_lstm_config import validate_block_lstm, validate_block_lstm_grad
 from .config import (RNNCall, check_host_reserved, check_reserve_nonce, encode_host_reserved, output_shape,
                      rnn_config, state_shapes, validate_forward)
 
-from .reserve import new_nonce, reserve_size, write_nonce
+from .reserve import new_nonce, reserve_size
+from .reserve import write_nonce as _write_nonce
 from .validation import as_array, check_same_dtype, check_shape, shape_of
 
 __all__ = ["cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params", "cudnn_rnn_params_to_canonical",
@@ -83,6 +84,12 @@ def _time_major(be, call: RNNCall, *arrays):
 _back_to_layout = _time_major   # the same swap of the first two axes, applied on the way out
 
 
+def write_nonce(reserve, nonce, backend=None) -> None:
+    """Write a training reserve's nonce (`numbarnn.reserve`) the way its backend writes it (on a GPU: by a
+    launch, without waiting for the device)."""
+    getattr(get_backend(backend or None), "write_nonce", _write_nonce)(reserve, nonce)
+
+
 def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mode="lstm",
                  input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0, num_proj=0,
                  is_training=True, time_major=True, backend=None):
@@ -103,7 +110,7 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mod
         (cT,) = _back_to_layout(be, call, cT)
     if call.is_training:
         nonce = new_nonce()      # pairs this reserve with this host_reserved (numbarnn.reserve)
-        write_nonce(reserve, nonce)
+        getattr(be, "write_nonce", _write_nonce)(reserve, nonce)
         host_reserved = encode_host_reserved(call, reserve_size(call), nonce)
 
     else:

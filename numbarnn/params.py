@@ -152,27 +152,32 @@ def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
 
     A pseudo-layer's gates are contiguous in the buffer, so W_0..W_{G-1} read as one [G*H, I_l] matrix.
     """
+    def view(span):
+        if span is None:
+            return None
+        offset, shape = span
+        return params[offset:offset + math.prod(shape)].reshape(shape)
+
+    return [LayerParams(*map(view, spans)) for spans in _layer_spans(cfg, cfg.cell)]
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_spans(cfg: RNNConfig, cell) -> tuple:
+    """Per pseudo-layer, (offset, shape) or None of W, R, W_proj, bW, bR, V (LayerParams' order): worked out
+    once per configuration and cell (`unpack` runs at every call)."""
     G, H, P, V = cfg.G, cfg.H, cfg.P, cfg.V
     first = {}
     for r in param_regions(cfg):
         first.setdefault((r.p, r.kind), r)
 
-    def view(p, kind, shape):
+    def span(p, kind, shape):
         r = first.get((p, kind))
-        if r is None:
-            return None
-        n = math.prod(shape)
-        return params[r.offset:r.offset + n].reshape(shape)
+        return None if r is None else (r.offset, shape)
 
-    out = []
-    for p, layer, _ in cfg.pseudo_layers():
-        out.append(LayerParams(W=view(p, "W", (G * H, cfg.layer_input_size(layer))),
-                               R=view(p, "R", (G * H, P)),
-                               W_proj=view(p, "W_proj", (P, H)),
-                               bW=view(p, "bW", (G * H,)),
-                               bR=view(p, "bR", (G * H,)),
-                               V=view(p, "V", (V, H))))
-    return out
+    return tuple((span(p, "W", (G * H, cfg.layer_input_size(layer))), span(p, "R", (G * H, P)),
+                  span(p, "W_proj", (P, H)), span(p, "bW", (G * H,)), span(p, "bR", (G * H,)),
+                  span(p, "V", (V, H)))
+                 for p, layer, _ in cfg.pseudo_layers())
 
 
 # ---------------------------------------------------------------------------------------------------

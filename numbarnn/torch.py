@@ -84,7 +84,7 @@ from .backends import BACKENDS
 from .cells import get_cell
 from .config import RNNCall, RNNConfig, encode_host_reserved, rnn_config
 from .params import params_size, unpack
-from .reserve import NONCE_SIZE, reserve_size, write_nonce
+from .reserve import NONCE_SIZE, reserve_size
 from .validation import check_choice
 
 __all__ = ["LSTM", "GRU", "RNN", "RNNBase", "LSTMCell", "GRUCell", "RNNCell", "CellModule", "RNNShapeError",
@@ -317,7 +317,7 @@ def rnn_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weight
             _array(x_), _array(h0_), _array(c0_), _array(params), _lengths_array(lengths), is_training=is_training,
             **_op_attrs(cfg, backend))
         if is_training:     # a fixed tag: the operator's outputs are a function of its inputs (torch.compile
-            write_nonce(reserve, _NONCE)   # checks); the backward operator rebuilds host_reserved from it
+            ops.write_nonce(reserve, _NONCE, backend)   # checks); the backward operator rebuilds host_reserved
     out = x.dtype
     return (_tensor(y, x.device).to(out), _tensor(hT, x.device).to(out),
             _tensor(cT, x.device).to(out) if lstm else x.new_empty((0,)),

@@ -41,25 +41,48 @@ class ScratchPool:
         self._local = threading.local()
         _POOLS.add(self)
 
-    def _buffers(self) -> dict:
+    def _state(self) -> tuple[dict, dict]:
+        """This thread's (buffers, views) for the current `where`: (name, dtype) -> 1-D buffer, and
+        (name, shape, dtype) -> the view `get` handed out of it (the same object again while the buffer stays)."""
         pools = getattr(self._local, "pools", None)
         if pools is None:
             pools = self._local.pools = {}
-        return pools.setdefault(self._where(), {})
+        state = pools.get(self._where())
+        if state is None:
+            state = pools[self._where()] = ({}, {})
+        return state
+
+    def _buffers(self) -> dict:
+        return self._state()[0]
 
     def get(self, name: str, shape: tuple, dtype):
-        """An uninitialised C-contiguous array of `shape` and `dtype`, reusing this thread's buffer `name`."""
+        """An uninitialised C-contiguous array of `shape` and `dtype`, reusing this thread's buffer `name`.
+
+        A repeated request gets the same view object (a dict lookup: a small call asks ~10 times, and a device
+        array made once keeps its launch arguments packed, `kernels/launch.py`)."""
+        buffers, views = self._state()
+        asked = (name, shape, dtype)                     # as given (a list shape cannot be a key: no reuse)
+        try:
+            view = views.get(asked)
+        except TypeError:
+            view, asked = None, None
+        if view is not None:
+            return view
         dtype = np.dtype(dtype)
         shape = tuple(int(s) for s in shape)
         n = math.prod(shape)
         if n == 0:
             return self._allocate(0, dtype).reshape(shape)
-        buffers = self._buffers()
         buf = buffers.get((name, dtype))
         if buf is None or buf.shape[0] < n:
             buffers.pop((name, dtype), None)             # drop the old one first: peak memory = one copy
+            for key in [k for k in views if k[0] == name and np.dtype(k[2]) == dtype]:
+                del views[key]                           # views of the old buffer
             buf = buffers[(name, dtype)] = self._allocate(n, dtype)
-        return buf[:n].reshape(shape)
+        view = buf[:n].reshape(shape)
+        if asked is not None:
+            views[asked] = view
+        return view
 
     def poison(self, value=np.nan) -> None:
         """Set every buffer this thread holds to `value` (tests: no call may read scratch it did not write)."""
@@ -73,7 +96,8 @@ class ScratchPool:
     def release(self) -> int:
         """Free this thread's scratch (for the current `where`); returns the bytes it held."""
         held = self.held_bytes()
-        self._buffers().clear()
+        for part in self._state():
+            part.clear()
         return held
 
 

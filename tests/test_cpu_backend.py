@@ -514,6 +514,22 @@ def test_workspace_is_per_thread_and_released():
                  describe(cases[0]) + " [after release]")
 
 
+def test_scratch_views_are_reused_until_their_buffer_grows():
+    """A repeated request gets the same view; a larger request under the name replaces the buffer, and every
+    shape asked of the old one is then a view of the new one (no stale view is handed out)."""
+    from numbarnn.workspace import ScratchPool
+
+    pool = ScratchPool(allocate=lambda n, dtype: np.empty(n, dtype=dtype), fill=lambda buf, v: buf.fill(v))
+    small = pool.get("a", (2, 3), np.float32)
+    assert pool.get("a", (2, 3), np.float32) is small
+    assert np.shares_memory(pool.get("a", [3, 2], np.float32), small)       # a list shape: served, not kept
+    big = pool.get("a", (4, 5), np.float32)                                  # grows: a new buffer
+    again = pool.get("a", (2, 3), np.float32)
+    assert again is not small and np.shares_memory(again, big) and not np.shares_memory(again, small)
+    assert pool.get("a", (2, 3), np.float64).dtype == np.float64             # another dtype, another buffer
+    assert pool.release() > 0 and pool.get("a", (2, 3), np.float32) is not again
+
+
 def test_release_workspaces_frees_what_the_backends_hold():
     """numbarnn.release_workspaces(): the public way to give the scratch back (cpu here; cuda's pool too when
     the kernels are imported), and the backend works after it."""

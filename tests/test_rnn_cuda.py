@@ -331,6 +331,26 @@ def test_two_identical_calls_are_bit_identical_and_inputs_not_mutated():
         assert a.tobytes() == b.tobytes(), f"{name}: mutated by the cuda backprop"
 
 
+def test_device_arrays_passed_again_with_new_contents():
+    """The driver keeps the views it makes of a device array on the array (x, the states and params passed
+    again make no new views): a second call on the same arrays, rewritten in between, computes from the new
+    contents, in training and inference."""
+    from numba import cuda
+
+    a = small_case("lstm", np.float64, direction="unidirectional", dropout=0.0)
+    b = make_rnn_case(a.cfg, a.T, a.B, a.lengths, seed=8, dtype=np.float64)
+    arrays = [cuda.to_device(v) for v in (a.x, a.h0, a.c0, a.params)]
+    attrs = dict(rnn_mode="lstm", num_proj=a.cfg.num_proj, backend="cuda")
+    ops.cudnn_rnn_v3(*arrays, a.lengths, **attrs)
+    for dev, new in zip(arrays, (b.x, b.h0, b.c0, b.params)):
+        dev.copy_to_device(new)
+    for training in (True, False):
+        got = ops.cudnn_rnn_v3(*arrays, b.lengths, is_training=training, **attrs)
+        want = run_forward(replace(b, is_training=training), "reference")
+        assert_close(forward_named([host(v) for v in got]), forward_named(want), np.float64,
+                     f"arrays rewritten, is_training={training}")
+
+
 @pytest.mark.parametrize("mode,time_major", [("lstm", True), ("lstm", False), ("gru", True)])
 @pytest.mark.parametrize("T,B", [(0, 3), (3, 0), (0, 0)])
 def test_empty_time_or_batch(mode, time_major, T, B):

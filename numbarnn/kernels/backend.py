@@ -11,9 +11,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .. import reserve as _reserve
+from ..reserve import NONCE_SIZE
 from ..validation import is_device_array
 from . import driver
-from .common import blocks, jit, make_swap01, threads
+from .common import blocks, jit, make_put4, make_swap01, threads
 from .launch import launch
 
 last_launch_count = driver.last_launch_count
@@ -61,6 +63,15 @@ def zeros(shape, dtype, like=None):
     if like is None or _on_host(like):
         return np.zeros(shape, dtype=dtype)
     return driver.device_zeros(tuple(shape), dtype)
+
+
+def write_nonce(reserve, nonce) -> None:
+    """`numbarnn.reserve.write_nonce` without waiting for the device: a device reserve's nonce is written by a
+    launch (a copy from host memory would first wait for the forward's kernels)."""
+    if _on_host(reserve):
+        return _reserve.write_nonce(reserve, nonce)
+    tail = to_device(reserve)[reserve.shape[0] - NONCE_SIZE:]
+    launch(jit(make_put4, str(np.dtype(tail.dtype))), 1, 32, tail, *(float(v) for v in nonce))
 
 
 def rnn_forward(call, x, h0, c0, params):

@@ -194,6 +194,24 @@ def make_fill(dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def make_put4(dtype):
+    """dst[0:4] = (v0, v1, v2, v3): four values written by a launch, not by a copy from host memory (a copy
+    from pageable memory waits for the device first; the reserve's nonce is written at every training call)."""
+    value_t = np.dtype(dtype).type
+
+    def put4(
+        dst,                 # [4]
+        v0, v1, v2, v3,      # scalars
+    ):
+        if cuda.grid(1) == 0:
+            dst[0] = value_t(v0)
+            dst[1] = value_t(v1)
+            dst[2] = value_t(v2)
+            dst[3] = value_t(v3)
+    return put4
+
+
+@functools.lru_cache(maxsize=None)
 def make_swap01(dtype):
     """out[j, i, k] = a[i, j, k]: batch-major <-> time-major as a real transpose (SPEC 3)."""
     def swap01(
@@ -222,6 +240,7 @@ def kernel_specs():
         flat = arr(dt, 1)
         specs.append(("fill", dt, make_fill(dt), (flat, nb(dt)), 128))
         specs.append(("swap01", dt, make_swap01(dt), (arr(dt, 3), arr(dt, 3)), 128))
+        specs.append(("put4", dt, make_put4(dt), (flat,) + (types.float64,) * 4, 32))
         acc = str(acc_dtype(dt))
         specs.append((f"cast_copy_to_{acc}", dt, make_cast_copy(dt, acc), (flat, arr(acc, 1)), 128))
         if acc != dt:

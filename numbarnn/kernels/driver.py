@@ -190,20 +190,53 @@ def cast_into(src, dst, log: LaunchLog):
     n = int(np.prod(dst.shape, dtype=np.int64))
     if n:
         k = jit(make_cast_copy, str(src.dtype), str(dst.dtype))
-        log(k, "cast_copy", (blocks(n, threads(n, 256)),), threads(n, 256), src.reshape(n), dst.reshape(n))
+        log(k, "cast_copy", (blocks(n, threads(n, 256)),), threads(n, 256), flat(src), flat(dst))
+
+
+_VIEWS = "_numbarnn_views"      # where a device array keeps the views the driver made of it
+
+
+def derived(a, key, make):
+    """make(a), made once per device array and key and kept on the array: a device array's shape and memory
+    never change, and each numba-cuda view costs a DeviceNDArray (~10-20 us of host time on an H100's host;
+    a warm host-bound call made ~56 of them).  The arrays a caller passes again (x, the states, params), the
+    workspace's (the same objects at every call) and their views are made once."""
+    cache = getattr(a, "__dict__", None)
+    if cache is None:
+        return make(a)
+    views = cache.get(_VIEWS)
+    if views is None:
+        views = cache[_VIEWS] = {}
+    view = views.get(key)
+    if view is None:
+        view = views[key] = make(a)
+    return view
 
 
 def part(a, index):
-    """a[index] of a device array.  numba-cuda refuses any view of an array with no elements ("non-empty slice
-    into empty slice", seen on an H100 with B = 0; the simulator slices like NumPy), so an empty part is a new
-    empty array of the right shape."""
-    shape = np.lib.stride_tricks.as_strided(np.empty(1, np.int8), a.shape, (0,) * a.ndim)[index].shape
-    return a[index] if math.prod(shape) else cuda.device_array(shape, dtype=a.dtype)
+    """a[index] of a device array (index: an int or a slice).  numba-cuda refuses any view of an array with no
+    elements ("non-empty slice into empty slice", seen on an H100 with B = 0; the simulator slices like NumPy),
+    so an empty part is a new empty array of the right shape."""
+    def make(a):
+        shape = np.lib.stride_tricks.as_strided(np.empty(1, np.int8), a.shape, (0,) * a.ndim)[index].shape
+        return a[index] if math.prod(shape) else cuda.device_array(shape, dtype=a.dtype)
+    key = ("part", (index.start, index.stop, index.step) if isinstance(index, slice) else index)
+    return derived(a, key, make)
 
 
 def flat(a):
     """A contiguous array as 1-D (a view)."""
-    return a.reshape(int(np.prod(a.shape, dtype=np.int64)))
+    return derived(a, "flat", lambda a: a.reshape(int(np.prod(a.shape, dtype=np.int64))))
+
+
+def rows(a, *shape):
+    """a.reshape(*shape) of a contiguous device array (a view, made once per array and shape)."""
+    return derived(a, ("reshape", shape), lambda a: a.reshape(*shape))
+
+
+def _params_views(cfg, params) -> tuple:
+    """(unpack(cfg, params), _unit_param_views(cfg, params)), made once per params array and configuration."""
+    return derived(params, ("params", cfg, cfg.cell), lambda p: (unpack(cfg, p), _unit_param_views(cfg, p)))
 
 
 def _unit_param_views(cfg, params):
@@ -247,7 +280,7 @@ def forward(call, x, h0, c0, params):
     saved = reserve_views(train_call, reserve)
     lens = device_lengths(call)                                    # [B] int32
     steps = max(call.lengths, default=0)
-    layers, unit_params = unpack(cfg, params), _unit_param_views(cfg, params)
+    layers, unit_params = _params_views(cfg, params)
     version = step_version()
     persistent = None
     if version == 3:                                               # v3 when it can, else v2, saying why
@@ -286,12 +319,12 @@ def forward(call, x, h0, c0, params):
             if T * B == 0:
                 break
             if lp.W is not None:
-                gemm(x_l.reshape(T * B, I_l), lp.W, gx[d].reshape(T * B, G * H), trans_b=True, log=log,
+                gemm(rows(x_l, T * B, I_l), lp.W, rows(part(gx, d), T * B, G * H), trans_b=True, log=log,
                      scratch=scratch)
             else:
                 n = T * B * G * H
                 log(jit(make_tile_gates, str(dt)), "tile_gates", (blocks(n, threads(n, 256)),), threads(n, 256),
-                    x_l.reshape(T * B, H), gx[d].reshape(T * B, G * H))
+                    rows(x_l, T * B, H), rows(part(gx, d), T * B, G * H))
         h_in = scratch("h_a", (D, B, P), a)                        # [D, B, P] state, double-buffered
         h_out = scratch("h_b", (D, B, P), a)
         cast_into(part(h0, ps), h_in, log)
@@ -346,9 +379,8 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     saved = reserve_views(call, reserve)
     lens = device_lengths(call)
     steps = max(call.lengths, default=0)
-    layers, dparams = unpack(cfg, params), device_zeros((params.shape[0],), dt, log)
+    (layers, unit_params), dparams = _params_views(cfg, params), device_zeros((params.shape[0],), dt, log)
     dlayers, dunit_params = unpack(cfg, dparams), _unit_param_views(cfg, dparams)
-    unit_params = _unit_param_views(cfg, params)
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
     version = step_version()
     persistent = None
@@ -453,11 +485,11 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         for d in range(D):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
-            gx2, gh2 = part(dgx, d).reshape(TB, GH), part(dgh, d).reshape(TB, GH)
+            gx2, gh2 = rows(part(dgx, d), TB, GH), rows(part(dgh, d), TB, GH)
             if lp.W is not None:
-                gemm(gx2, x_l.reshape(TB, I_l), dlp.W, trans_a=True, log=log, scratch=scratch)
+                gemm(gx2, rows(x_l, TB, I_l), dlp.W, trans_a=True, log=log, scratch=scratch)
                 gemm(gx2, lp.W, dx_l.reshape(TB, I_l), beta=0.0 if d == 0 else 1.0, log=log, scratch=scratch)
-            gemm(gh2, part(h_prev, d).reshape(TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
+            gemm(gh2, rows(part(h_prev, d), TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
             if cfg.has_proj:
                 gemm(part(dh_total, d).reshape(TB, P), part(saved[f"m{layer}"], d).reshape(TB, H), dlp.W_proj,
                      trans_a=True, log=log, scratch=scratch)
