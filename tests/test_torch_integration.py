@@ -39,6 +39,35 @@ def test_opcheck(lstm):
     torch.library.opcheck(rnn_op, args)
 
 
+def test_the_reserve_gets_no_gradient_and_unused_outputs_none(monkeypatch):
+    """The reserve output is not differentiable, and the backward is not handed materialised zero gradients for
+    outputs the loss does not use (autograd allocated one as large as the reserve at every backward); the
+    gradients of a loss on y alone, or on h_n alone, still match torch.nn's."""
+    import numbarnn.torch as nt
+
+    ours, ref = pair("lstm_proj", num_layers=2, bidirectional=True)
+    x = torch.randn(4, 3, 3, dtype=F64, requires_grad=True)
+    P = ours.proj_size
+    state = (torch.randn(4, 3, P, dtype=F64), torch.randn(4, 3, 4, dtype=F64))
+    net = ("lstm", 2, 4, 3, True, P, True, 0.0, True, "")
+    out = rnn_op(x, *state, list(ours.parameters()), None, torch.zeros(2, dtype=torch.int64), *net)
+    assert [o.requires_grad for o in out] == [True, True, True, False]
+    seen = []
+    real = nt._grads
+    monkeypatch.setattr(nt, "_grads", lambda ctx, *g: (seen.append(g), real(ctx, *g))[1])
+    for pick in (lambda y, s: y.sum(), lambda y, s: s[0].square().sum()):
+        grads = []
+        for m in (ours, ref):
+            xg = x.detach().clone().requires_grad_(True)
+            y, s = m(xg, state)
+            pick(y, s).backward()
+            grads.append([xg.grad] + [p.grad.clone() for p in m.parameters()])
+            m.zero_grad()
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    assert seen[0][1] is None and seen[0][2] is None and seen[1][0] is None   # unused outputs: None
+
+
 # ---------------------------------------------------------------------------------------------------
 # torch.compile, torch.export, the meta device
 # ---------------------------------------------------------------------------------------------------

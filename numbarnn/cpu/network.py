@@ -272,7 +272,9 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dc = dc0[p] if dc0 is not None else dm
             c0p = c0[p] if c0 is not None else dm
             dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] W-side grads (t layout)
-            dgh = scratch(f"dgh{d}", (T, B, G * H), ct)       # [T, B, G*H] R-side grads (s layout)
+            # [T, B, G*H] R-side grads (s layout).  The forward direction's s is t, and without a gate whose R
+            # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
+            dgh = dgx if d == 0 and not any(cfg.cell.split_mask) else scratch(f"dgh{d}", (T, B, G * H), ct)
             hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
             dv_acc = scratch(f"dv_acc{d}", (B, max(V, 0), H), ct)           # [B, V, H]
             dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
