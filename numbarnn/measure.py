@@ -247,7 +247,13 @@ def cpu_status() -> tuple[bool, str]:
     if "cpu" not in backends.BACKENDS:
         return False, "numbarnn has no cpu backend in this version"
     import numba
-    return True, f"numbarnn.cpu (numba {numba.__version__}, {numba.get_num_threads()} threads)"
+
+    from .cpu import fused, tuning
+    shapes = ", ".join(f"{name} {V}x{NR}" for name, G in (("LSTM", 4), ("GRU", 3), ("RNN", 1))
+                       for V, NR in [fused.tile_shape(G)])
+    how = "measured here" if tuning.enabled() else "static rule, NUMBARNN_CPU_TUNE=0"
+    return True, (f"numbarnn.cpu (numba {numba.__version__}, {numba.get_num_threads()} threads) on "
+                  f"{tuning.cpu_model()}, {8 * fused.simd_bytes()}-bit vectors; tile shapes V x NR ({how}): {shapes}")
 
 
 def cuda_status(allow_simulator: bool) -> tuple[bool, bool, str]:

@@ -8,6 +8,9 @@ import os
 
 if os.environ.get("NUMBARNN_REAL_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+# the cpu backend's tile shapes by the static rule: the same loops in every worker, no measuring at first use
+# (tests/test_cpu_fused.py tests the measurement, numbarnn/cpu/tuning.py)
+os.environ.setdefault("NUMBARNN_CPU_TUNE", "0")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

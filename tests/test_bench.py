@@ -506,3 +506,24 @@ def test_num_proj_times_an_lstm_with_a_projection(tmp_path, capsys, timed_backen
 def test_num_proj_errors_exit_2(argv, words, capsys, timed_backends):
     assert bench.main(["--backends", "reference", *argv, *FAST]) == 2
     assert words in capsys.readouterr().err and timed_backends == []
+
+
+def _bench_script(name):
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_loop_and_memory_benches_run_at_tiny_sizes(capsys):
+    """bench/bench_train_loop.py (the losses validated before anything is timed) and bench/bench_memory.py (each
+    implementation in its own process) at tiny sizes."""
+    pytest.importorskip("torch")
+    assert _bench_script("bench_train_loop").main(["--T", "3", "--B", "2", "--I", "4", "--H", "5", "--steps", "1",
+                                                   "--warmup", "1"]) == 0
+    assert _bench_script("bench_memory").main(["--T", "3", "--B", "2", "--I", "4", "--H", "4", "--L", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "numbarnn.torch / torch.nn:" in out and "losses agree" in out and "peak RSS growth" in out

@@ -17,7 +17,7 @@ from test_cpu_backend import ALL_CELLS, QUICK, compare, named
 
 import numbarnn.contrib.cifg_lstm
 import numbarnn.contrib.peephole_lstm  # noqa: F401
-from numbarnn.cells import CellSpec, dtanh, register, tanh
+from numbarnn.cells import CellSpec, dtanh, get_cell, register, tanh
 from numbarnn.config import rnn_config
 from numbarnn.cpu import fused, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
@@ -328,3 +328,63 @@ def test_projection_panel_follows_the_forward_row_tiles(vector_width, nbytes):
     vector_width(nbytes)
     assert fused.rows_for(1) == 8 and fused.vectors_per_pass(fused.COLUMN_VECTORS, 8) != fused.tile_shape(4)[0]
     compare(_wide_case(LEAKY.name, np.float32, num_proj=nbytes // 4 + 1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# tile shapes measured on the machine (numbarnn/cpu/tuning.py); the tests run the static rule otherwise
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tuning_file(monkeypatch, tmp_path):
+    """Tuning on, its file in tmp_path, nothing measured yet in this process; the loops rebuilt afterwards."""
+    from numbarnn.cpu import tuning
+    path = tmp_path / tuning.FILENAME
+    monkeypatch.setattr(tuning, "enabled", lambda: True)
+    monkeypatch.setattr(tuning, "cache_path", lambda: str(path))
+    monkeypatch.setattr(tuning, "_measured", {})
+    fused._chosen_shape.cache_clear()
+    yield path
+    fused._chosen_shape.cache_clear()
+    _clear_loops()
+
+
+def test_tile_shapes_are_measured_once_per_machine_and_read_back(tuning_file, monkeypatch):
+    import json
+
+    from numbarnn.cpu import tuning
+    regs, simd = fused.registers(), fused.simd_bytes()
+    fake = {shape: float(k) for k, shape in enumerate(reversed(tuning.candidates(4, regs)))}   # the last: fastest
+    timed = []
+    monkeypatch.setattr(tuning, "measure", lambda G, V, NR: timed.append((V, NR)) or fake[(V, NR)])
+    best = tuning.candidates(4, regs)[0]
+    assert tuning.chosen(4, regs, simd) == best and sorted(timed) == sorted(fake)
+    entry = json.loads(tuning_file.read_text())[tuning.key(4, regs, simd)]
+    assert entry["shape"] == list(best) and entry["static"] == list(fused._tile_shape(4, regs))
+    assert tuning.cpu_model() in tuning.key(4, regs, simd)
+    monkeypatch.setattr(tuning, "_measured", {})                       # a new process: read, not measured
+    monkeypatch.setattr(tuning, "measure", lambda *a: pytest.fail("measured again"))
+    assert tuning.chosen(4, regs, simd) == best and tuning.table()[tuning.key(4, regs, simd)]["shape"] == list(best)
+    tuning_file.write_text("{not json")                                # unreadable: measured again, not a crash
+    monkeypatch.setattr(tuning, "_measured", {})
+    monkeypatch.setattr(tuning, "measure", lambda G, V, NR: fake[(V, NR)])
+    assert tuning.chosen(4, regs, simd) == best and json.loads(tuning_file.read_text())
+
+
+def test_measure_checks_the_product_and_returns_gflops():
+    from numbarnn.cpu import tuning
+    V, NR = fused._tile_shape(3, fused.registers())
+    assert tuning.measure(3, V, NR, K=16, B=5, repeats=1) > 0
+
+
+def test_a_chosen_shape_other_than_the_rule_computes_the_same(tuning_file, monkeypatch):
+    """Whatever shape a machine chooses is threaded through the packing, the micro-kernels and the loops'
+    cache keys: LSTM forced onto a shape the static rule does not pick, against the reference."""
+    from numbarnn.cpu import tuning
+    regs = fused.registers()
+    other = next(s for s in tuning.candidates(4, regs) if s != fused._tile_shape(4, regs))
+    monkeypatch.setattr(tuning, "measure", lambda G, V, NR: 2.0 if (G, V, NR) == (4, *other) else 1.0)
+    _clear_loops()
+    assert fused.tile_shape(4) == other and fused.vectors_per_pass(4, other[1]) == other[0]
+    assert f"{other}" in fused._forward_key(get_cell("lstm"), "float32", False)     # numba's cache key too
+    compare(_wide_case("lstm", np.float32))
+    compare(_wide_case("lstm", np.float32, num_proj=3))

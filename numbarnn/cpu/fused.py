@@ -101,7 +101,8 @@ def vectors_per_pass(G: int, NR: int) -> int:
     `fits` (G // V passes over k).  AVX-512: V = G for every built-in cell.  AVX2 (16 registers), LSTM: G = 4
     gates x NR = 3 rows was one pass of 12 accumulators + 4 panel vectors + a broadcast = 17 registers: LLVM
     spilled, 39-43 GFLOP/s on one Zen 3 core; two passes of 2 gates x 4 rows run at 88-91 (see tile_shape)."""
-    return _vectors_per_pass(G, NR, registers())
+    shape = tile_shape(G)
+    return shape[0] if NR == shape[1] else _vectors_per_pass(G, NR, registers())   # the chosen pass, or the rule
 
 
 @functools.cache
@@ -110,14 +111,22 @@ def _vectors_per_pass(G: int, NR: int, regs: int) -> int:
 
 
 def tile_shape(G: int) -> tuple[int, int]:
-    """(V, NR) for a product of G vectors (gates, or column vectors): the most accumulators that `fit`, then
-    the fewest loads per multiply-add ((V + NR) / (V * NR)).  NR is a power of two (batch sizes mostly are: a
-    partial row tile computes spare rows), at most 4 with 32 registers (LSTM 4 gates x 4 rows, measured at
-    peak on Zen 4) and 8 with 16.  Zen 3 (AVX2), one core, the micro-kernel alone
+    """(V, NR) for a product of G vectors (gates, or column vectors), as measured on this machine at first use
+    (`tuning.chosen`, kept on disk), or with NUMBARNN_CPU_TUNE=0 the static rule: the most accumulators that
+    `fit`, then the fewest loads per multiply-add ((V + NR) / (V * NR)).  NR is a power of two (batch sizes
+    mostly are: a partial row tile computes spare rows), at most 4 with 32 registers (LSTM 4 gates x 4 rows,
+    measured at peak on Zen 4) and 8 with 16.  Zen 3 (AVX2), one core, the micro-kernel alone
     (`python bench/bench_cpu_fused.py --tile-shapes`), GFLOP/s: LSTM one pass of 4 x 2: 54-63, 4 x 3: 39-43
     (spills), two passes of 2 x 4: 88-91, of 2 x 6: 94-98; GRU 3 x 4: 90-97; RNN 1 x 8: 77-81, 1 x 12: 63-67,
     1 x 4: 50.  LSTM at B = 32: 2 x 4 rather than 2 x 6, whose sixth row tile is two thirds spare rows."""
-    return _tile_shape(G, registers())
+    return _chosen_shape(G, registers(), simd_bytes())
+
+
+@functools.cache
+def _chosen_shape(G: int, regs: int, simd: int) -> tuple[int, int]:
+    """`tile_shape` as this machine measured it (`tuning.chosen`; the static rule with NUMBARNN_CPU_TUNE=0)."""
+    from . import tuning
+    return tuning.chosen(G, regs, simd)
 
 
 @functools.cache
@@ -293,7 +302,7 @@ def _forward_key(cell, compute: str, has_proj: bool) -> str:
     """The fingerprint of forward_group's variant: the cell's and library's code (cells.variant_key), the vector
     width and the tiles (a parallel loop links the group's machine code: its key extends this one)."""
     return (cells.variant_key(cell, compute, has_proj, False)
-            + f"fused {lanes_for(compute)} {rows_for(cell.G)} {COLUMN_VECTORS}")
+            + f"fused {lanes_for(compute)} {tile_shape(cell.G)} {COLUMN_VECTORS}")
 
 
 @functools.cache
@@ -607,7 +616,7 @@ def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
 def _backward_key(cell, compute: str, MV: int, has_proj: bool) -> str:
     """The fingerprint of backward_group's variant (see _forward_key)."""
     return (cells.variant_key(cell, compute, has_proj, False)
-            + f"fused backward {lanes_for(compute)} {rows_for(MV)} {MV}")
+            + f"fused backward {lanes_for(compute)} {tile_shape(MV)} {MV}")
 
 
 @functools.cache

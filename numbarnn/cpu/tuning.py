@@ -1,0 +1,192 @@
+"""The micro-kernel's tile shape chosen by measuring it on the machine that runs it, once per CPU.
+
+`fused.tile_shape(G)` is the (V, NR) of a product of G vectors: V vectors per pass over k (G // V passes), NR
+batch rows per tile.  Its static rule (`fused._tile_shape`: the most accumulators that fit in the registers,
+then the fewest loads per multiply-add) was measured on AMD Zen 3 and Zen 4; other cores (Intel's AVX-512
+parts, with two FMA ports, or ARM) can prefer another shape.  So at the first call that needs a shape for G,
+`chosen` times the micro-kernel alone on one thread for each shape that fits the registers (float32, panels of
+2048 rows in cache, as in the op: about a second per shape, mostly compiling it), keeps the fastest, and writes
+it to a small JSON file beside numba's on-disk cache, keyed by the CPU model and vector width: later processes
+on that machine read it.  Float64 uses float32's choice (the same registers, half the lanes).
+
+    NUMBARNN_CPU_TUNE=0      the static rule everywhere (no measurement, no file read)
+    numbarnn.cpu.tuning.table()      what this machine chose (numbarnn bench prints it)
+
+Processes that measure at once (test workers, DDP ranks) may both measure; the file is read, updated and
+replaced under a lock (`jitcache`), so neither loses the other's entries.  A file that cannot be read or
+written is ignored (the shape is then measured in each process, or the static rule used where measuring fails).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+
+ENV = "NUMBARNN_CPU_TUNE"
+FILENAME = "numbarnn_tile_shapes.json"
+_measured: dict = {}          # this process's choices: key -> (V, NR)
+
+
+@functools.cache
+def enabled() -> bool:
+    """Whether shapes are measured (read once per process: NUMBARNN_CPU_TUNE, default on)."""
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name", else platform.processor(), else the machine)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu model", "hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_path() -> str:
+    """Where the choices are kept: numba's cache directory when NUMBA_CACHE_DIR sets one, else this package's
+    __pycache__ (where numba caches the fused loops), else the user's temporary directory."""
+    import numba
+    base = numba.config.CACHE_DIR
+    places = [os.path.join(base, "numbarnn")] if base else []
+    places += [os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"),
+               os.path.join(tempfile.gettempdir(), "numbarnn")]
+    for place in places:
+        try:
+            os.makedirs(place, exist_ok=True)
+            if os.access(place, os.W_OK):
+                return os.path.join(place, FILENAME)
+        except OSError:
+            continue
+    return os.path.join(places[-1], FILENAME)
+
+
+def key(G: int, regs: int, simd: int) -> str:
+    return f"{cpu_model()} | {8 * simd}-bit vectors, {regs} registers | G={G}"
+
+
+def candidates(G: int, regs: int) -> list:
+    """The (V, NR) shapes worth timing for G: every one that fits the registers (`fused.fits`), NR a power of
+    two up to the static rule's limit, the static rule's order (its choice first)."""
+    from . import fused
+    nr_max = 4 if regs == 32 else 8
+    shapes = [(V, NR) for V in range(1, G + 1) if G % V == 0
+              for NR in (1, 2, 4, 8) if NR <= nr_max and fits_and_useful(fused, V, NR, regs)]
+    return sorted(shapes, key=lambda s: (-(s[0] * s[1]), s[0] + s[1]))
+
+
+def fits_and_useful(fused, V: int, NR: int, regs: int) -> bool:
+    """Fits the registers, and not a shape the static rule's choice dominates outright (fewer than half its
+    accumulators: one row or one vector at a time is never faster)."""
+    return fused.fits(V, NR, regs) and V * NR >= 4
+
+
+def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
+    """The tile shape for a product of G vectors on this machine: the file's entry, else measured now (and
+    written), else the static rule (tuning off, or the measurement failed)."""
+    from . import fused
+    static = fused._tile_shape(G, regs)
+    if not enabled():
+        return static
+    k = key(G, regs, simd)
+    if k in _measured:
+        return _measured[k]
+    entry = _read().get(k)
+    if entry is not None and tuple(entry.get("shape", ())) in candidates(G, regs) + [static]:
+        _measured[k] = tuple(entry["shape"])
+        return _measured[k]
+    try:
+        gflops = {shape: measure(G, *shape) for shape in candidates(G, regs) or [static]}
+    except Exception:         # pragma: no cover - a compile or run failure: the static rule, said once
+        import warnings
+        warnings.warn(f"numbarnn: measuring the micro-kernel's tile shapes failed; using {static} for G={G}",
+                      stacklevel=2)
+        _measured[k] = static
+        return static
+    best = max(gflops, key=gflops.get)
+    _measured[k] = best
+    _update(k, {"shape": list(best), "static": list(static), "gflops": {f"{V}x{NR}": round(g, 1)
+                                                                          for (V, NR), g in gflops.items()},
+                "measured": time.strftime("%Y-%m-%d")})
+    return best
+
+
+def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5) -> float:
+    """GFLOP/s of `fused.product_tile` for (V, NR) on one thread, float32: panels of 2048 rows over K, B rows
+    (a partial last tile where NR does not divide B), every unit tile of every row tile, best of `repeats`."""
+    from numba import njit
+
+    from . import fused
+    ct = np.float32
+    LANES = fused.lanes_for(ct)
+    tile = fused.product_tile("float32", G, NR, LANES, V)
+    NT = max(1, 2048 // (G * LANES))
+    rng = np.random.default_rng(0)
+    R = rng.standard_normal((G * NT * LANES, K)).astype(ct)          # [G*NT*LANES, K]
+    Rp = np.empty((NT, G // V, K, V, LANES), ct)                      # packed as the op packs it
+    fused.pack(R, Rp)
+    NB = -(-B // NR)
+    h = rng.standard_normal((NB * NR, K)).astype(ct)                 # [NB*NR, K]
+    rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)
+    out = np.empty((NT, NB, G, NR, LANES), ct)                        # [NT, NB, G, NR, LANES]
+
+    @njit
+    def run(Rp, rows, out, steps):
+        panel = Rp[0].size * 4
+        for _ in range(steps):
+            for bt in range(rows.shape[0]):
+                for jt in range(Rp.shape[0]):
+                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
+
+    run(Rp, rows, out, 1)
+    got = out.transpose(2, 0, 4, 1, 3).reshape(G * NT * LANES, NB * NR)   # [g, jt, u] x [bt, r]
+    want = R @ h.T
+    if np.abs(got - want).max() > 1e-3 * np.abs(want).max():
+        raise RuntimeError(f"tile shape {V}x{NR}: the micro-kernel's product is wrong")
+    steps = 4
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(Rp, rows, out, steps)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * G * NT * LANES * K * NB * NR * steps / best / 1e9
+
+
+def table() -> dict:
+    """This machine's entries in the file (key -> entry), and this process's choices not yet written."""
+    mine = {k: v for k, v in _read().items() if k.startswith(cpu_model() + " |")}
+    mine.update({k: {"shape": list(v)} for k, v in _measured.items() if k not in mine})
+    return mine
+
+
+def _read() -> dict:
+    try:
+        with open(cache_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _update(k: str, entry: dict) -> None:
+    """Add one entry: read, update and replace the file under its lock (other processes' entries kept)."""
+    from .jitcache import _exclusive
+    path = cache_path()
+    try:
+        with _exclusive(path + ".lock"):
+            data = _read()
+            data[k] = entry
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tile_shapes")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+    except OSError:           # a read-only place: measured again by the next process
+        pass
