@@ -17,9 +17,8 @@ import time
 
 import numba
 import numpy as np
-from numba import njit, prange
 
-from numbarnn.cpu import fused, network
+from numbarnn.cpu import fused, network, tuning
 from numbarnn.testing import relative_error, run_backward, run_forward
 
 
@@ -96,17 +95,7 @@ def tile_shapes(K=512, B=48, steps=20, reps=5):
               f" {2.0 * G * NT * LANES * K * NB * NR * steps / best / 1e9:6.1f} GFLOP/s")
 
 
-def _steps_runner(tile, parallel=False):
-    """steps x (every row tile x every unit tile) calls of `tile`, as the fused loop makes them (`parallel`: the
-    row tiles split over numba's threads)."""
-    @njit(parallel=parallel)
-    def run(Rp, rows, out, steps):
-        panel = Rp[0].size * 4
-        for _ in range(steps):
-            for bt in prange(rows.shape[0]):
-                for jt in range(Rp.shape[0]):
-                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
-    return run
+_steps_runner = tuning.steps_runner      # the micro-kernel called as the fused loop calls it
 
 
 def _timed(fn, *args):

@@ -13,11 +13,12 @@ import functools
 import importlib
 import os
 
+from . import settings
 from .validation import check_choice
 
 BACKENDS = {"reference": "numbarnn.reference.backend", "cpu": "numbarnn.cpu.backend",
             "cuda": "numbarnn.kernels.backend"}
-ENV_VAR = "NUMBARNN_BACKEND"
+ENV_VAR = settings.SETTINGS["backend"][0]
 _default: str | None = None
 
 
@@ -42,7 +43,7 @@ def set_default_backend(name: str | None) -> None:
 def get_default_backend() -> str:
     if _default is not None:
         return _default
-    env = os.environ.get(ENV_VAR)
+    env = settings.get("backend")
     if env:
         return check_choice(f"{ENV_VAR} (environment variable)", env, tuple(BACKENDS))
     return "cuda" if real_gpu_available() else "cpu"

@@ -12,15 +12,17 @@ import shutil
 import subprocess
 import sys
 
+from . import settings
+
 SIM_VAR = "NUMBA_ENABLE_CUDASIM"
-REAL_GPU_VAR = "NUMBARNN_REAL_GPU"
+REAL_GPU_VAR = settings.SETTINGS["real_gpu"][0]
 
 
 @functools.lru_cache(maxsize=None)
 def real_gpu_present() -> bool:
     """A real NVIDIA GPU, found without importing numba: NUMBARNN_REAL_GPU=1/0 decides, else `nvidia-smi -L`."""
-    forced = os.environ.get(REAL_GPU_VAR)
-    if forced in ("0", "1"):
+    forced = settings.get("real_gpu")
+    if forced is not None:
         return forced == "1"
     exe = shutil.which("nvidia-smi")
     if exe is None:

@@ -33,7 +33,7 @@ def planned_and_launched(case):
     log = driver.last_launch_count()
     lengths = tuple(int(n) for n in case.lengths) if case.lengths is not None else (case.T,) * case.B
     call = RNNCall(case.cfg, case.T, case.B, np.dtype(case.dtype), True, True, lengths)
-    plan = driver.launch_plan(call, gpu=False)
+    plan = driver.launch_plan(call, gpu=False, device_reserve=False)      # NumPy in: the nonce on the host
     for phase in ("forward", "backward"):
         assert _totals(plan, phase) == log[phase].total, (phase, plan, log[phase])
     return plan, log, fwd, bwd
@@ -83,3 +83,21 @@ def test_split_k_in_the_driver_is_planned_and_correct(monkeypatch, mode, directi
     for got, want in zip(tuple(got_f[:3]) + tuple(got_b), tuple(want_f[:3]) + tuple(want_b)):
         if want is not None:
             assert relative_error(got, want) < tol
+
+
+def test_a_device_reserve_gets_its_nonce_by_one_launch_the_plan_counts():
+    """Device arrays in: the reserve stays on the device and ops writes its nonce by a launch (a copy from the
+    host would wait for the kernels), counted with the forward's launches and in the plan."""
+    from numba import cuda
+
+    from numbarnn import ops
+    from numbarnn.config import decode_host_reserved
+    from numbarnn.reserve import read_nonce
+    case = make_rnn_case(rnn_config(1, 3, 2, "gru"), 3, 2, None, seed=1)
+    out = ops.cudnn_rnn_v3(*(cuda.to_device(a) for a in (case.x, case.h0, case.h0, case.params)), rnn_mode="gru",
+                           backend="cuda")
+    log = driver.last_launch_count()["forward"]
+    call = RNNCall(case.cfg, 3, 2, np.dtype(case.dtype), True, True, (3, 3))
+    assert log.by_kernel[driver.NONCE_KERNEL] == 1
+    assert _totals(driver.launch_plan(call, gpu=False), "forward") == log.total
+    assert [int(v) for v in read_nonce(out[3])] == decode_host_reserved(out[4])["nonce"]

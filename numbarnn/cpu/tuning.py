@@ -27,15 +27,16 @@ import time
 
 import numpy as np
 
-ENV = "NUMBARNN_CPU_TUNE"
+from .. import settings
+
+ENV = settings.SETTINGS["cpu_tune"][0]
 FILENAME = "numbarnn_tile_shapes.json"
 _measured: dict = {}          # this process's choices: key -> (V, NR)
 
 
-@functools.cache
 def enabled() -> bool:
-    """Whether shapes are measured (read once per process: NUMBARNN_CPU_TUNE, default on)."""
-    return os.environ.get(ENV, "1").strip() != "0"
+    """Whether shapes are measured (`settings`: NUMBARNN_CPU_TUNE, default on)."""
+    return settings.get("cpu_tune")
 
 
 @functools.cache
@@ -122,8 +123,6 @@ def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
 def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5) -> float:
     """GFLOP/s of `fused.product_tile` for (V, NR) on one thread, float32: panels of 2048 rows over K, B rows
     (a partial last tile where NR does not divide B), every unit tile of every row tile, best of `repeats`."""
-    from numba import njit
-
     from . import fused
     ct = np.float32
     LANES = fused.lanes_for(ct)
@@ -137,15 +136,7 @@ def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5
     h = rng.standard_normal((NB * NR, K)).astype(ct)                 # [NB*NR, K]
     rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)
     out = np.empty((NT, NB, G, NR, LANES), ct)                        # [NT, NB, G, NR, LANES]
-
-    @njit
-    def run(Rp, rows, out, steps):
-        panel = Rp[0].size * 4
-        for _ in range(steps):
-            for bt in range(rows.shape[0]):
-                for jt in range(Rp.shape[0]):
-                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
-
+    run = steps_runner(tile)
     run(Rp, rows, out, 1)
     got = out.transpose(2, 0, 4, 1, 3).reshape(G * NT * LANES, NB * NR)   # [g, jt, u] x [bt, r]
     want = R @ h.T
@@ -158,6 +149,22 @@ def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5
         run(Rp, rows, out, steps)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * G * NT * LANES * K * NB * NR * steps / best / 1e9
+
+
+def steps_runner(tile, parallel: bool = False):
+    """`steps` x (every row tile x every unit tile) calls of the micro-kernel `tile`, as the fused loop makes
+    them (`parallel`: the row tiles split over numba's threads): what `measure` and bench/bench_cpu_fused.py
+    time.  run(Rp [NT, G//V, K, V, LANES], rows [NB, NR] row addresses, out [NT, NB, G, NR, LANES], steps)."""
+    from numba import njit, prange
+
+    @njit(parallel=parallel)
+    def run(Rp, rows, out, steps):
+        panel = Rp[0].size * Rp.itemsize
+        for _ in range(steps):
+            for bt in prange(rows.shape[0]):
+                for jt in range(Rp.shape[0]):
+                    tile(Rp.ctypes.data + jt * panel, rows[bt].ctypes.data, Rp.shape[2], out[jt, bt].ctypes.data)
+    return run
 
 
 def table() -> dict:

@@ -12,10 +12,9 @@ import numpy as np
 from numba import cuda
 
 from .. import reserve as _reserve
-from ..reserve import NONCE_SIZE
 from ..validation import is_device_array
 from . import driver
-from .common import blocks, jit, make_put4, make_swap01, threads
+from .common import blocks, jit, make_swap01, threads
 from .launch import launch
 
 last_launch_count = driver.last_launch_count
@@ -70,8 +69,7 @@ def write_nonce(reserve, nonce) -> None:
     launch (a copy from host memory would first wait for the forward's kernels)."""
     if _on_host(reserve):
         return _reserve.write_nonce(reserve, nonce)
-    tail = to_device(reserve)[reserve.shape[0] - NONCE_SIZE:]
-    launch(jit(make_put4, str(np.dtype(tail.dtype))), 1, 32, tail, *(float(v) for v in nonce))
+    driver.write_nonce(to_device(reserve), nonce)
 
 
 def rnn_forward(call, x, h0, c0, params):

@@ -45,19 +45,19 @@ from dataclasses import dataclass, field, replace
 
 import contextlib
 import math
-import os
 import threading
 
 import numpy as np
 from numba import cuda
 
+from .. import settings
 from ..params import param_regions, unpack
 from ..workspace import ScratchPool
 from ..dropout import dropout_key, dropout_scale, dropout_threshold
-from ..reserve import reserve_size, reserve_views
+from ..reserve import NONCE_SIZE, reserve_size, reserve_views
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
-from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, threads
+from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, make_put4, threads
 from .gemm import gemm
 from .launch import launch
 from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
@@ -68,37 +68,30 @@ from . import step_v2, step_v3
 #: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
 #: the persistent forward and backward)
 STEP_VERSIONS = (1, 2, 3)
-STEP_VERSION_VAR = "NUMBARNN_STEP_VERSION"
+STEP_VERSION_VAR = settings.SETTINGS["step_version"][0]
 
 
 def step_version(simulator: bool | None = None) -> int:
     """The step kernels to use: NUMBARNN_STEP_VERSION (one of STEP_VERSIONS) if set, else 3 on a GPU (which
     runs v2 where v3 cannot) and 1 in the simulator (whose tests run every version explicitly).  simulator: as
     this process runs (None) or as given."""
-    raw = os.environ.get(STEP_VERSION_VAR, "").strip()
-    if not raw:
+    version = settings.get("step_version")
+    if version is None:
         return 1 if (common.SIMULATOR if simulator is None else simulator) else 3
-    if raw not in {str(v) for v in STEP_VERSIONS}:
-        raise ValueError(f"{STEP_VERSION_VAR}: expected one of {STEP_VERSIONS}, got {raw!r}")
-    return int(raw)
+    return version
 
 
 @contextlib.contextmanager
 def pinned_step_version(version: int | None):
-    """NUMBARNN_STEP_VERSION = version inside the block (step_version() reads it at every call); None: as it
-    is.  The profiler and the bench's per-version rows use it."""
+    """The step version `version` inside the block, in this thread (`settings.override`); None: as it is.  The
+    profiler and the bench's per-version rows use it."""
     if version is None:
         yield
         return
-    old = os.environ.get(STEP_VERSION_VAR)
-    os.environ[STEP_VERSION_VAR] = str(version)
-    try:
+    if version not in STEP_VERSIONS:
+        raise ValueError(f"step_version: expected one of {STEP_VERSIONS}, got {version!r}")
+    with settings.override(step_version=version):
         yield
-    finally:
-        if old is None:
-            os.environ.pop(STEP_VERSION_VAR, None)
-        else:
-            os.environ[STEP_VERSION_VAR] = old
 
 
 @dataclass
@@ -129,6 +122,21 @@ _last: dict = {}
 def last_launch_count() -> dict:
     """{"forward": LaunchLog, "backward": LaunchLog} of the last calls (shown by `numbarnn check`)."""
     return dict(_last)
+
+
+NONCE_KERNEL = "put4 (the reserve's nonce)"
+
+
+def write_nonce(reserve, nonce) -> None:
+    """A training reserve's nonce (`numbarnn.reserve`), written by a launch of one thread (a copy from host
+    memory would first wait for the forward's kernels), counted with the last forward's launches."""
+    tail = reserve[reserve.shape[0] - NONCE_SIZE:]
+    log = _last.get("forward")
+    kernel = jit(make_put4, str(np.dtype(tail.dtype)))
+    if log is None:
+        launch(kernel, 1, 1, tail, *(float(v) for v in nonce))
+    else:
+        log(kernel, NONCE_KERNEL, (1,), 1, tail, *(float(v) for v in nonce))
 
 
 def record(phase: str, log: LaunchLog) -> None:
@@ -511,11 +519,13 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
 # the launch plan (the teaching view of `numbarnn explain`); tests check it against LaunchLog
 # ---------------------------------------------------------------------------------------------------
 
-def launch_plan(call, gpu: bool = True) -> list[dict]:
+def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dict]:
     """Every launch forward() and backward() make for `call`, grouped: phase, layer, kernel, grid, block,
     launches, and per-launch estimates of FLOPs and global-memory bytes (compulsory traffic, no cache effects).
 
     gpu: launch sizes as on a real GPU (True) or as this process launches them (False: simulator sizes here).
+    device_reserve: a training call's reserve stays on the device (device arrays in), so its nonce is written by
+    a launch (`write_nonce`); False: NumPy arrays in, the reserve comes back and the nonce is written on the host.
     GEMM grids come from the GEMM launcher's tiles; the step kernels are step_version(simulator=not gpu)'s.
     """
     from .gemm import DEFAULT_VERSION, VERSIONS, auto_split_k
@@ -598,6 +608,7 @@ def launch_plan(call, gpu: bool = True) -> list[dict]:
                 D * (P * H + B * (H + 2 * P)) * sz)
         cast_rows("forward", "hT out", "cT out")
     layer = None
+    add("forward", NONCE_KERNEL, int(call.is_training and device_reserve), (1,), 1, 0, NONCE_SIZE * sz)   # by ops
     n_params = sum(r.size for r in param_regions(cfg))
     add("backward", "fill (dparams = 0)", 1, *flat(n_params), 0, n_params * sz)
     for layer in reversed(range(L)):

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 
 import numpy as np
 
+from .. import settings
 from . import common
 
-FAST_LAUNCH_VAR = "NUMBARNN_FAST_LAUNCH"
+FAST_LAUNCH_VAR = settings.SETTINGS["fast_launch"][0]
 
 #: launches that took each path since the process started (or since ``STATS.clear()``)
 STATS = {"fast": 0, "numba": 0}
@@ -60,7 +60,7 @@ def enabled() -> bool:
     numba-cuda whose launch internals are the ones this module mirrors."""
     from numba import config
     return (not config.ENABLE_CUDASIM and not common.SIMULATOR
-            and os.environ.get(FAST_LAUNCH_VAR, "1").strip() != "0" and _internals() is not None)
+            and settings.get("fast_launch") and _internals() is not None)
 
 
 @functools.cache

@@ -74,6 +74,7 @@ import subprocess
 import sys
 import threading
 
+from .. import settings  # imports no numba
 from ..cells import load_cell_modules  # imports no numba
 
 SIM_VAR = "NUMBA_ENABLE_CUDASIM"
@@ -829,7 +830,7 @@ def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **conf
     attrs = case.attrs
     result = dict(config=dict(c, input_size=I, cells=list(cells), dtype=str(dtype)), geometry=geometry,
                   gpu=gpu, phases={})
-    if step_version is None and not os.environ.get(driver.STEP_VERSION_VAR, "").strip():
+    if step_version is None and settings.get("step_version") is None:
         step_version = 2                            # see run_profile
     with recording(rec, geometry=geometry), driver.pinned_step_version(step_version):
         version = driver.step_version()

@@ -75,11 +75,11 @@ blocks per SM on sm_80).
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 from numba import cuda, int64, types
 
+from .. import settings
 from ..cells import get_cell
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
@@ -129,7 +129,7 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
     if common.SIMULATOR if simulator is None else simulator:
         return SIM_TILES
     t = GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
-    if H is None or B is None or os.environ.get("NUMBARNN_V2_NARROW", "1").strip() == "0":
+    if H is None or B is None or not settings.get("v2_narrow"):
         return t
     if sms is None:
         from .step_v3 import device_geometry_or_none

@@ -74,11 +74,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 from numba import cuda, types
 
+from .. import settings
 from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
@@ -1013,7 +1013,7 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
         return None, f"the slices for {what} do not fit {room}"
     n = blocks_needed(H, D, sl)                # the same for every width (the same TJ)
     candidates = [sl]
-    if not sim and B is not None and os.environ.get("NUMBARNN_V3_WIDE", "1").strip() != "0":
+    if not sim and B is not None and settings.get("v3_wide"):
         geometry = device_geometry_or_none()   # no device to estimate with: THREADS only
         if geometry is not None:               # a wider block only where the estimate says it fits
             from . import roofline

@@ -1,0 +1,106 @@
+"""numbarnn's settings: every NUMBARNN_* environment variable, parsed in one place and overridable in a scope.
+
+    from numbarnn import settings
+    settings.get("step_version")                 # None (the driver's choice) or 1, 2, 3
+    with settings.override(step_version=2):      # this thread, inside the block: tests, the profiler, the bench
+        ...
+
+| setting | variable | values | default |
+| --- | --- | --- | --- |
+| backend | NUMBARNN_BACKEND | reference, cpu, cuda | None: cuda on a GPU, else cpu |
+| step_version | NUMBARNN_STEP_VERSION | 1, 2, 3 | None: 3 on a GPU, 1 in the simulator |
+| fast_launch | NUMBARNN_FAST_LAUNCH | 0 / 1 | True: numbarnn's kernel launch (kernels/launch.py) |
+| v2_narrow | NUMBARNN_V2_NARROW | 0 / 1 | True: v2's narrow tiles on a small grid |
+| v3_wide | NUMBARNN_V3_WIDE | 0 / 1 | True: v3's widest co-resident blocks |
+| cpu_tune | NUMBARNN_CPU_TUNE | 0 / 1 | True: the cpu micro-kernel's tile measured per machine |
+| real_gpu | NUMBARNN_REAL_GPU | 0 / 1 | None: a GPU if numba finds one (1: must; 0: the simulator) |
+
+A setting is read from the environment when it is asked for (cheap: one lookup), so a variable exported before
+a call counts; an `override` wins over the environment in its thread until the block ends.  Passing a choice on
+never writes os.environ.  numba's own switch, NUMBA_ENABLE_CUDASIM, is read by numba at its import and cannot be
+overridden here (`simulator()` tells what this process runs).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(var: str, default: bool):
+    def parse(raw: str) -> bool:
+        raw = raw.strip().lower()
+        if not raw:
+            return default
+        if raw in _TRUE or raw in _FALSE:
+            return raw in _TRUE
+        raise ValueError(f"{var}: expected 0 or 1, got {raw!r}")
+    return parse
+
+
+def _choice(var: str, allowed: tuple, cast=str):
+    def parse(raw: str):
+        raw = raw.strip()
+        if not raw:
+            return None
+        if raw not in {str(a) for a in allowed}:
+            raise ValueError(f"{var}: expected one of {allowed}, got {raw!r}")
+        return cast(raw)
+    return parse
+
+
+#: name -> (environment variable, parser of its text, default when unset)
+SETTINGS = {
+    "backend": ("NUMBARNN_BACKEND", lambda raw: raw.strip() or None, None),   # checked by backends.py
+    "step_version": ("NUMBARNN_STEP_VERSION", _choice("NUMBARNN_STEP_VERSION", (1, 2, 3), int), None),
+    "fast_launch": ("NUMBARNN_FAST_LAUNCH", _flag("NUMBARNN_FAST_LAUNCH", True), True),
+    "v2_narrow": ("NUMBARNN_V2_NARROW", _flag("NUMBARNN_V2_NARROW", True), True),
+    "v3_wide": ("NUMBARNN_V3_WIDE", _flag("NUMBARNN_V3_WIDE", True), True),
+    "cpu_tune": ("NUMBARNN_CPU_TUNE", _flag("NUMBARNN_CPU_TUNE", True), True),
+    "real_gpu": ("NUMBARNN_REAL_GPU", _choice("NUMBARNN_REAL_GPU", ("0", "1")), None),
+}
+SIM_VAR = "NUMBA_ENABLE_CUDASIM"
+
+_local = threading.local()
+
+
+def _overrides() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def get(name: str):
+    """The value of setting `name`: the innermost override of this thread, else the environment's, else the
+    default (ValueError naming the variable for text it cannot parse)."""
+    for scope in reversed(_overrides()):
+        if name in scope:
+            return scope[name]
+    var, parse, default = SETTINGS[name]
+    raw = os.environ.get(var)
+    return default if raw is None else parse(raw)
+
+
+@contextlib.contextmanager
+def override(**values):
+    """The settings given, in this thread, inside the block (None: the setting's default, whatever the
+    environment says).  Unknown names are an error."""
+    unknown = sorted(set(values) - set(SETTINGS))
+    if unknown:
+        raise TypeError(f"override: unknown setting(s) {unknown}; the settings are {sorted(SETTINGS)}"
+                        + (" (NUMBA_ENABLE_CUDASIM is numba's, read at its import)" if "simulator" in unknown else ""))
+    values = {k: SETTINGS[k][2] if v is None else v for k, v in values.items()}
+    stack = _overrides()
+    stack.append(values)
+    try:
+        yield
+    finally:
+        stack.pop()                              # blocks nest: this one is the innermost
+
+
+def simulator() -> bool:
+    """Whether this process asked numba for its CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
+    return os.environ.get(SIM_VAR) == "1"
