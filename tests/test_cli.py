@@ -169,7 +169,8 @@ def test_explain_prints_the_drivers_launch_plan(capsys):
                      "--direction", "bidirectional", "--batch", "2", "--time", "3"]) == 0
     out = capsys.readouterr().out                   # the plan of a real GPU: step kernels v2
     assert "gru_forward_step_v2" in out and "gru_backward_step_v2" in out and "gemm v4 (dW = dgx^T x)" in out
-    assert "forward: 15 launches in all; 1 per step per layer" in out
+    assert "forward: 16 launches in all; 1 per step per layer" in out   # the nonce's launch included
+    assert "put4 (the reserve's nonce)" in out
     assert "backward: 39 launches in all; 1 per step per layer" in out
     assert "column_partials (dbW, dbR)" in out and "column_totals (dbW, dbR)" in out
 

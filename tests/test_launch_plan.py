@@ -8,8 +8,14 @@ import pytest
 
 import numbarnn.contrib.peephole_lstm  # noqa: F401  (registers peephole_lstm: a cell with vectors)
 from numbarnn.config import RNNCall, rnn_config
-from numbarnn.kernels import driver
+from numbarnn.kernels import common, driver
 from numbarnn.testing import make_rnn_case, run_backward, run_forward
+
+# The plans compared here are the simulator's (launch_plan(gpu=False): step version 1, the simulator's launch
+# sizes and split-K choices); on a GPU the driver runs v3 with the GPU's. Seen on an H100: every comparison
+# differs there by design, none is a wrong launch (the GPU's own plan is `numbarnn explain`'s, gpu=True).
+pytestmark = pytest.mark.skipif(not common.SIMULATOR, reason="compares the simulator's launch plan (gpu=False) "
+                                "with the launches the simulator makes; a GPU runs v3 with its own sizes")
 
 CASES = [  # mode, direction, num_proj, input_mode, L, dropout, lengths (T=3, B=4)
     ("lstm", "bidirectional", 2, "linear_input", 2, 0.3, [3, 1, 0, 2]),
