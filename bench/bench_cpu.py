@@ -57,6 +57,7 @@ SHAPES = (
     Shape("LSTM 2-layer bidirectional T=50 B=16 I=H=256", "lstm", 50, 16, 256, 256, 2, "bidirectional"),
 )
 QUICK = (Shape("LSTM T=8 B=4 I=H=16", "lstm", 8, 4, 16, 16), Shape("GRU T=6 B=3 I=H=8", "gru", 6, 3, 8, 8))
+FMA_PORTS = 2          # FMA units per core: Zen 3, Zen 4 and Intel's server cores (AVX2/AVX-512) have two
 
 
 def make_case(shape: Shape, dtype=np.float32):
@@ -209,6 +210,61 @@ def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3, sett
     return rows
 
 
+def clock_ghz() -> float | None:
+    """The cores' clock, GHz: the kernel's maximum frequency where it publishes one (cpufreq), else the current
+    one in /proc/cpuinfo (a VM's nominal clock), else None."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            return int(f.read()) / 1e6
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.lower().startswith("cpu mhz")]
+        return max(mhz) / 1e3 if mhz else None
+    except (OSError, ValueError):
+        return None
+
+
+def fma_peak_gflops(threads: int, fma_ports: int = FMA_PORTS) -> tuple[float, str] | None:
+    """float32 FMA peak of `threads` cores: cores x FMA ports x lanes x 2 (multiply and add) x clock, and the
+    formula with its numbers; None where the clock is unknown."""
+    from numbarnn.cpu import fused
+    ghz = clock_ghz()
+    if ghz is None:
+        return None
+    lanes = fused.lanes_for(np.float32)
+    peak = threads * fma_ports * lanes * 2 * ghz
+    return peak, f"{threads} cores x {fma_ports} FMA ports x {lanes} lanes x 2 x {ghz:.2f} GHz = {peak:.0f} GFLOP/s"
+
+
+def lstm_forward_flops(shape: Shape) -> float:
+    """Multiply-adds x 2 of an LSTM forward: per step, row, layer and direction 4H x (I_l + H) (W x and R h)."""
+    flops = 0.0
+    for layer in range(shape.L):
+        I_l = shape.I if layer == 0 else shape.H * (2 if shape.direction == "bidirectional" else 1)
+        flops += (2 if shape.direction == "bidirectional" else 1) * 2.0 * 4 * shape.H * (I_l + shape.H)
+    return flops * shape.T * shape.B
+
+
+def peak_lines(rows, shapes, threads: int) -> list[str]:
+    """For each LSTM shape: each backend's best forward in GFLOP/s and as a share of the FMA peak."""
+    peak = fma_peak_gflops(threads)
+    if peak is None:
+        return ["FMA peak: the clock is unknown here (no cpufreq, no /proc/cpuinfo): not reported"]
+    lines = [f"LSTM forward against the float32 FMA peak ({peak[1]}; {FMA_PORTS} FMA ports assumed: Zen 3/4 and "
+             f"Intel's server cores have 2):"]
+    for shape in shapes:
+        if shape.mode != "lstm":
+            continue
+        for r in rows:
+            if r["shape"] == shape.label and r["backend"] != "reference":
+                gflops = lstm_forward_flops(shape) / (r["fwd_best_ms"] / 1e3) / 1e9
+                lines.append(f"  {shape.label}, {r['backend']}: {gflops:.0f} GFLOP/s, {100 * gflops / peak[0]:.0f}% "
+                             f"of the peak")
+    return lines
+
+
 def markdown(rows) -> str:
     lines = [("| shape | backend | cold first fwd+bwd (s) | fwd (ms) | fwd / torch | fwd+bwd (ms) | fwd+bwd / torch "
               "| best fwd (ms) | best fwd / torch | best fwd+bwd (ms) | best fwd+bwd / torch "
@@ -238,11 +294,13 @@ def main(argv=None) -> int:
         torch.set_num_threads(numba.get_num_threads())      # the same thread count for everyone
     except ImportError:
         pass
-    rows = cpu_rows(QUICK if args.quick else SHAPES, tuple(args.backends.split(",")), args.reps, args.settle)
+    shapes = QUICK if args.quick else SHAPES
+    rows = cpu_rows(shapes, tuple(args.backends.split(",")), args.reps, args.settle)
     table = markdown(rows)
     print(f"threads: {numba.get_num_threads()} (numba), float32, median and best of {args.reps} interleaved rounds, "
           f"{args.settle} s pause before each backend's turn")
     print(table)
+    print("\n".join(peak_lines(rows, shapes, numba.get_num_threads())))
     if args.md:
         with open(args.md, "w") as fh:
             fh.write(table + "\n")

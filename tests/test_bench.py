@@ -464,7 +464,7 @@ def test_bench_rnn_script_is_a_thin_wrapper(capsys):
     assert "fwd+bwd ms" in capsys.readouterr().out
 
 
-def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkeypatch):
+def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkeypatch, capsys):
     """bench/bench_cpu.py --quick (the issue-9 table's script): every row validated against the float64
     reference, timed, written as markdown; each backend's turn in a round starts after the --settle pause."""
     root = Path(__file__).resolve().parents[1]
@@ -477,6 +477,8 @@ def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkey
     md = tmp_path / "cpu.md"
     assert bench_cpu.main(["--quick", "--reps", "2", "--backends", "reference,cpu", "--settle", "0.125",
                            "--md", str(md)]) == 0
+    out = capsys.readouterr().out                                    # the LSTM forward against the FMA peak
+    assert "LSTM forward against the float32 FMA peak" in out or "the clock is unknown" in out
     assert pauses == [0.125] * (2 * 2 * len(bench_cpu.QUICK))       # reps x backends x shapes
     rows = [line for line in md.read_text().splitlines()[2:] if line.startswith("|")]
     assert len(rows) == 2 * len(bench_cpu.QUICK)
