@@ -84,10 +84,15 @@ def _time_major(be, call: RNNCall, *arrays):
 _back_to_layout = _time_major   # the same swap of the first two axes, applied on the way out
 
 
+def _nonce_writer(be):
+    """The backend's own way to write a reserve's nonce (cuda: a launch, without waiting for the device), else
+    `numbarnn.reserve.write_nonce`."""
+    return getattr(be, "write_nonce", _write_nonce)
+
+
 def write_nonce(reserve, nonce, backend=None) -> None:
-    """Write a training reserve's nonce (`numbarnn.reserve`) the way its backend writes it (on a GPU: by a
-    launch, without waiting for the device)."""
-    getattr(get_backend(backend or None), "write_nonce", _write_nonce)(reserve, nonce)
+    """Write a training reserve's nonce (`numbarnn.reserve`) the way its backend writes it."""
+    _nonce_writer(get_backend(backend or None))(reserve, nonce)
 
 
 def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mode="lstm",
@@ -110,7 +115,7 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mod
         (cT,) = _back_to_layout(be, call, cT)
     if call.is_training:
         nonce = new_nonce()      # pairs this reserve with this host_reserved (numbarnn.reserve)
-        getattr(be, "write_nonce", _write_nonce)(reserve, nonce)
+        _nonce_writer(be)(reserve, nonce)
         host_reserved = encode_host_reserved(call, reserve_size(call), nonce)
 
     else:

@@ -65,7 +65,7 @@ def reserve_entries(call: RNNCall) -> tuple[ReserveEntry, ...]:
 @functools.lru_cache(maxsize=256)
 def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
     cfg, T, B = call.config, call.T, call.B
-    H, P, D, S, saved = cfg.H, cfg.P, cfg.D, cfg.cell.S, cfg.cell.saved
+    H, P, D, S, saved = cfg.H, cfg.P, cfg.D, cell.S, cell.saved
     out, offset = [], 0
 
     def add(name, shape, meaning):

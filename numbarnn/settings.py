@@ -28,39 +28,36 @@ import threading
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-
-def _flag(var: str, default: bool):
-    def parse(raw: str) -> bool:
-        raw = raw.strip().lower()
-        if not raw:
-            return default
-        if raw in _TRUE or raw in _FALSE:
-            return raw in _TRUE
-        raise ValueError(f"{var}: expected 0 or 1, got {raw!r}")
-    return parse
-
-
-def _choice(var: str, allowed: tuple, cast=str):
-    def parse(raw: str):
-        raw = raw.strip()
-        if not raw:
-            return None
-        if raw not in {str(a) for a in allowed}:
-            raise ValueError(f"{var}: expected one of {allowed}, got {raw!r}")
-        return cast(raw)
-    return parse
-
-
-#: name -> (environment variable, parser of its text, default when unset)
+#: name -> (environment variable, its values: bool for a flag, a tuple of the allowed ones, or None for any text
+#: (the backend's name, checked by backends.py), the default when unset or empty)
 SETTINGS = {
-    "backend": ("NUMBARNN_BACKEND", lambda raw: raw.strip() or None, None),   # checked by backends.py
-    "step_version": ("NUMBARNN_STEP_VERSION", _choice("NUMBARNN_STEP_VERSION", (1, 2, 3), int), None),
-    "fast_launch": ("NUMBARNN_FAST_LAUNCH", _flag("NUMBARNN_FAST_LAUNCH", True), True),
-    "v2_narrow": ("NUMBARNN_V2_NARROW", _flag("NUMBARNN_V2_NARROW", True), True),
-    "v3_wide": ("NUMBARNN_V3_WIDE", _flag("NUMBARNN_V3_WIDE", True), True),
-    "cpu_tune": ("NUMBARNN_CPU_TUNE", _flag("NUMBARNN_CPU_TUNE", True), True),
-    "real_gpu": ("NUMBARNN_REAL_GPU", _choice("NUMBARNN_REAL_GPU", ("0", "1")), None),
+    "backend": ("NUMBARNN_BACKEND", None, None),
+    "step_version": ("NUMBARNN_STEP_VERSION", (1, 2, 3), None),
+    "fast_launch": ("NUMBARNN_FAST_LAUNCH", bool, True),
+    "v2_narrow": ("NUMBARNN_V2_NARROW", bool, True),
+    "v3_wide": ("NUMBARNN_V3_WIDE", bool, True),
+    "cpu_tune": ("NUMBARNN_CPU_TUNE", bool, True),
+    "real_gpu": ("NUMBARNN_REAL_GPU", ("0", "1"), None),
 }
+
+
+def _parse(var: str, values, default, raw: str):
+    """The value of a variable's text (see SETTINGS); ValueError naming the variable for text it cannot be."""
+    raw = raw.strip()
+    if not raw:
+        return default
+    if values is None:
+        return raw
+    if values is bool:
+        if raw.lower() in _TRUE or raw.lower() in _FALSE:
+            return raw.lower() in _TRUE
+        raise ValueError(f"{var}: expected 0 or 1, got {raw!r}")
+    for value in values:
+        if raw == str(value):
+            return value
+    raise ValueError(f"{var}: expected one of {values}, got {raw!r}")
+
+
 SIM_VAR = "NUMBA_ENABLE_CUDASIM"
 
 _local = threading.local()
@@ -79,9 +76,9 @@ def get(name: str):
     for scope in reversed(_overrides()):
         if name in scope:
             return scope[name]
-    var, parse, default = SETTINGS[name]
+    var, values, default = SETTINGS[name]
     raw = os.environ.get(var)
-    return default if raw is None else parse(raw)
+    return default if raw is None else _parse(var, values, default, raw)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import numpy as np
 from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
-from ..reserve import reserve_entries
+from ..reserve import reserve_entries, reserve_views
 from . import cells, fused
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
@@ -79,7 +79,7 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
         flat = np.zeros(size, dtype=ct)
     else:
         flat = scratch("reserve", (size,), ct)
-    views = {e.name: flat[e.offset:e.offset + e.size].reshape(e.shape) for e in entries}
+    views = reserve_views(call, flat)
     if not call.is_training:                                 # only the outputs are read: y is 0 where no
         for name, view in views.items():                     # step runs; the saved values are not kept
             if name.startswith("y"):
@@ -219,7 +219,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     layers = unpack(cfg, params)
     dparams = np.zeros(params.shape[0], dtype=ct)
     dlayers = unpack(cfg, dparams)
-    saved = {e.name: reserve[e.offset:e.offset + e.size].reshape(e.shape) for e in reserve_entries(call)}
+    saved = reserve_views(call, reserve)
     dh0 = np.array(dhT, dtype=ct)                            # [L*D, B, P] state, becomes input_h_backprop
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     steps = int(lens.max()) if B else 0

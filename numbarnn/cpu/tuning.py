@@ -29,7 +29,6 @@ import numpy as np
 
 from .. import settings
 
-ENV = settings.SETTINGS["cpu_tune"][0]
 FILENAME = "numbarnn_tile_shapes.json"
 _measured: dict = {}          # this process's choices: key -> (V, NR)
 
@@ -75,19 +74,14 @@ def key(G: int, regs: int, simd: int) -> str:
 
 
 def candidates(G: int, regs: int) -> list:
-    """The (V, NR) shapes worth timing for G: every one that fits the registers (`fused.fits`), NR a power of
-    two up to the static rule's limit, the static rule's order (its choice first)."""
+    """The (V, NR) shapes worth timing for G: every one that fits the registers (`fused.fits`) with at least 4
+    accumulators (fewer, one row or one vector at a time, is never faster), NR a power of two up to the static
+    rule's limit, in the static rule's order (its choice first)."""
     from . import fused
     nr_max = 4 if regs == 32 else 8
     shapes = [(V, NR) for V in range(1, G + 1) if G % V == 0
-              for NR in (1, 2, 4, 8) if NR <= nr_max and fits_and_useful(fused, V, NR, regs)]
+              for NR in (1, 2, 4, 8) if NR <= nr_max and V * NR >= 4 and fused.fits(V, NR, regs)]
     return sorted(shapes, key=lambda s: (-(s[0] * s[1]), s[0] + s[1]))
-
-
-def fits_and_useful(fused, V: int, NR: int, regs: int) -> bool:
-    """Fits the registers, and not a shape the static rule's choice dominates outright (fewer than half its
-    accumulators: one row or one vector at a time is never faster)."""
-    return fused.fits(V, NR, regs) and V * NR >= 4
 
 
 def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:

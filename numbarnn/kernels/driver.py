@@ -131,12 +131,8 @@ def write_nonce(reserve, nonce) -> None:
     """A training reserve's nonce (`numbarnn.reserve`), written by a launch of one thread (a copy from host
     memory would first wait for the forward's kernels), counted with the last forward's launches."""
     tail = reserve[reserve.shape[0] - NONCE_SIZE:]
-    log = _last.get("forward")
-    kernel = jit(make_put4, str(np.dtype(tail.dtype)))
-    if log is None:
-        launch(kernel, 1, 1, tail, *(float(v) for v in nonce))
-    else:
-        log(kernel, NONCE_KERNEL, (1,), 1, tail, *(float(v) for v in nonce))
+    log = _last.get("forward") or LaunchLog()        # no forward in this thread yet: launched, not counted
+    log(jit(make_put4, str(np.dtype(tail.dtype))), NONCE_KERNEL, (1,), 1, tail, *map(float, nonce))
 
 
 def record(phase: str, log: LaunchLog) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reserve import reserve_entries
+from ..reserve import reserve_entries, reserve_views
 from ..verify import host as to_host
 from . import block_lstm as _block_lstm
 from . import network
@@ -48,7 +48,7 @@ def rnn_forward(call, x, h0, c0, params):
 def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     dt = call.dtype
     reserve = _f64(reserve)
-    saved = {e.name: reserve[e.offset:e.offset + e.size].reshape(e.shape) for e in reserve_entries(call)}
+    saved = reserve_views(call, reserve)
     dx, dh0, dc0, dparams = network.backward(call, _f64(x), _f64(h0), _f64(c0), _f64(params), _f64(dy),
                                               _f64(dhT), _f64(dcT), saved)
     return dx.astype(dt), dh0.astype(dt), (dc0.astype(dt) if dc0 is not None else None), dparams.astype(dt)
