@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -23,17 +21,6 @@ import bench_cpu  # noqa: E402  (this checkout's numbarnn, on sys.path through b
 
 from numbarnn.config import rnn_config  # noqa: E402
 from numbarnn.testing import make_rnn_case  # noqa: E402
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
 
 
 def main(argv=None) -> int:
@@ -58,7 +45,7 @@ def main(argv=None) -> int:
     for backend in backends:
         fwd, fwdbwd = bench_cpu.runner(replace(case, is_training=True), backend)
         bench_cpu.validate(fwdbwd(), ref)
-        print(f"| {backend} | {per_call_us(fwd, args.calls):.0f} | {per_call_us(fwdbwd, args.calls):.0f} |")
+        print(f"| {backend} | {bench_cpu.per_call_us(fwd, args.calls):.0f} | {bench_cpu.per_call_us(fwdbwd, args.calls):.0f} |")
     return 0
 
 

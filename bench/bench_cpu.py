@@ -3,6 +3,7 @@
     python bench/bench_cpu.py                 # the issue's shapes, markdown table on stdout
     python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
+    python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
 
 For every shape: each implementation is validated first (its float32 outputs and gradients against the float64
 reference within SPEC 10: 1e-5 outputs, 1e-4 gradients), then timed: the first call (cold: includes numba's
@@ -57,6 +58,9 @@ SHAPES = (
     Shape("LSTM 2-layer bidirectional T=50 B=16 I=H=256", "lstm", 50, 16, 256, 256, 2, "bidirectional"),
 )
 QUICK = (Shape("LSTM T=8 B=4 I=H=16", "lstm", 8, 4, 16, 16), Shape("GRU T=6 B=3 I=H=8", "gru", 6, 3, 8, 8))
+#: per-call cost (`--tiny`, one thread): a step of a sampling loop, of a cell-sized network, of a short batch
+TINY = (Shape("LSTM T=1 B=1 I=8 H=16", "lstm", 1, 1, 16, 8), Shape("GRU T=1 B=1 I=8 H=16", "gru", 1, 1, 16, 8),
+        Shape("LSTM T=10 B=4 I=32 H=64", "lstm", 10, 4, 64, 32))
 FMA_PORTS = 2          # FMA units per core: Zen 3, Zen 4 and Intel's server cores (AVX2/AVX-512) have two
 
 
@@ -210,6 +214,53 @@ def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3, sett
     return rows
 
 
+def per_call_us(fn, calls: int, warm: int = 20) -> float:
+    """Median microseconds of `calls` calls of fn, after `warm` calls."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(calls):
+        times.append(_seconds(fn))
+    return 1e6 * float(np.median(times))
+
+
+def tiny_rows(shapes=TINY, backends=("cpu", "torch", "numbarnn.torch"), reps=3, calls=300) -> list[dict]:
+    """Per-call cost at tiny sizes: each backend validated, then `reps` interleaved rounds of `calls` forward
+    (inference) and `calls` forward+backward calls per backend; per round the median call, then the median of
+    the rounds (keys: shape, backend, fwd_us, fwdbwd_us, fwd_ratio, fwdbwd_ratio vs torch.nn)."""
+    rows = []
+    for shape in shapes:
+        case = make_case(shape)
+        ref = numbarnn_runner(case.astype(np.float64), "reference")[1]()
+        runs = {}
+        for backend in backends:
+            fwd, fwdbwd = runner(case, backend)
+            validate(fwdbwd(), ref)
+            runs[backend] = (fwd, fwdbwd, [], [])
+        for _ in range(reps):
+            for fwd, fwdbwd, fwd_us, fwdbwd_us in runs.values():
+                fwd_us.append(per_call_us(fwd, calls))
+                fwdbwd_us.append(per_call_us(fwdbwd, calls))
+        base = runs.get("torch")
+        for backend, (_, _, fwd_us, fwdbwd_us) in runs.items():
+            row = {"shape": shape.label, "backend": backend, "fwd_us": float(np.median(fwd_us)),
+                   "fwdbwd_us": float(np.median(fwdbwd_us))}
+            if base is not None:
+                row["fwd_ratio"] = row["fwd_us"] / float(np.median(base[2]))
+                row["fwdbwd_ratio"] = row["fwdbwd_us"] / float(np.median(base[3]))
+            rows.append(row)
+    return rows
+
+
+def tiny_markdown(rows) -> str:
+    lines = ["| shape | backend | fwd (us) | fwd / torch | fwd+bwd (us) | fwd+bwd / torch |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        fr, br = (f"{r[k]:.2f}×" if k in r else "-" for k in ("fwd_ratio", "fwdbwd_ratio"))
+        lines.append(f"| {r['shape']} | {r['backend']} | {r['fwd_us']:.0f} | {fr} | {r['fwdbwd_us']:.0f} | {br} |")
+    return "\n".join(lines)
+
+
 def clock_ghz() -> float | None:
     """The cores' clock, GHz: the kernel's maximum frequency where it publishes one (cpufreq), else the current
     one in /proc/cpuinfo (a VM's nominal clock), else None."""
@@ -287,13 +338,25 @@ def main(argv=None) -> int:
     ap.add_argument("--md", help="also write the markdown table here")
     ap.add_argument("--settle", type=float, default=SETTLE_S,
                     help=f"seconds of pause before each backend's turn in a round (default {SETTLE_S})")
+    ap.add_argument("--tiny", action="store_true",
+                    help="per-call cost at tiny sizes instead (one thread; cpu, torch.nn and numbarnn.torch)")
+    ap.add_argument("--calls", type=int, default=300, help="--tiny: calls per backend and round")
     args = ap.parse_args(argv)
     import numba
+    if args.tiny:
+        numba.set_num_threads(1)
     try:
         import torch
         torch.set_num_threads(numba.get_num_threads())      # the same thread count for everyone
     except ImportError:
         pass
+    if args.tiny:
+        backends = tuple(b for b in ("cpu", "torch", "numbarnn.torch") if b == "cpu" or "torch" in sys.modules)
+        rows = tiny_rows(TINY[:1] if args.quick else TINY, backends, args.reps, args.calls)
+        print(f"one thread, float32, per call: median of {args.calls} calls, median of {args.reps} interleaved "
+              "rounds (fwd: inference; fwd+bwd: training forward and backward)")
+        print(tiny_markdown(rows))
+        return 0
     shapes = QUICK if args.quick else SHAPES
     rows = cpu_rows(shapes, tuple(args.backends.split(",")), args.reps, args.settle)
     table = markdown(rows)

@@ -169,14 +169,23 @@ class RNNCall:
         return np.asarray(self.lengths, dtype=np.int32).reshape(self.B)
 
     def fingerprint(self) -> dict:
-        """What host_reserved records about the forward call (SPEC 7)."""
+        """What host_reserved records about the forward call (SPEC 7): a fresh dict."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in _fingerprint(self)}
+
+    def _fingerprint_dict(self) -> dict:
         c = self.config
         return {"rnn_mode": c.rnn_mode, "input_mode": c.input_mode, "direction": c.direction,
                 "num_layers": c.L, "num_units": c.H, "input_size": c.I, "num_proj": c.num_proj,
                 "dropout": c.dropout if self.dropout_active else 0.0,
                 "seed": c.seed if self.dropout_active else 0, "seed2": c.seed2 if self.dropout_active else 0,
                 "T": self.T, "B": self.B, "dtype": str(self.dtype), "time_major": self.time_major,
-                "lengths": list(self.lengths)}
+                "lengths": self.lengths}
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(call: RNNCall) -> tuple:
+    """RNNCall.fingerprint as (key, value) pairs, once per call signature (lengths kept as a tuple)."""
+    return tuple(call._fingerprint_dict().items())
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -141,11 +141,14 @@ def _device_scope(device: torch.device):
     if device.type != "cuda":
         import numba
         threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        wanted = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+        if wanted != numba_threads:         # (setting costs ~10 us: skipped when it would change nothing)
+            numba.set_num_threads(wanted)
         try:
             yield
         finally:
-            numba.set_num_threads(numba_threads)
+            if wanted != numba_threads:
+                numba.set_num_threads(numba_threads)
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
         return
@@ -297,8 +300,7 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 _NONCE = [1024] * NONCE_SIZE      # the reserve's tag (numbarnn.reserve) in every call of the operator
 
 
-@torch.library.custom_op("numbarnn::rnn", mutates_args=())
-def rnn_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weights: List[torch.Tensor],
+def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weights: List[torch.Tensor],
            lengths: Optional[List[int]], seeds: torch.Tensor, cell: str, num_layers: int, hidden_size: int,
            input_size: int, bidirectional: bool, proj_size: int, bias: bool, dropout: float, is_training: bool,
            backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -324,6 +326,9 @@ def rnn_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weight
             _tensor(reserve, x.device) if is_training else x_.new_empty((0,)))
 
 
+rnn_op = torch.library.custom_op("numbarnn::rnn", _rnn_impl, mutates_args=())
+
+
 @rnn_op.register_fake
 def _rnn_fake(x, h0, c0, weights, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
               proj_size, bias, dropout, is_training, backend):
@@ -338,8 +343,7 @@ def _rnn_fake(x, h0, c0, weights, lengths, seeds, cell, num_layers, hidden_size,
             x.new_empty((n,), dtype=dtype))
 
 
-@torch.library.custom_op("numbarnn::rnn_backward", mutates_args=())
-def rnn_backward_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], params: torch.Tensor,
+def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], params: torch.Tensor,
                     lengths: Optional[List[int]], seeds: torch.Tensor, y: torch.Tensor, hT: torch.Tensor,
                     cT: torch.Tensor, reserve: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor,
                     dcT: torch.Tensor, cell: str, num_layers: int, hidden_size: int, input_size: int,
@@ -367,6 +371,9 @@ def rnn_backward_op(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor
     out = x.dtype
     return (_tensor(dx, x.device).to(out), _tensor(dh0, x.device).to(out),
             _tensor(dc0, x.device).to(out) if lstm else x.new_empty((0,)), _tensor(dparams, x.device).to(out))
+
+
+rnn_backward_op = torch.library.custom_op("numbarnn::rnn_backward", _rnn_backward_impl, mutates_args=())
 
 
 @rnn_backward_op.register_fake
@@ -403,7 +410,8 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
     if not is_training:
         raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
     params = _opaque_params(layout.spans, weights, x, layout.size)                        # [N]
-    dx, dh0, dc0, dparams = rnn_backward_op(
+    backward = _rnn_backward_impl if _eager((x, h0, params, y, dy, dhT, dcT)) else rnn_backward_op
+    dx, dh0, dc0, dparams = backward(
         x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
         cell, L, H, I, bidirectional, P, bias, dropout, backend)
     return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
@@ -468,7 +476,15 @@ class _RNNFunction(torch.autograd.Function):
         primals = (x, h0, c0, *weights)
         tangents = tuple(torch.zeros_like(p) if t is None else t
                          for p, t in zip(primals, (dx, dh0, dc0, *dweights)) if p is not None)
-        _, (dy, dhT, dcT) = torch.func.jvp(fn, tuple(p for p in primals if p is not None), tangents)
+        primals = tuple(p for p in primals if p is not None)
+        if torch._C._are_functorch_transforms_active():          # torch.func.jvp, jacfwd
+            _, (dy, dhT, dcT) = torch.func.jvp(fn, primals, tangents)
+            return dy, dhT, dcT, None
+        # torch.autograd.forward_ad (dual tensors): its one level is open and torch.func.jvp would nest; the
+        # double-vjp trick of torch.autograd.functional.jvp gives the same product by reverse mode
+        with torch.enable_grad():
+            _, (dy, dhT, dcT) = torch.autograd.functional.jvp(
+                fn, tuple(p.detach() for p in primals), tangents, strict=False)
         return dy, dhT, dcT, None
 
     @staticmethod
@@ -498,11 +514,48 @@ class _RNNFunction(torch.autograd.Function):
                                             *[_select(w, d, i) for w, d in zip(weights, w_d)]) for i in range(n)])
 
 
+class _EagerRNNFunction(torch.autograd.Function):
+    """The eager path of `_call`: the operator's implementation called directly, its gradients as the operator's.
+    The old-style forward(ctx, ...) on purpose: with a setup_context, every apply binds the arguments through
+    inspect.signature (~40 us)."""
+
+    @staticmethod
+    def forward(ctx, x, h0, c0, seeds, lengths, net, *weights):
+        output = _rnn_impl(x, h0, c0, list(weights), lengths, seeds, *net)
+        _save(ctx, x, h0, c0, weights, lengths, seeds, net, output)
+        return output
+
+    backward = _RNNFunction.backward
+
+
+def _eager(tensors) -> bool:
+    """Whether a call can skip torch's dispatcher: plain CPU or CUDA tensors, run eagerly (not compiled, traced
+    or exported; no torch.func transform, forward-mode AD, dispatch mode, torch-function mode, tensor subclass
+    or fake tensor).
+
+    The dispatcher's round trip through the custom operator and its generated autograd costs ~100 us a call,
+    as much as a whole T=1 forward of a small network; everything that needs the operator still gets it."""
+    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._are_functorch_transforms_active() and torch._C._len_torch_dispatch_stack() == 0
+            and torch.autograd.forward_ad._current_level < 0          # dual tensors: no forward-mode AD
+            and not torch.overrides.has_torch_function(tensors)
+            and all(t.device.type in ("cpu", "cuda") and not torch._C._dispatch_isTensorSubclassLike(t)
+                    for t in tensors))         # (subclass-like: also the batched tensors of gradcheck's vmap)
+
+
 def _call(x, h0, c0, weights, lengths, seeds, net):
-    """The operator with its registered autograd (what torch.compile and torch.export keep as one node), or under
-    torch.func's transforms the same operator through `_RNNFunction` (dynamo cannot trace a custom jvp)."""
-    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+    """The operator with its registered autograd (what torch.compile and torch.export keep as one node); under
+    torch.func's transforms or forward-mode AD the same operator through `_RNNFunction` (its jvp: dynamo cannot
+    trace a custom jvp, and the generated autograd has none); in
+    plain eager code (`_eager`) its implementation, through `_EagerRNNFunction` when a gradient may be needed."""
+    if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()
+                                              or torch.autograd.forward_ad._current_level >= 0):
         return _RNNFunction.apply(x, h0, c0, seeds, lengths, net, *weights)
+    tensors = (x, h0, *weights) if c0 is None else (x, h0, c0, *weights)
+    if _eager(tensors):
+        if _needs_reserve(x, h0, c0, weights):
+            return _EagerRNNFunction.apply(x, h0, c0, seeds, lengths, net, *weights)
+        return _rnn_impl(x, h0, c0, weights, lengths, seeds, *net)
     return rnn_op(x, h0, c0, weights, lengths, seeds, *net)
 
 

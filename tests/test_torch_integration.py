@@ -175,6 +175,51 @@ def test_torch_func_transforms_match_torch_nn(kind):
                                torch.func.hessian(lambda v: ref(v)[0].pow(2).sum())(x))
 
 
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("kind", ["lstm_proj", "gru"])
+def test_forward_mode_ad_with_dual_tensors_matches_torch_nn(kind, grad):
+    """torch.autograd.forward_ad (dual tensors, not torch.func): tangents of the outputs as torch.nn's, with
+    gradients on and off (under no_grad a tangent was silently dropped)."""
+    from torch.autograd import forward_ad as fw
+
+    ours, ref = pair(kind, num_layers=2, bidirectional=True)
+    x, t = torch.randn(3, 2, 3, dtype=F64), torch.randn(3, 2, 3, dtype=F64)
+    tangents = []
+    for m in (ours, ref):
+        with torch.set_grad_enabled(grad), fw.dual_level():
+            y, state = m(fw.make_dual(x, t))
+            outs = (y, *state) if isinstance(state, tuple) else (y, state)
+            tangents.append([fw.unpack_dual(o).tangent for o in outs])
+    assert all(v is not None and v.abs().max() > 0 for v in tangents[0])
+    for a, b in zip(*tangents):
+        torch.testing.assert_close(a, b)
+
+
+def test_eager_calls_skip_the_dispatcher_and_tracing_keeps_the_operator(monkeypatch):
+    """Plain eager calls run the operator's implementation directly (its dispatcher round trip costs as much as
+    a small forward), with and without gradients; anything that traces (make_fx: a dispatch mode) still meets
+    the registered operator, which the graph keeps as one node."""
+    import numbarnn.torch as nt
+
+    ours, ref = pair("lstm", num_layers=2)
+    x = torch.randn(3, 2, 3, dtype=F64)
+    called = []
+    monkeypatch.setattr(torch.library.CustomOpDef, "__call__",
+                        lambda self, *a, **k: called.append(self._name) or pytest.fail("dispatcher used"))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[0], ref(x)[0])
+    xg, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours(xg)[0].sum().backward()
+    ref(xr)[0].sum().backward()
+    torch.testing.assert_close(xg.grad, xr.grad)
+    monkeypatch.undo()
+    from torch.fx.experimental.proxy_tensor import make_fx
+    graph = make_fx(lambda v: ours(v)[0])(x)
+    assert any("numbarnn.rnn" in str(n.target) for n in graph.graph.nodes)
+    torch.testing.assert_close(graph(x), ref(x)[0])
+    assert nt._eager((x,)) and not nt._eager((x.to("meta"),))
+
+
 def test_gradcheck_with_batched_gradients():
     ours, _ = pair("lstm", num_layers=2)
     x = torch.randn(3, 2, 3, dtype=F64, requires_grad=True)

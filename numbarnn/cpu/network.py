@@ -6,6 +6,8 @@ NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..config import RNNCall
@@ -87,6 +89,22 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
     return flat, views
 
 
+_name = functools.cache(str)     # a dtype's name, the loops' cache key (numpy's str(dtype) costs ~5 us)
+
+
+@functools.lru_cache(maxsize=256)
+def _rows(call: RNNCall) -> tuple:
+    """What a call's lengths decide, worked out once per call signature (shared: never written):
+    (lens [B] int32, steps: the longest length, order [B] int64: rows longest first, n_active [steps] int64:
+    rows active at each step, padded: some [t, b] never runs)."""
+    lens = call.lengths_array().astype(np.int32)
+    B = call.B
+    steps = int(lens.max()) if B else 0
+    order = fused.rows_by_length(lens)
+    n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)
+    return lens, steps, order, n_active, B > 0 and int(lens.min()) < call.T
+
+
 #: run the fused loops (`fused.py`); False: the BLAS loops (`blas_forward`, the backward's per-step loop)
 #: everywhere (tests and bench/bench_cpu_fused.py compare the two)
 FUSED = True
@@ -126,7 +144,7 @@ def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order,
     cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
     macs = G * H * (x_l.shape[2] + P) + (H * P if cfg.has_proj else 0)       # per row and step
     groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * macs)
-    loop = fused.forward_loop(cfg.cell, str(ct), groups > 1, cfg.has_proj)
+    loop = fused.forward_loop(cfg.cell, _name(ct), groups > 1, cfg.has_proj)
     loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
          groups, Wq, mbuf, ms, lp.W is None, call.is_training)
     ran = lens > 0                                             # rows that ran: h is their last output
@@ -177,17 +195,13 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
     cfg, T, B = call.config, call.T, call.B
     P, D = cfg.P, cfg.D
-    lens = call.lengths_array().astype(np.int32)
+    lens, steps, order, n_active, _ = _rows(call)             # [B], no step past the longest, [B], [steps]
     layers = unpack(cfg, params)
     flat, saved = buffers(call, ct)
     hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
     cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
-    steps = int(lens.max()) if B else 0                       # no step past the longest sequence
     none3 = np.zeros((0, 0, 0), dtype=ct)
     use_fused = FUSED and steps > 0
-    if use_fused:
-        order = fused.rows_by_length(lens)                                # [B] longest first
-        n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)   # [steps]
 
     x_l = x
     for layer in range(cfg.L):
@@ -215,15 +229,13 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams [N])."""
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, V = cfg.H, cfg.P, cfg.D, cfg.G, cfg.V
-    lens = call.lengths_array().astype(np.int32)
+    lens, steps, by_length, _, padded = _rows(call)          # [B], the longest length, [B] longest first
     layers = unpack(cfg, params)
     dparams = np.zeros(params.shape[0], dtype=ct)
     dlayers = unpack(cfg, dparams)
     saved = reserve_views(call, reserve)
     dh0 = np.array(dhT, dtype=ct)                            # [L*D, B, P] state, becomes input_h_backprop
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
-    steps = int(lens.max()) if B else 0
-    padded = B > 0 and int(lens.min()) < T                    # some [t, b] never run: their dgx must be 0
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
     all_rows = np.arange(B, dtype=np.int64)
     use_fused = FUSED and steps > 0
@@ -231,7 +243,6 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         MV = fused.COLUMN_VECTORS
         NR = fused.rows_for(MV)
         macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
-        by_length = fused.rows_by_length(lens)
         group_rows = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
         serial_rows = fused.group_rows(by_length, 1, NR)
     blas_used = False                                        # OpenBLAS's threads spin after a product
@@ -292,7 +303,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 RTp = scratch("fused_RTp", fused.panel_shape(-(-P // (MV * LANES)), G * H, MV, ct), ct)   # R by columns
                 fused.pack_columns(lp.R, RTp)
                 rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
-                loop = fused.backward_loop(cfg.cell, str(ct), rows.shape[0] > 1, MV, cfg.has_proj)
+                loop = fused.backward_loop(cfg.cell, _name(ct), rows.shape[0] > 1, MV, cfg.has_proj)
                 if cfg.has_proj:                                     # W_proj's columns, by column tiles
                     Wc = scratch("fused_Wc", fused.panel_shape(-(-H // (MV * LANES)), P, MV, ct), ct)
                     fused.pack_columns(lp.W_proj, Wc)
