@@ -487,6 +487,32 @@ def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkey
         assert float(cells[3]) > 0 and float(cells[5]) > 0 and float(cells[-1]) <= 1e-4
 
 
+def test_bench_cpu_tiny_rows_validate_and_compare_with_torch(monkeypatch, capsys):
+    """bench/bench_cpu.py --tiny: the per-call rows (cpu, and with torch torch.nn and numbarnn.torch), each
+    validated first; ratios against torch.nn where it ran; the thread count one for everyone."""
+    import numba
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_cpu", root / "bench" / "bench_cpu.py")
+    bench_cpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_cpu", bench_cpu)
+    spec.loader.exec_module(bench_cpu)
+    torch = sys.modules.get("torch")
+    threads, torch_threads = numba.get_num_threads(), torch.get_num_threads() if torch else None
+    try:
+        assert bench_cpu.main(["--tiny", "--quick", "--reps", "1", "--calls", "3"]) == 0
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(threads)
+        if torch:
+            torch.set_num_threads(torch_threads)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| LSTM T=1")]
+    backends = [line.split("|")[2].strip() for line in rows]
+    assert backends == (["cpu", "torch", "numbarnn.torch"] if "torch" in sys.modules else ["cpu"])
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[2]) > 0 and float(cells[4]) > 0
+
+
 def test_num_proj_times_an_lstm_with_a_projection(tmp_path, capsys, timed_backends):
     """--num-proj P: every backend validated and timed on an LSTM with a projection (the cuda rows in the
     simulator: v2 with its project launches per step, v3 in one persistent launch per phase), P in the CSV."""
