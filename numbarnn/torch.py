@@ -112,7 +112,10 @@ def _array(t):
     """A tensor as an op argument: CPU -> NumPy view (zero-copy when contiguous); CUDA -> numba device array."""
     if t is None:
         return None
-    t = t.detach().contiguous()
+    if t.requires_grad:                  # (each torch call costs a dispatch, ~1-2 us: only those needed)
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
     if t.is_cuda:
         from numba import cuda
         return cuda.as_cuda_array(t)   # keeps `t` alive as its owner
@@ -125,6 +128,11 @@ def _tensor(a, device: torch.device):
         t = torch.from_numpy(a)
         return t if device.type == "cpu" else t.to(device)
     return torch.as_tensor(a, device=device)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype (t itself when it already is: no dispatch)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 @contextlib.contextmanager
@@ -206,7 +214,7 @@ def _gather_order(spans: tuple, n: int) -> tuple:
 def _opaque_params(spans: tuple, weights, like: torch.Tensor, n: int) -> torch.Tensor:
     """The weights gathered into numbarnn's opaque buffer [n] in `like`'s dtype (missing biases stay 0), by one
     torch.cat in the buffer's order (a copy per weight into a zeroed buffer cost ~3x more at small sizes)."""
-    parts = [like.new_zeros(size) if k is None else weights[k].detach().reshape(-1).to(like.dtype)
+    parts = [like.new_zeros(size) if k is None else _as(weights[k].detach().reshape(-1), like.dtype)
              for k, size in _gather_order(spans, n)]
     return torch.cat(parts) if parts else like.new_zeros(n)                       # [N]
 
@@ -311,8 +319,8 @@ def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], wei
     cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
     lstm = cfg.has_cell_state
     dtype = _compute_dtype(x)
-    x_, h0_ = x.to(dtype), h0.to(dtype)
-    c0_ = c0.to(dtype) if lstm else None
+    x_, h0_ = _as(x, dtype), _as(h0, dtype)
+    c0_ = _as(c0, dtype) if lstm else None
     params = _opaque_params(layout.spans, weights, x_, layout.size)                             # [N]
     with _device_scope(x.device):
         y, hT, cT, reserve, _ = ops.cudnn_rnn_v3(
@@ -321,8 +329,8 @@ def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], wei
         if is_training:     # a fixed tag: the operator's outputs are a function of its inputs (torch.compile
             ops.write_nonce(reserve, _NONCE, backend)   # checks); the backward operator rebuilds host_reserved
     out = x.dtype
-    return (_tensor(y, x.device).to(out), _tensor(hT, x.device).to(out),
-            _tensor(cT, x.device).to(out) if lstm else x.new_empty((0,)),
+    return (_as(_tensor(y, x.device), out), _as(_tensor(hT, x.device), out),
+            _as(_tensor(cT, x.device), out) if lstm else x.new_empty((0,)),
             _tensor(reserve, x.device) if is_training else x_.new_empty((0,)))
 
 
@@ -357,9 +365,9 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
     cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
     lstm = cfg.has_cell_state
     dtype = _compute_dtype(x)
-    x_, h0_, y_, hT_, dy_, dhT_ = (t.to(dtype) for t in (x, h0, y, hT, dy, dhT))
-    c0_, cT_, dcT_ = (t.to(dtype) for t in (c0, cT, dcT)) if lstm else (None, None, None)
-    params = params.to(dtype)                                                      # [N]
+    x_, h0_, y_, hT_, dy_, dhT_ = (_as(t, dtype) for t in (x, h0, y, hT, dy, dhT))
+    c0_, cT_, dcT_ = (_as(t, dtype) for t in (c0, cT, dcT)) if lstm else (None, None, None)
+    params = _as(params, dtype)                                                    # [N]
     lens = _lengths_array(lengths)
     attrs = _op_attrs(cfg, backend)
     host = _host_reserved(cfg, x.shape[0], x.shape[1], str(dtype).replace("torch.", ""),
@@ -369,8 +377,8 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
             _array(x_), _array(h0_), _array(c0_), _array(params), lens, _array(y_), _array(hT_), _array(cT_),
             _array(dy_), _array(dhT_), _array(dcT_), _array(reserve), host, **attrs)
     out = x.dtype
-    return (_tensor(dx, x.device).to(out), _tensor(dh0, x.device).to(out),
-            _tensor(dc0, x.device).to(out) if lstm else x.new_empty((0,)), _tensor(dparams, x.device).to(out))
+    return (_as(_tensor(dx, x.device), out), _as(_tensor(dh0, x.device), out),
+            _as(_tensor(dc0, x.device), out) if lstm else x.new_empty((0,)), _as(_tensor(dparams, x.device), out))
 
 
 rnn_backward_op = torch.library.custom_op("numbarnn::rnn_backward", _rnn_backward_impl, mutates_args=())

@@ -7,6 +7,7 @@ NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
-from . import cells, fused
+from . import cells, fused, threads
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -75,18 +76,29 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
     """A buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views: a new zeroed array
     for training (it is returned), workspace scratch for inference (the step loops write the same arrays;
     only the output leaves the call, copied; only the y entries are zeroed)."""
-    entries = reserve_entries(call)
-    size = sum(e.size for e in entries)
     if call.is_training:
-        flat = np.zeros(size, dtype=ct)
-    else:
-        flat = scratch("reserve", (size,), ct)
-    views = reserve_views(call, flat)
-    if not call.is_training:                                 # only the outputs are read: y is 0 where no
-        for name, view in views.items():                     # step runs; the saved values are not kept
-            if name.startswith("y"):
-                view.fill(0)
-    return flat, views
+        flat = np.zeros(_layout_size(call), dtype=ct)
+        return flat, reserve_views(call, flat)
+    flat = scratch("reserve", (_layout_size(call),), ct)
+    views = _inference_views.get(call)
+    if views is None or views[0] is not flat:              # the scratch grew, or another thread's
+        if len(_inference_views) > 64:
+            _inference_views.clear()
+        views = _inference_views[call] = (flat, reserve_views(call, flat))
+    for name, view in views[1].items():                     # only the outputs are read: y is 0 where no
+        if name.startswith("y"):                            # step runs; the saved values are not kept
+            view.fill(0)
+    return views
+
+
+@functools.lru_cache(maxsize=256)
+def _layout_size(call: RNNCall) -> int:
+    """Elements of the reserve's layout (inference calls too: their reserve_size is 0)."""
+    return sum(e.size for e in reserve_entries(call))
+
+
+#: call -> (the inference scratch, its views): the same scratch comes back while it does not grow
+_inference_views: dict = {}
 
 
 _name = functools.cache(str)     # a dtype's name, the loops' cache key (numpy's str(dtype) costs ~5 us)
@@ -96,13 +108,16 @@ _name = functools.cache(str)     # a dtype's name, the loops' cache key (numpy's
 def _rows(call: RNNCall) -> tuple:
     """What a call's lengths decide, worked out once per call signature (shared: never written):
     (lens [B] int32, steps: the longest length, order [B] int64: rows longest first, n_active [steps] int64:
-    rows active at each step, padded: some [t, b] never runs)."""
+    rows active at each step, padded: some [t, b] never runs, ran [<=B]: the rows with a step, t_last: per
+    direction [B] the t of each row's last step)."""
     lens = call.lengths_array().astype(np.int32)
     B = call.B
     steps = int(lens.max()) if B else 0
     order = fused.rows_by_length(lens)
     n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)
-    return lens, steps, order, n_active, B > 0 and int(lens.min()) < call.T
+    ran = np.nonzero(lens > 0)[0]                             # rows with at least one step
+    t_last = (lens - 1, np.zeros_like(lens))                  # per direction: the t of a row's last step
+    return lens, steps, order, n_active, B > 0 and int(lens.min()) < call.T, ran, t_last
 
 
 #: run the fused loops (`fused.py`); False: the BLAS loops (`blas_forward`, the backward's per-step loop)
@@ -110,46 +125,69 @@ def _rows(call: RNNCall) -> tuple:
 FUSED = True
 
 
-def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, lens, order, n_active, ct):
-    """One layer and direction by `fused.forward_loop`: h [B, P] and c [B, H] (or None) are updated in place
-    to the state after each row's last step; y, acts, cs (and ms with a projection) are written for the
-    active [t, b]."""
-    cfg, B = call.config, call.B
+@dataclass(frozen=True)
+class _FusedSizes:
+    """What `fused_forward` derives from a layer's sizes alone (worked out once per configuration, tile shape
+    and dtype: a small call spent most of its time recomputing it)."""
+    LANES: int              # units per vector
+    NT: int                 # unit tiles
+    HP: int                 # H padded to whole tiles
+    R_panels: tuple         # shape of R packed by unit tiles
+    W_panels: tuple         # shape of W packed by unit tiles (no W: skip input)
+    Wq_panels: tuple        # shape of W_proj^T by column tiles (empty without a projection)
+    macs: int               # multiply-adds per row and step
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_sizes(cfg, I_l: int, ct, tile: tuple) -> _FusedSizes:
+    """(tile: `fused.tile_shape(G)`, in the key: tests and the tuner change it)"""
     H, P, G = cfg.H, cfg.P, cfg.G
     LANES, MQ = fused.lanes_for(ct), fused.COLUMN_VECTORS
     NT = -(-H // LANES)
-    HP = NT * LANES
-    padded = lambda name, rows, src: _padded(scratch(name, (rows, HP), ct), src)
-    Rp = scratch("fused_Rp", fused.panel_shape(NT, P, G, ct), ct)   # [NT, G//V, P, V, LANES] R by unit tiles
+    NR = fused.rows_for(G)
+    Wq = fused.panel_shape(-(-P // (MQ * LANES)), H, MQ, ct, NR) if cfg.has_proj else \
+        fused.panel_shape(0, 0, MQ, ct, NR)
+    return _FusedSizes(LANES, NT, NT * LANES, fused.panel_shape(NT, P, G, ct), fused.panel_shape(NT, I_l, G, ct),
+                       Wq, G * H * (I_l + P) + (H * P if cfg.has_proj else 0))
+
+
+def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, rows, ct):
+    """One layer and direction by `fused.forward_loop`: h [B, P] and c [B, H] (or None) are updated in place
+    to the state after each row's last step; y, acts, cs (and ms with a projection) are written for the
+    active [t, b].  rows: `_rows(call)`."""
+    cfg, B = call.config, call.B
+    H, P, G = cfg.H, cfg.P, cfg.G
+    lens, _, order, n_active, _, ran, t_last = rows
+    z = _fused_sizes(cfg, x_l.shape[2], ct, fused.tile_shape(G))
+    HP = z.HP
+    Rp = scratch("fused_Rp", z.R_panels, ct)                 # [NT, G//V, P, V, LANES] R by unit tiles
     fused.pack(lp.R, Rp)
     if lp.W is not None:
-        Wp = scratch("fused_Wp", fused.panel_shape(NT, x_l.shape[2], G, ct), ct)   # [NT, G//V, I, V, LANES]
+        Wp = scratch("fused_Wp", z.W_panels, ct)             # [NT, G//V, I, V, LANES]
         fused.pack(lp.W, Wp)
     else:
         Wp = Rp                                                # skip input: not read
     if cfg.has_proj:
-        # W_proj^T by column tiles, for the forward's row tiles (NR of G)
-        Wq = scratch("fused_Wq", fused.panel_shape(-(-P // (MQ * LANES)), H, MQ, ct, fused.rows_for(G)), ct)
+        Wq = scratch("fused_Wq", z.Wq_panels, ct)            # W_proj^T by column tiles, the forward's NR rows
         fused.pack_columns(lp.W_proj.T, Wq)
         mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
     else:
-        Wq = np.zeros(fused.panel_shape(0, 0, MQ, ct, fused.rows_for(G)), ct)
+        Wq = np.zeros(z.Wq_panels, ct)
         mbuf = np.zeros((0, HP), ct)
-    bW = fused.bias_tiles(lp.bW, H, NT, LANES, scratch("fused_bW", (NT, G, LANES), ct))   # [NT, G, LANES]
-    bR = fused.bias_tiles(lp.bR, H, NT, LANES, scratch("fused_bR", (NT, G, LANES), ct))   # [NT, G, LANES]
-    vec = padded("fused_vec", max(cfg.V, 1), lp.V if lp.V is not None else np.zeros((1, H), ct))   # [VL, HP]
+    bW = fused.bias_tiles(lp.bW, H, z.NT, z.LANES, scratch("fused_bW", (z.NT, G, z.LANES), ct))   # [NT, G, LANES]
+    bR = fused.bias_tiles(lp.bR, H, z.NT, z.LANES, scratch("fused_bR", (z.NT, G, z.LANES), ct))   # [NT, G, LANES]
+    vec = _padded(scratch("fused_vec", (max(cfg.V, 1), HP), ct),
+                  lp.V if lp.V is not None else np.zeros((1, H), ct))                # [VL, HP]
     hbuf = scratch("fused_h", (2, B, max(HP, P)), ct)         # [2, B, HB] h, double-buffered
     hbuf.fill(0)
     hbuf[0, :, :P] = h
-    cbuf = padded("fused_c", B, c if c is not None else np.zeros((B, H), ct))   # [B, HP]
-    macs = G * H * (x_l.shape[2] + P) + (H * P if cfg.has_proj else 0)       # per row and step
-    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * macs)
+    cbuf = _padded(scratch("fused_c", (B, HP), ct), c if c is not None else np.zeros((B, H), ct))   # [B, HP]
+    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * z.macs)
     loop = fused.forward_loop(cfg.cell, _name(ct), groups > 1, cfg.has_proj)
     loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
          groups, Wq, mbuf, ms, lp.W is None, call.is_training)
-    ran = lens > 0                                             # rows that ran: h is their last output
-    t_last = np.where(d == 0, lens - 1, 0)
-    h[ran] = y[t_last[ran], np.nonzero(ran)[0], d * P:(d + 1) * P]
+    # rows that ran: h is their last output
+    h[ran] = y[t_last[d][ran], ran, d * P:(d + 1) * P]
     if c is not None:
         c[...] = cbuf[:, :H]
 
@@ -195,7 +233,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
     cfg, T, B = call.config, call.T, call.B
     P, D = cfg.P, cfg.D
-    lens, steps, order, n_active, _ = _rows(call)             # [B], no step past the longest, [B], [steps]
+    rows = _rows(call)
+    lens, steps = rows[0], rows[1]                            # [B], no step past the longest
     layers = unpack(cfg, params)
     flat, saved = buffers(call, ct)
     hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
@@ -217,9 +256,10 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             c_state = cT[p] if cT is not None else None
             ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
             if use_fused:
-                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, order, n_active, ct)
+                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
             else:
-                blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct)
+                with threads.budget():
+                    blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct)
         x_l = y
     return x_l, hT, cT, flat
 
@@ -229,7 +269,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams [N])."""
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, V = cfg.H, cfg.P, cfg.D, cfg.G, cfg.V
-    lens, steps, by_length, _, padded = _rows(call)          # [B], the longest length, [B] longest first
+    lens, steps, by_length, _, padded, _, _ = _rows(call)    # [B], the longest length, [B] longest first
     layers = unpack(cfg, params)
     dparams = np.zeros(params.shape[0], dtype=ct)
     dlayers = unpack(cfg, dparams)
