@@ -403,10 +403,16 @@ _MAGIC = b"NRNN1"
 def encode_host_reserved(call: RNNCall, reserve_size: int, nonce=None) -> np.ndarray:
     """int8 1-D: magic, then the JSON of the fingerprint, reserve size and the nonce written into the reserve
     (`numbarnn.reserve`; readable with `decode_host_reserved`)."""
-    extra = {} if nonce is None else {"nonce": [int(v) for v in nonce]}
-    payload = json.dumps({**call.fingerprint(), "reserve_size": int(reserve_size), **extra}, sort_keys=True).encode()
-    digest = hashlib.sha256(payload).digest()[:8]
-    return np.frombuffer(_MAGIC + digest + payload, dtype=np.int8).copy()
+    return np.frombuffer(_encoded(call, int(reserve_size), None if nonce is None else tuple(int(v) for v in nonce)),
+                         dtype=np.int8).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _encoded(call: RNNCall, reserve_size: int, nonce: tuple | None) -> bytes:
+    """host_reserved's bytes (a call with a fixed nonce, numbarnn.torch's, encodes the same bytes every time)."""
+    extra = {} if nonce is None else {"nonce": list(nonce)}
+    payload = json.dumps({**call.fingerprint(), "reserve_size": reserve_size, **extra}, sort_keys=True).encode()
+    return _MAGIC + hashlib.sha256(payload).digest()[:8] + payload
 
 
 def decode_host_reserved(host_reserved) -> dict:

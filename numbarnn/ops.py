@@ -20,7 +20,7 @@ from .config import (RNNCall, check_host_reserved, check_reserve_nonce, encode_h
 
 from .reserve import new_nonce, reserve_size
 from .reserve import write_nonce as _write_nonce
-from .validation import as_array, check_same_dtype, check_shape, shape_of
+from .validation import as_array, check_same_dtype, check_shape, is_device_array, shape_of
 
 __all__ = ["cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params", "cudnn_rnn_params_to_canonical",
            "cudnn_rnn_canonical_weight_shapes", "cudnn_rnn_canonical_bias_shapes",
@@ -90,18 +90,15 @@ def _nonce_writer(be):
     return getattr(be, "write_nonce", _write_nonce)
 
 
-def write_nonce(reserve, nonce, backend=None) -> None:
-    """Write a training reserve's nonce (`numbarnn.reserve`) the way its backend writes it."""
-    _nonce_writer(get_backend(backend or None))(reserve, nonce)
-
-
 def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mode="lstm",
                  input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0, num_proj=0,
-                 is_training=True, time_major=True, backend=None):
+                 is_training=True, time_major=True, backend=None, _nonce=None):
     """CudnnRNNV3: -> (output, output_h, output_c, reserve_space, host_reserved).
 
     output [T, B, D*P] (batch-major: [B, T, D*P]), output_h [L*D, B, P], output_c [L*D, B, H] (LSTM; other
     modes: empty (0,)), reserve_space 1-D (empty unless is_training), host_reserved int8 1-D fingerprint.
+    (_nonce: a fixed reserve tag instead of a fresh random one: numbarnn.torch's operator, whose outputs must be
+    a function of its inputs.)
     """
     call, a = validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
                                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
@@ -114,7 +111,7 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mod
     if lstm:
         (cT,) = _back_to_layout(be, call, cT)
     if call.is_training:
-        nonce = new_nonce()      # pairs this reserve with this host_reserved (numbarnn.reserve)
+        nonce = new_nonce() if _nonce is None else _nonce   # pairs this reserve with this host_reserved
         _nonce_writer(be)(reserve, nonce)
         host_reserved = encode_host_reserved(call, reserve_size(call), nonce)
 
@@ -136,6 +133,53 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
                                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
                                num_proj=num_proj, is_training=True, time_major=time_major)
     lstm = call.config.has_cell_state
+    arrays = (output, output_h, output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space)
+    key = _backward_signature(call, arrays, host_reserved)
+    if key is None or key not in _BACKWARD_VALIDATED:
+        _check_backward(call, a, *arrays, host_reserved)
+        if key is not None:
+            if len(_BACKWARD_VALIDATED) >= 256:
+                _BACKWARD_VALIDATED.clear()
+            _BACKWARD_VALIDATED.add(key)
+    check_reserve_nonce(host_reserved, reserve_space)       # the pairing of this reserve: every call
+
+    be = get_backend(backend)
+    x, h0, c0, dy, dhT, dcT = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None,
+                                          as_array("output_backprop", output_backprop),
+                                          as_array("output_h_backprop", output_h_backprop),
+                                          as_array("output_c_backprop", output_c_backprop) if lstm else None)
+    dx, dh0, dc0, dparams = be.rnn_backward(call, x, h0, c0, a["params"], dy, dhT, dcT,
+                                            as_array("reserve_space", reserve_space))
+    dx, dh0, dc0 = _back_to_layout(be, call, dx, dh0, dc0)
+    if not lstm:
+        dc0 = be.zeros(shape_of(input_c) if input_c is not None else (0,), call.dtype, a["input"])
+    return dx, dh0, dc0, dparams
+
+
+#: signatures of backprop calls whose arguments passed `_check_backward` (shapes, dtypes, the host_reserved bytes)
+_BACKWARD_VALIDATED: set = set()
+
+
+def _backward_signature(call: RNNCall, arrays, host_reserved) -> tuple | None:
+    """Everything `_check_backward` reads, as a hashable key (None: some argument has none, checked every time)."""
+    key = [call, call.config.cell]
+    for arr in arrays:
+        if arr is None:
+            key.append(None)
+        elif isinstance(arr, np.ndarray) or is_device_array(arr):
+            key.append((type(arr), arr.shape, arr.dtype))
+        else:
+            return None
+    if type(host_reserved) is not np.ndarray:
+        return None
+    key.append((host_reserved.dtype, host_reserved.shape, host_reserved.tobytes()))
+    return tuple(key)
+
+
+def _check_backward(call: RNNCall, a: dict, output, output_h, output_c, output_backprop, output_h_backprop,
+                    output_c_backprop, reserve_space, host_reserved) -> None:
+    """Backprop's own arguments against the forward call they claim to come from (SPEC 7, 11)."""
+    lstm = call.config.has_cell_state
     h_shape, c_shape = state_shapes(call)
     y_shape = output_shape(call)
     h_legend = "[L*D, B, P]" if call.time_major else "[B, L*D, P]"
@@ -155,17 +199,6 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     check_host_reserved(call, host_reserved, reserve_space, reserve_size(call))
     reserve = as_array("reserve_space", reserve_space)
     check_same_dtype({"input": a["input"], "reserve_space": reserve})
-    check_reserve_nonce(host_reserved, reserve_space)
-
-    be = get_backend(backend)
-    x, h0, c0, dy, dhT, dcT = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None,
-                                          checked["output_backprop"], checked["output_h_backprop"],
-                                          checked.get("output_c_backprop"))
-    dx, dh0, dc0, dparams = be.rnn_backward(call, x, h0, c0, a["params"], dy, dhT, dcT, reserve)
-    dx, dh0, dc0 = _back_to_layout(be, call, dx, dh0, dc0)
-    if not lstm:
-        dc0 = be.zeros(shape_of(input_c) if input_c is not None else (0,), call.dtype, a["input"])
-    return dx, dh0, dc0, dparams
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -323,11 +323,11 @@ def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], wei
     c0_ = _as(c0, dtype) if lstm else None
     params = _opaque_params(layout.spans, weights, x_, layout.size)                             # [N]
     with _device_scope(x.device):
+        # a fixed reserve tag: the operator's outputs are a function of its inputs (torch.compile checks); the
+        # backward operator rebuilds host_reserved
         y, hT, cT, reserve, _ = ops.cudnn_rnn_v3(
             _array(x_), _array(h0_), _array(c0_), _array(params), _lengths_array(lengths), is_training=is_training,
-            **_op_attrs(cfg, backend))
-        if is_training:     # a fixed tag: the operator's outputs are a function of its inputs (torch.compile
-            ops.write_nonce(reserve, _NONCE, backend)   # checks); the backward operator rebuilds host_reserved
+            _nonce=_NONCE, **_op_attrs(cfg, backend))
     out = x.dtype
     return (_as(_tensor(y, x.device), out), _as(_tensor(hT, x.device), out),
             _as(_tensor(cT, x.device), out) if lstm else x.new_empty((0,)),

@@ -619,6 +619,26 @@ def test_a_validated_signature_does_not_pass_other_lengths_or_attribute_types(ca
         forward(**dict(forward_args(case), params=bad))
 
 
+def test_a_validated_backprop_signature_does_not_pass_other_arguments(case):
+    """Backprop's checks are remembered per signature too (shapes, dtypes, host_reserved's bytes); after valid
+    calls, a mismatched gradient shape, another forward's reserve (its nonce: checked at every call) or its
+    host_reserved are still refused."""
+    out = forward(**forward_args(case))
+    kw = backward_args(case, out)
+    backward(**kw)
+    backward(**kw)                                                    # its signature is remembered now
+    raises(ValueError, "output_backprop", backward, **dict(kw, output_backprop=case.dy[:, :1]))
+    other = forward(**forward_args(case))                             # same call: another nonce
+    with pytest.raises(ValueError, match=r"^reserve_space and host_reserved come from different forward calls"):
+        backward(**dict(kw, reserve_space=other[3]))
+    if case.B > 1:
+        lens = np.asarray(case.lengths, dtype=np.int32).copy() if case.lengths is not None else \
+            np.full(case.B, case.T, dtype=np.int32)
+        lens[0] = max(0, lens[0] - 1)
+        shorter = forward(**dict(forward_args(case), sequence_lengths=lens))
+        raises(ValueError, "host_reserved", backward, **dict(kw, host_reserved=shorter[4]))
+
+
 def test_a_cell_replaced_under_its_name_is_checked_again():
     import dataclasses
 
