@@ -318,3 +318,101 @@ def test_cli_checks_a_user_cell(capsys):
                      "--backends", "reference,cuda"]) == 0
     out = capsys.readouterr().out
     assert "cifg_lstm" in out and "ok" in out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the registry's edges: cells loaded from a .py path, the same cell registered again by a re-imported module
+# ---------------------------------------------------------------------------------------------------
+
+USER_CELL_FILE = """\
+from numbarnn.cells import CellSpec, dtanh, register, tanh
+
+
+def forward(wx, rh, v, h, c, saved):
+    m = tanh(wx[0] + rh[0])
+    saved[0] = m
+    return m, c
+
+
+def backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    dwx[0] = dm * dtanh(saved[0])
+    return 0.0, 0.0
+
+
+SPEC = register(CellSpec(name="{name}", gates=("a",), saved=("m",), forward=forward, backward=backward))
+"""
+
+
+def _write_cell(tmp_path, name, file_name=None):
+    path = tmp_path / (file_name or f"{name}.py")
+    path.write_text(USER_CELL_FILE.format(name=name))
+    return path
+
+
+def test_a_cell_file_loads_by_path_once_and_runs_everywhere(tmp_path, capsys):
+    """`numbarnn check --cells path/to/cell.py` (load_cell_modules): the file registers its cell, which then runs
+    on every backend; loading it again does not run it again; a missing file or module is a ValueError naming
+    the argument."""
+    import sys
+
+    from numbarnn import cli
+    from numbarnn.cells import get_cell, load_cell_modules
+    from numbarnn.cells import spec as cell_spec
+
+    name = "test_path_cell"
+    path = _write_cell(tmp_path, name)
+    module = "numbarnn_user_cells_" + name
+    try:
+        load_cell_modules([str(path)])
+        spec = get_cell(name)
+        assert sys.modules[module].SPEC is spec
+        load_cell_modules([str(path)])                               # already loaded: not run again
+        assert get_cell(name) is spec
+        assert cli.main(["check", "--cells", str(path), "--mode", name, "--layers", "2", "--direction",
+                         "bidirectional", "--lengths", "3,0,2", "--dtype", "float64",
+                         "--backends", "reference,cpu,cuda"]) == 0
+        out = capsys.readouterr().out
+        assert name in out and "ok" in out
+        with pytest.raises(ValueError, match=r"^--cells: no such file"):
+            load_cell_modules([str(tmp_path / "missing.py")])
+        with pytest.raises(ValueError, match=r"^--cells: cannot import 'no_such_module_of_cells'"):
+            load_cell_modules(["no_such_module_of_cells"])
+    finally:
+        cell_spec._CELLS.pop(name, None)
+        sys.modules.pop(module, None)
+
+
+def test_a_reimported_cell_module_registers_an_equal_spec_again(tmp_path):
+    """The same file imported under two module names (a module re-imported, as a notebook's reload does) registers
+    an equal spec again: accepted, not a clash; a different cell under the name is refused without replace=True."""
+    import importlib.util
+    import sys
+
+    from numbarnn.cells import get_cell, register
+    from numbarnn.cells import spec as cell_spec
+
+    name = "test_reimported_cell"
+    path = _write_cell(tmp_path, name)
+    loaded = []
+    try:
+        for module_name in ("test_reimport_a", "test_reimport_b"):
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+            loaded.append(module)
+        assert loaded[0].SPEC is not loaded[1].SPEC and get_cell(name) is loaded[1].SPEC
+        other = _write_cell(tmp_path, name, "other.py")
+        other.write_text(other.read_text().replace("m = tanh(wx[0] + rh[0])", "m = tanh(wx[0] - rh[0])"))
+        spec = importlib.util.spec_from_file_location("test_reimport_other", other)
+        module = importlib.util.module_from_spec(spec)
+        with pytest.raises(ValueError, match=r"^spec: a different cell named 'test_reimported_cell'"):
+            spec.loader.exec_module(module)
+        import dataclasses
+        replaced = register(dataclasses.replace(get_cell("gru"), name=name), replace=True)
+        assert get_cell(name) is replaced
+    finally:
+        cell_spec._CELLS.pop(name, None)
+        for module_name in ("test_reimport_a", "test_reimport_b"):
+            sys.modules.pop(module_name, None)
+

@@ -128,7 +128,9 @@ def register(spec: CellSpec, *, replace: bool = False) -> CellSpec:
 
 
 def _same(a: CellSpec, b: CellSpec) -> bool:
-    code = (lambda f: (f.__code__.co_code, f.__code__.co_consts, f.__qualname__, f.__module__))
+    """Equal cells: the same fields and functions of the same code from the same file (a module imported again,
+    also under another module name: `--cells path.py` beside the user's own `import`, a notebook's reload)."""
+    code = (lambda f: (f.__code__.co_code, f.__code__.co_consts, f.__qualname__, f.__code__.co_filename))
     return a == b or (a.name == b.name and a.gates == b.gates and a.saved == b.saved
                       and a.cell_state == b.cell_state and a.vectors == b.vectors
                       and a.split_recurrent == b.split_recurrent and a.projection == b.projection
