@@ -266,18 +266,17 @@ def pointwise_gradient_error(cell, wx, rh, v, h, c, dm, dc, eps: float = 1e-6) -
 
 def check_cell(cell, backends=("reference",), max_examples: int = 25, network_examples: int | None = None,
                tolerance: float = 1e-5, raise_on_failure: bool = True) -> CellReport:
-    """Hypothesis-driven gradient checks of a (user) cell: its oracle is finite differences.
+    """Gradient checks of a (user) cell: its oracle is finite differences.
 
-    1. the pointwise backward against central differences of the pointwise forward, at drawn inputs;
-    2. the whole network built from the cell (ragged lengths, both directions, up to two layers, dropout,
-       projection where allowed, skip/linear input, both layouts) through ops.cudnn_rnn_backprop_v3 against
-       finite differences of ops.cudnn_rnn_v3, on each of `backends`.
+    1. the pointwise backward against central differences of the pointwise forward, at `max_examples` inputs;
+    2. the whole network built from the cell (ragged lengths with zeros, both directions, up to two layers,
+       dropout, projection where allowed, skip/linear input, both layouts) through ops.cudnn_rnn_backprop_v3
+       against finite differences of ops.cudnn_rnn_v3, on each of `backends`.
+    The examples are drawn by hypothesis when it is installed (the `test` extra: a failure is shrunk to a
+    small example), else from a seeded NumPy generator over the same ranges (the same checks, no shrinking).
     cell: a CellSpec (registered if need be) or a registered name.  Returns a CellReport; with
-    raise_on_failure an AssertionError carrying the report (and the shrunk failing example) instead.
+    raise_on_failure an AssertionError carrying the report (and the failing example) instead.
     """
-    from hypothesis import given, settings
-    from hypothesis import strategies as hst
-
     from .cells import CellSpec, register
     if isinstance(cell, CellSpec):
         register(cell)
@@ -285,14 +284,8 @@ def check_cell(cell, backends=("reference",), max_examples: int = 25, network_ex
         cell = get_cell(cell)
     report = CellReport(cell.name, tolerance=tolerance)
     last = {}
-    quiet = settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-                     suppress_health_check=list(__import__("hypothesis").HealthCheck))
-    floats = (lambda lo, hi: hst.floats(lo, hi, allow_nan=False, allow_infinity=False))
+    n_network = network_examples or max(2, max_examples // 3)
 
-    @quiet
-    @given(hst.lists(floats(-3, 3), min_size=2 * cell.G, max_size=2 * cell.G),
-           hst.lists(floats(-1, 1), min_size=cell.V, max_size=cell.V),
-           floats(-2, 2), floats(-2, 2), floats(-1, 1), floats(-1, 1))
     def pointwise(ab, v, h, c, dm, dc):
         last["example"] = f"pointwise wx={ab[:cell.G]} rh={ab[cell.G:]} v={v} h={h} c={c} dm={dm} dc={dc}"
         report.examples += 1
@@ -301,26 +294,62 @@ def check_cell(cell, backends=("reference",), max_examples: int = 25, network_ex
         report.pointwise = max(report.pointwise, err)
         assert err <= tolerance, f"pointwise gradient error {err:.2e}"
 
-    def network(backend):
-        @settings(quiet, max_examples=network_examples or max(2, max_examples // 3))
-        @given(rnn_cases(rnn_configs(modes=(cell.name,), max_layers=2, max_units=3, max_input=3), max_T=3,
-                         max_B=3))
-        def run(case):
-            last["example"] = (f"network backend={backend} {case.cfg} T={case.T} B={case.B} lengths="
-                               f"{None if case.lengths is None else case.lengths.tolist()} "
-                               f"time_major={case.time_major}")
-            report.examples += 1
-            err = max(check_rnn_gradients(case, backend).values())
-            report.network[backend] = max(report.network.get(backend, 0.0), err)
-            assert err <= tolerance, f"network gradient error {err:.2e} on {backend}"
-        return run
+    def network(backend, case):
+        last["example"] = (f"network backend={backend} {case.cfg} T={case.T} B={case.B} lengths="
+                           f"{None if case.lengths is None else case.lengths.tolist()} "
+                           f"time_major={case.time_major}")
+        report.examples += 1
+        err = max(check_rnn_gradients(case, backend).values())
+        report.network[backend] = max(report.network.get(backend, 0.0), err)
+        assert err <= tolerance, f"network gradient error {err:.2e} on {backend}"
 
+    run = _hypothesis_examples if st is not None else _numpy_examples
     try:
-        pointwise()
-        for backend in backends:
-            network(backend)()
+        run(cell, pointwise, network, backends, max_examples, n_network)
     except AssertionError:
         report.failing = last.get("example")
         if raise_on_failure:
             raise AssertionError(str(report)) from None
     return report
+
+
+def _hypothesis_examples(cell, pointwise, network, backends, max_examples: int, n_network: int) -> None:
+    """check_cell's examples drawn (and a failure shrunk) by hypothesis."""
+    import hypothesis
+    from hypothesis import given, settings
+    from hypothesis import strategies as hst
+
+    quiet = settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+    floats = (lambda lo, hi: hst.floats(lo, hi, allow_nan=False, allow_infinity=False))
+    quiet(given(hst.lists(floats(-3, 3), min_size=2 * cell.G, max_size=2 * cell.G),
+                hst.lists(floats(-1, 1), min_size=cell.V, max_size=cell.V),
+                floats(-2, 2), floats(-2, 2), floats(-1, 1), floats(-1, 1))(pointwise))()
+    for backend in backends:
+        cases = rnn_cases(rnn_configs(modes=(cell.name,), max_layers=2, max_units=3, max_input=3), max_T=3, max_B=3)
+        settings(quiet, max_examples=n_network)(given(cases)(lambda case: network(backend, case)))()
+
+
+def _numpy_examples(cell, pointwise, network, backends, max_examples: int, n_network: int, seed: int = 0) -> None:
+    """check_cell's examples without hypothesis: the ranges of `_hypothesis_examples` from a seeded generator,
+    the network cases cycling through the shapes that break drivers (1 or 2 layers, both directions, both
+    layouts, lengths None / a spread from T down to 0 / free draws)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(max_examples):
+        pointwise(list(rng.uniform(-3, 3, 2 * cell.G)), list(rng.uniform(-1, 1, cell.V)), *rng.uniform(-2, 2, 2),
+                  *rng.uniform(-1, 1, 2))
+    for backend in backends:
+        for k in range(n_network):
+            L, H = 1 + (k // 2) % 2, int(rng.integers(1, 4))
+            input_mode = ("linear_input", "skip_input", "auto_select")[int(rng.integers(0, 3))]
+            I = H if input_mode == "skip_input" else int(rng.integers(1, 4))  # noqa: E741
+            num_proj = int(rng.integers(0, H + 1)) if cell.projection else 0
+            dropout = float(rng.choice([0.0, 0.3, 1.0])) if L > 1 else 0.0
+            cfg = rnn_config(L, H, I, cell.name, input_mode, ("unidirectional", "bidirectional")[k % 2], num_proj,
+                             dropout, int(rng.integers(-2**40, 2**40)), int(rng.integers(0, 2**33)))
+            T, B = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+            spread = [T * (B - 1 - b) // max(B - 1, 1) for b in range(B)]           # T, ..., 0
+            lengths = (None, rng.permutation(spread), rng.integers(0, T + 1, B))[k % 3]
+            lengths = None if lengths is None else np.asarray(lengths, dtype=np.int32)
+            network(backend, make_rnn_case(cfg, T, B, lengths, seed=int(rng.integers(0, 2**31 - 1)),
+                                           time_major=k % 3 != 1))

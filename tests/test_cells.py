@@ -264,6 +264,33 @@ def test_check_cell_finds_a_wrong_backward_and_reports_the_example():
         check_cell(bad, max_examples=10)
 
 
+def test_check_cell_without_hypothesis(monkeypatch):
+    """Without hypothesis (a base install: it is the `test` extra) check_cell draws its examples from a seeded
+    NumPy generator: a right cell passes on the whole network (ragged, both directions, dropout), a 1% error in
+    one gate's gradient is caught and reported."""
+    from numbarnn import testing
+
+    monkeypatch.setattr(testing, "st", None)
+    monkeypatch.setitem(__import__("sys").modules, "hypothesis", None)        # importing it fails
+    report = check_cell("cifg_lstm", backends=("reference", "cpu"), max_examples=8, network_examples=6)
+    assert report.ok and set(report.network) == {"reference", "cpu"} and report.examples == 8 + 2 * 6, str(report)
+    lstm = get_cell("cifg_lstm")
+
+    def wrong_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+        dh, dc_prev = lstm.backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv)
+        dwx[2] = dwx[2] * 1.01
+        return dh, dc_prev
+
+    bad = CellSpec(name="wrong_cifg_numpy", gates=lstm.gates, saved=lstm.saved, forward=lstm.forward,
+                   backward=wrong_backward, cell_state=True)
+    try:
+        with pytest.raises(AssertionError, match="failing example: pointwise"):
+            check_cell(bad, max_examples=8)
+    finally:
+        from numbarnn.cells import spec as cell_spec
+        cell_spec._CELLS.pop(bad.name, None)
+
+
 def test_check_cell_of_a_user_cell_on_cuda():
     report = check_cell("cifg_lstm", backends=("cuda",), max_examples=4, network_examples=2)
     assert report.ok and set(report.network) == {"cuda"}, str(report)
