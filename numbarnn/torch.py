@@ -306,6 +306,12 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 # that a compiled graph draws fresh keys at every call instead of baking one pair in.
 
 _NONCE = [1024] * NONCE_SIZE      # the reserve's tag (numbarnn.reserve) in every call of the operator
+_NO_SEEDS = torch.zeros(2, dtype=torch.int64)   # the Philox keys of a call without dropout (eager calls share it)
+
+
+def _seeds(seeds: torch.Tensor) -> tuple:
+    """The Philox keys as ints (a tensor read costs a dispatch: the shared zeros need none)."""
+    return (0, 0) if seeds is _NO_SEEDS else tuple(int(v) for v in seeds.tolist())
 
 
 def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weights: List[torch.Tensor],
@@ -316,7 +322,7 @@ def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], wei
     None), weights in torch.nn's order -> (y [T, B, D*P], h_n [L*D, B, P], c_n [L*D, B, H] (empty without a
     cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
+    cfg = _call_config(layout, dropout, _seeds(seeds))
     lstm = cfg.has_cell_state
     dtype = _compute_dtype(x)
     x_, h0_ = _as(x, dtype), _as(h0, dtype)
@@ -362,7 +368,7 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
     state), dparams [N] in the opaque layout).  No tensor-list argument, so torch's per-example fallback batches
     it where no batching rule applies (gradcheck's batched gradients)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
+    cfg = _call_config(layout, dropout, _seeds(seeds))
     lstm = cfg.has_cell_state
     dtype = _compute_dtype(x)
     x_, h0_, y_, hT_, dy_, dhT_ = (_as(t, dtype) for t in (x, h0, y, hT, dy, dhT))
@@ -572,7 +578,7 @@ def _network_function(net, lengths, seeds):
     from . import torch_network
     cell, L, H, I, bidirectional, P, bias, dropout, _, _ = net
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
-    cfg = _call_config(layout, dropout, [int(v) for v in seeds.tolist()])
+    cfg = _call_config(layout, dropout, _seeds(seeds))
     lstm = cfg.has_cell_state
     keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
 
@@ -712,9 +718,9 @@ class _NumbaRNNBase(torch.nn.Module):
         return s.format(**self.__dict__)
 
     # -- forward ----------------------------------------------------------------------------------
-    def _check_input(self, x: torch.Tensor, packed: bool, autocast: bool) -> None:
-        """torch.nn.RNNBase.check_input (dtype, rank, input_size), then numbarnn's: a float dtype, one device."""
-        w = self._flat_weights[0]
+    def _check_input(self, x: torch.Tensor, packed: bool, autocast: bool, w: torch.Tensor) -> None:
+        """torch.nn.RNNBase.check_input (dtype, rank, input_size), then numbarnn's: a float dtype, one device
+        (w: the first weight)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input: expected a torch.Tensor or a PackedSequence, got {type(x).__name__}")
         if x.dtype != w.dtype and not autocast:
@@ -790,8 +796,10 @@ class _NumbaRNNBase(torch.nn.Module):
         needs_grad = _needs_reserve(x, h0, c0, weights)
         if dropout_active:
             seeds = torch.randint(0, 2 ** 32, (2,), dtype=torch.int64)
-        else:
+        elif torch.compiler.is_compiling():
             seeds = torch.zeros(2, dtype=torch.int64)
+        else:
+            seeds = _NO_SEEDS                   # (never written: the ops only read it)
         return seeds, (self.dropout if dropout_active else 0.0), bool(needs_grad or dropout_active)
 
     def forward(self, input, hx=None):
@@ -800,7 +808,7 @@ class _NumbaRNNBase(torch.nn.Module):
         packed = isinstance(input, PackedSequence)
         if packed:
             autocast = _autocast_dtype(input.data)
-            self._check_input(input.data, True, autocast is not None)
+            self._check_input(input.data, True, autocast is not None, weights[0])
             x, lengths = pad_packed_sequence(input)          # [T, B, I] in the caller's batch order, [B]
             lengths = tuple(int(v) for v in lengths)
             batched = True
@@ -813,7 +821,7 @@ class _NumbaRNNBase(torch.nn.Module):
             batched = input.dim() == 3
             x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
             autocast = _autocast_dtype(x)
-            self._check_input(x, False, autocast is not None)
+            self._check_input(x, False, autocast is not None, weights[0])
             if self.batch_first:
                 x = x.transpose(0, 1)                         # [T, B, I]
             lengths = None

@@ -219,7 +219,7 @@ class CellModule(torch.nn.Module):
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (rnn_mode, 1, self.hidden_size, self.input_size, False, 0, bool(self.bias), 0.0, bool(is_training),
                backend)
-        seeds = torch.zeros(2, dtype=torch.int64)
+        seeds = torch.zeros(2, dtype=torch.int64) if torch.compiler.is_compiling() else _nt._NO_SEEDS
         _, hT, cT, _ = _nt._call(x, h0, c0, weights, None, seeds, net)                # [1, B, H] each
         h1 = hT[0] if batched else hT[0, 0]
         if not lstm:
