@@ -220,6 +220,17 @@ def test_eager_calls_skip_the_dispatcher_and_tracing_keeps_the_operator(monkeypa
     assert nt._eager((x,)) and not nt._eager((x.to("meta"),))
 
 
+def test_inference_mode_matches_torch_nn():
+    """torch.inference_mode (inference tensors in and out) through the eager path, as torch.nn computes it."""
+    ours, ref = pair("lstm_proj", num_layers=2, bidirectional=True)
+    x = torch.randn(4, 2, 3, dtype=F64)
+    with torch.inference_mode():
+        got, want = ours(x), ref(x)
+    assert got[0].is_inference()
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
 def test_gradcheck_with_batched_gradients():
     ours, _ = pair("lstm", num_layers=2)
     x = torch.randn(3, 2, 3, dtype=F64, requires_grad=True)
