@@ -52,6 +52,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..util import cdiv
 from . import cells
 from .cells import accumulate, load
 from .jitcache import njit_cached
@@ -536,7 +537,7 @@ def row_groups(B: int, NR: int, macs: int) -> int:
     row groups only before its first BLAS product (network.backward)."""
     if macs < PARALLEL_MIN_MACS:
         return 1
-    return max(1, min(numba.get_num_threads(), -(-B // NR)))
+    return max(1, min(numba.get_num_threads(), cdiv(B, NR)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -587,7 +588,7 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
     longest first; tile i = order[i*NR : i*NR + NR]) one after another, so a group's rows are longest first
     too and those active at a step are a prefix; -1 pads the shorter groups."""
     B = len(order)
-    tiles = -(-B // NR)
+    tiles = cdiv(B, NR)
     per_group = [np.concatenate([order[i * NR:(i + 1) * NR] for i in range(g, tiles, groups)] or [order[:0]])
                  for g in range(groups)]
     out = np.full((groups, max(len(r) for r in per_group)), -1, dtype=np.int64)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 
+from ..util import cdiv
 from .common import U, acc_dtype, device
 
 #: loads each thread issues before its first store when it stages a tile: a staging loop that stores each load
@@ -73,12 +74,12 @@ def pitch(n: int, dtype) -> int:
     rows of h) a warp reads at one k cover distinct banks, up to 32 / VW rows a wavefront (rows KC words apart
     would all start in bank 0: a 32/TJ-way conflict, the layout the profiler's model caught at first)."""
     VW = vector_words(dtype)
-    return -(-n // VW) * VW + VW
+    return cdiv(n, VW) * VW + VW
 
 
 def rows_per_thread(TB: int, RS: int) -> int:
     """RH: the tile rows one staging thread owns (ceil(TB / RS))."""
-    return -(-TB // RS)
+    return cdiv(TB, RS)
 
 
 @functools.cache
@@ -253,7 +254,7 @@ def make_stage_matrix(dtype, NG: int, NR: int, RS: int):
     (`M.reshape` would call numba's run-time helper numba_attempt_nocopy_reshape.)"""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
-    RJ = -(-NR // RS)                           # a thread's rows per group
+    RJ = cdiv(NR, RS)                           # a thread's rows per group
     NL = min(LOADS_IN_FLIGHT, RJ)
     FULL = NR % RS == 0 and RJ % NL == 0        # every row a thread visits lies in the tile: no check
 

@@ -81,6 +81,7 @@ from numba import cuda, int64, types
 
 from .. import settings
 from ..cells import get_cell
+from ..util import cdiv
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, U, acc_dtype, arr, device, nb
@@ -143,13 +144,13 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
 
 def grid(n_units: int, B: int, D: int, t: Tiles) -> tuple:
     """(blocks over units, blocks over rows, directions)."""
-    return (max(1, -(-n_units // t.TJ)), max(1, -(-B // t.TB)), D)
+    return (max(1, cdiv(n_units, t.TJ)), max(1, cdiv(B, t.TB)), D)
 
 
 def r_bytes_per_step(G: int, H: int, P: int, B: int, D: int, itemsize: int, t: Tiles = GPU_TILES) -> int:
     """Bytes of R loaded per step by the forward (and backward) product, counted per tile: every block loads
     its G*TJ rows (the units < H) of every K column once, and there are ceil(B / TB) row tiles per direction."""
-    return D * (-(-B // t.TB)) * G * H * P * itemsize
+    return D * cdiv(B, t.TB) * G * H * P * itemsize
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ from numba import cuda, types
 
 from .. import settings
 from ..cells import get_cell
+from ..util import cdiv
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
@@ -140,7 +141,7 @@ def prefetches(dtype, sl: Slice) -> bool:
     few (at most 16 words: float64 at TJ = 1 stages 32 rows a thread, and its backward spilled 180 bytes on
     sm_80 with them); else each chunk is staged just before it is stored, as in v2."""
     RS = sl.threads // sl.KC
-    return -(-sl.TB // RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
+    return cdiv(sl.TB, RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
 
 SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
 SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
@@ -170,7 +171,7 @@ def slice_bytes(G: int, sl: Slice, dtype) -> int:
 
 def projected_per_block(H: int, P: int, TJ: int) -> int:
     """TQ: the projected outputs a block owns when ceil(H / TJ) blocks share P (<= TJ since P <= H)."""
-    return max(1, -(-P // -(-H // TJ)))
+    return max(1, cdiv(P, cdiv(H, TJ)))
 
 
 def h_pitch(sl: Slice, dtype) -> int:
@@ -194,18 +195,18 @@ def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj:
             return None
         return SIM_SLICE._replace(TQ=projected_per_block(H, P, SIM_SLICE.TJ),
                                   HMAX=SIM_SLICE.KMAX) if has_proj else SIM_SLICE
-    kmax = -(-P // 32) * 32
+    kmax = cdiv(P, 32) * 32
     for TJ in (16, 8, 4, 2, 1):
         sl = Slice(TJ=TJ, RG=THREADS // TJ, RB=1, KC=32, KMAX=kmax)
         if has_proj:
-            sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=-(-H // 32) * 32)
+            sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=cdiv(H, 32) * 32)
         if slice_bytes(G, sl, dtype) <= SMEM_BUDGET and TJ <= max(H, 1):
             return sl._replace(PF=prefetches(dtype, sl))
     return None
 
 
 def blocks_needed(H: int, D: int, sl: Slice) -> int:
-    return -(-H // sl.TJ) * D
+    return cdiv(H, sl.TJ) * D
 
 
 def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
