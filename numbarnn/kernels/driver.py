@@ -36,7 +36,7 @@ before allocates only what it returns.  Buffers whose zeros matter are filled pe
 launch goes through `launch.launch`: numba's launch with its per-launch typing and packing of the arguments
 done once per argument kind (a step loop passes the same arrays at every step).
 
-Why one file (~500 lines): forward and backward read as the twins of reference/network.py's two loops, and
+Why one file: forward and backward read as the twins of reference/network.py's two loops, and
 launch_plan must list exactly the launches they make; keeping the three together keeps them in step.
 """
 from __future__ import annotations

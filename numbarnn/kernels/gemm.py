@@ -66,7 +66,7 @@ operand's contiguous axis); with BK = 4 a k-contiguous operand gives a warp 16 b
 half a 32-byte sector, whose other half the next k-tile reads (BK = 8 kept whole sectors but cost 148
 registers, one block per SM).
 
-Why one file (~800 lines): the four versions side by side are the lesson (llm.c style); they share the
+Why one file: the four versions side by side are the lesson (llm.c style); they share the
 operand accessors, the launcher and the cache, which would otherwise be imported back and forth.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ A block computes a small product out of shared memory, so every chunk of its ope
 Both read consecutive columns with consecutive threads (coalesced), index with unsigned integers
 (`common.U`: Python's negative-index wrap-around costs a shift, a mask and an add per index otherwise), and
 loop with constant trip counts (unrolled by NVVM).  What that bought, counted in the SASS (`python -m
-numbarnn.kernels.sass`, sm_90, LSTM float32), is in step_v2.py's and step_v3.py's docstrings.
+numbarnn.kernels.sass`, sm_90, LSTM float32), is in bench/results/gpu_h100.md.
 """
 from __future__ import annotations
 
