@@ -4,7 +4,7 @@
     numbarnn bench --quick                           # two shapes, 3 repetitions
     numbarnn bench --modes lstm --dtype float16 --shapes 1024x32x25 512x1x100 --csv out.csv --plot out.png
     numbarnn bench --backends cuda --simulator --shapes 3x2x2 --reps 1   # no GPU: does the path run at all?
-    numbarnn bench --backends cuda cudnn --modes lstm --deepbench --step-versions 1 2 3   # issue 8's table
+    numbarnn bench --backends cuda cudnn --modes lstm --deepbench --step-versions 1 2 3   # v1-v3 vs cuDNN
     python -m numbarnn.bench ...                     # the same
 
 --step-versions 1 2 3 runs the cuda backend once per step-kernel version (rows "cuda v1", "cuda v2", "cuda v3";
@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cuda backend once per step-kernel version (1 2 3: rows 'cuda v1' ...; default: the "
                         "driver's choice, one 'cuda' row)")
     p.add_argument("--deepbench", action="store_true",
-                   help="the DeepBench LSTM shapes of issue 8 and the roofline model: " + " ".join(DEEPBENCH_SHAPES))
+                   help="DeepBench's LSTM training shapes (the roofline model's): " + " ".join(DEEPBENCH_SHAPES))
     p.add_argument("--modes", nargs="+", choices=cell_names(), default=["lstm", "gru"],
                    help="rnn_modes (registered cells; default: lstm gru)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="default: float32")

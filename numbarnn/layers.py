@@ -31,7 +31,7 @@ Choices (documented here, where users read them):
   GRU, h for the plain RNNs) and ``layer{l}/{fwd|rev}/W_proj``, plus ``__config__`` (JSON). skip_input's
   absent layer-0 W matrices are not stored.  Loading checks the configuration and casts to the layer dtype.
 
-Why one file of ~630 lines: it is one class (`_CudnnRNN`, the TF layer API: build, call, backward, canonical
+Why one file: it is one class (`_CudnnRNN`, the TF layer API: build, call, backward, canonical
 save/load, config) whose methods share the layer's private state, plus five one-screen subclasses; split, a
 reader would chase that state across files.
 """

@@ -94,3 +94,202 @@ LONGEST_FIRST = ("test_every_kernel_compiles_for_sm80_and_sm90_without_spills",
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.originalname, len(rank)))   # stable: the rest keep their order
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers shared by test modules: `from conftest import compare_backends, ...` (tests/ is on sys.path)
+# ---------------------------------------------------------------------------------------------------------
+# Nothing here imports numba at module level (NUMBA_ENABLE_CUDASIM is set above, but a test that checks what
+# an import pulls in must not find numba already there); the cuda driver is imported where it is used.
+
+import importlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from numbarnn.cells import CellSpec, dsigmoid, dtanh, register, sigmoid, tanh  # noqa: E402
+from numbarnn.config import decode_host_reserved, validate_forward  # noqa: E402
+from numbarnn.reference.philox import dropout_keep_mask  # noqa: E402
+from numbarnn.reserve import reserve_contents, reserve_views  # noqa: E402
+from numbarnn.testing import relative_error, run_backward, run_forward  # noqa: E402
+from numbarnn.verify import RNN_GRADIENTS as BACKWARD_NAMES  # noqa: E402
+from numbarnn.verify import RNN_OUTPUTS as FORWARD_NAMES  # noqa: E402
+from numbarnn.verify import TOLERANCES as TOL  # noqa: E402  ‖backend − reference‖/‖reference‖: (outputs, gradients)
+
+#: the kernels run in numba's CUDA simulator (no NUMBARNN_REAL_GPU=1)
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+#: hypothesis settings for slow property tests: no deadline, no too-slow / too-much-data health checks
+QUICK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def examples(n: int) -> int:
+    """n hypothesis examples under the default (ci) profile, proportionally more under 'thorough'."""
+    return int(n * max(1.0, settings.default.max_examples / 25))
+
+
+def describe(case) -> str:
+    """A case in one line, for failure messages."""
+    c = case.cfg
+    lens = None if case.lengths is None else case.lengths.tolist()
+    return (f"{c.rnn_mode} L={c.L} H={c.H} I={c.I} {c.input_mode} {c.direction} num_proj={c.num_proj} "
+            f"dropout={c.dropout} seeds=({c.seed}, {c.seed2}) T={case.T} B={case.B} lengths={lens} "
+            f"time_major={case.time_major} training={case.is_training} dtype={case.dtype}")
+
+
+def host(a):
+    """NumPy copy of a host or device array."""
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else np.asarray(a)
+
+
+def forward_named(out) -> dict:
+    """Named forward outputs; reserve_space without its per-call nonce (numbarnn.reserve), which differs by design."""
+    named = dict(zip(FORWARD_NAMES, out[:4]))
+    named["reserve_space"] = reserve_contents(named["reserve_space"])
+    return named
+
+
+def backward_named(out) -> dict:
+    return dict(zip(BACKWARD_NAMES, out))
+
+
+def named(fwd, bwd=None) -> dict:
+    """`forward_named(fwd)`, and with `bwd` its four backprop results too."""
+    return {**forward_named(fwd), **(backward_named(bwd) if bwd is not None else {})}
+
+
+def fingerprint(host_reserved) -> dict:
+    """host_reserved's record without the per-call nonce."""
+    return {k: v for k, v in decode_host_reserved(host(host_reserved)).items() if k != "nonce"}
+
+
+def assert_close(got: dict, want: dict, dtype, context: str, tol=None):
+    """Every named output: same shape and dtype, relative error within its tolerance; the message names it."""
+    t_out, t_grad = tol if tol is not None else TOL[np.dtype(dtype)]
+    for name, w in want.items():
+        g = got[name]
+        assert g is not None and w is not None, f"{name}: missing ({context})"
+        g, w = host(g), host(w)
+        assert g.shape == w.shape, f"{name}: shape {g.shape} != reference {w.shape} ({context})"
+        assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != reference {w.dtype} ({context})"
+        assert np.isfinite(np.asarray(g, np.float64)).all(), f"{name}: non-finite values ({context})"
+        limit = t_out if name in FORWARD_NAMES else t_grad
+        err = relative_error(g, w)
+        assert err <= limit, f"{name}: relative error {err:.3g} > {limit:g} vs the reference ({context})"
+
+
+def check_dropout_masks(case, reserve) -> int:
+    """keep flags in the reserve == dropout_keep_mask, bit for bit (SPEC 6); -> the layers checked."""
+    call, _ = validate_forward(case.x, case.h0, case.c0, case.params, case.lengths, is_training=case.is_training,
+                               **case.attrs)
+    if not call.dropout_active:
+        return 0
+    cfg = case.cfg
+    views = reserve_views(call, host(reserve))
+    for layer in range(1, cfg.L):
+        want = dropout_keep_mask(cfg.seed, cfg.seed2, layer, case.T, case.B, cfg.D * cfg.P, cfg.dropout)
+        got = views[f"keep{layer}"]
+        assert got.tobytes() == want.astype(case.dtype).tobytes(), \
+            f"reserve_space: dropout keep mask of layer {layer} differs from dropout_keep_mask ({describe(case)})"
+        if cfg.dropout >= 1.0:
+            assert not got.any(), f"reserve_space: p=1 must drop everything ({describe(case)})"
+    return cfg.L - 1
+
+
+def compare_backends(case, backward: bool = True, context: str = ""):
+    """Run `case` on the cuda and reference backends, assert every named output agrees, and that the reference
+    backprop reads the cuda reserve.
+
+    -> (cuda forward, reference forward, cuda backprop, reference backprop); backprops None in inference.
+    """
+    ctx = describe(case) + context
+    fwd_cuda = run_forward(case, "cuda")
+    fwd_ref = run_forward(case, "reference")
+    assert_close(forward_named(fwd_cuda), forward_named(fwd_ref), case.dtype, ctx)
+    if not case.is_training:
+        assert host(fwd_cuda[3]).shape == (0,), f"reserve_space: not empty in inference ({ctx})"
+        assert host(fwd_cuda[4]).shape == (0,), f"host_reserved: not empty in inference ({ctx})"
+        return fwd_cuda, fwd_ref, None, None
+    assert fingerprint(fwd_cuda[4]) == fingerprint(fwd_ref[4]), f"host_reserved differs ({ctx})"
+    if not backward:
+        return fwd_cuda, fwd_ref, None, None
+    bwd_cuda = run_backward(case, fwd_cuda, "cuda")
+    bwd_ref = run_backward(case, fwd_ref, "reference")
+    assert_close(backward_named(bwd_cuda), backward_named(bwd_ref), case.dtype, ctx)
+    # the reserve layout is shared: the reference backprop reads the kernels' reserve
+    bwd_ref_on_cuda = run_backward(case, fwd_cuda, "reference")
+    assert_close(backward_named(bwd_ref_on_cuda), backward_named(bwd_ref), case.dtype,
+                 ctx + " [reference backprop on the cuda reserve]")
+    return fwd_cuda, fwd_ref, bwd_cuda, bwd_ref
+
+
+def compare_cpu(case):
+    """cpu vs reference, forward and backward, dropout masks, and each backprop on the other backend's reserve.
+    -> (cpu forward, cpu backprop); the backprop None in inference."""
+    ctx = describe(case)
+    f_cpu, f_ref = run_forward(case, "cpu"), run_forward(case, "reference")
+    assert isinstance(f_cpu[0], np.ndarray)
+    if not case.is_training:
+        assert_close(named(f_cpu), named(f_ref), case.dtype, ctx)
+        assert f_cpu[3].shape == (0,) and f_cpu[4].shape == (0,), f"reserve not empty in inference ({ctx})"
+        return f_cpu, None
+    b_cpu, b_ref = run_backward(case, f_cpu, "cpu"), run_backward(case, f_ref, "reference")
+    assert_close(named(f_cpu, b_cpu), named(f_ref, b_ref), case.dtype, ctx)
+    check_dropout_masks(case, f_cpu[3])
+    # the reserve layout is shared: each backend's backprop reads the other's reserve
+    assert_close(backward_named(run_backward(case, f_cpu, "reference")), backward_named(b_ref), case.dtype,
+                 ctx + " [reference backprop, cpu reserve]")
+    assert_close(backward_named(run_backward(case, f_ref, "cpu")), backward_named(b_ref), case.dtype,
+                 ctx + " [cpu backprop, reference reserve]")
+    return f_cpu, b_cpu
+
+
+def _mingru_forward(wx, rh, v, h, c, saved):
+    z = sigmoid(wx[0] + rh[0])
+    n = tanh(wx[1])                  # the candidate ignores h: only the gate is recurrent
+    saved[0] = z
+    saved[1] = n
+    return n + z * (h - n), c
+
+
+def _mingru_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    z, n = saved[0], saved[1]
+    dwx[0] = dm * (h - n) * dsigmoid(z)
+    dwx[1] = dm * (1.0 - z) * dtanh(n)
+    drh[1] = 0.0 * dm                # R_n never reaches the cell
+    return dm * z, dc
+
+
+#: a user cell of the cpu backend's tests (registered by `cpu_cells`): a split recurrent gate whose R side gets
+#: no gradient
+MINGRU = CellSpec(name="test_cpu_mingru", gates=("z", "n"), saved=("z", "n"), forward=_mingru_forward,
+                  backward=_mingru_backward, split_recurrent=("n",))
+
+
+def cpu_cells() -> tuple:
+    """Every cell the cpu backend's tests run: the built-ins, the contrib cells and MINGRU, registered (only by
+    the modules that call this: other tests see the registry without MINGRU)."""
+    for module in ("numbarnn.contrib.cifg_lstm", "numbarnn.contrib.peephole_lstm"):   # they register their cells
+        importlib.import_module(module)
+    register(MINGRU)                 # the same spec again is accepted
+    return ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", MINGRU.name)
+
+
+def planned_launches(plan, phase) -> int:
+    """Launches a launch plan (`driver.launch_plan`) lists for one phase."""
+    return sum(r["launches"] for r in plan if r["phase"] == phase)
+
+
+def planned_and_launched(case):
+    """Run `case` forward and backward on the cuda backend -> (the launch plan of that call at this process's
+    launch sizes, the launch logs, forward outputs, backward outputs), after checking that the plan's launches
+    per phase are exactly the ones the driver made."""
+    from numbarnn.config import RNNCall
+    from numbarnn.kernels import driver
+    fwd = run_forward(case, "cuda")
+    bwd = run_backward(case, fwd, "cuda")
+    log = driver.last_launch_count()
+    lengths = tuple(int(n) for n in case.lengths) if case.lengths is not None else (case.T,) * case.B
+    call = RNNCall(case.cfg, case.T, case.B, np.dtype(case.dtype), True, True, lengths)
+    plan = driver.launch_plan(call, gpu=False, device_reserve=False)      # NumPy in: the nonce on the host
+    for phase in ("forward", "backward"):
+        assert planned_launches(plan, phase) == log[phase].total, (phase, plan, log[phase])
+    return plan, log, fwd, bwd

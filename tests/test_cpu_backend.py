@@ -15,21 +15,19 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from conftest import MINGRU, QUICK, TOL, assert_close, compare_cpu, cpu_cells, describe, named
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import numbarnn.contrib.cifg_lstm
-import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn import ops
 from numbarnn.backends import get_default_backend, set_default_backend
 from numbarnn.block_lstm_config import validate_block_lstm, validate_block_lstm_grad
-from numbarnn.cells import CellSpec, dsigmoid, dtanh, register, sigmoid, tanh
-from numbarnn.config import rnn_config, validate_forward
+from numbarnn.cells import CellSpec, dsigmoid, dtanh
+from numbarnn.config import rnn_config
 from numbarnn.cpu import backend as cpu_backend
 from numbarnn.cpu import philox as cpu_philox
 from numbarnn.reference import backend as ref_backend
 from numbarnn.reference.philox import dropout_keep_mask
-from numbarnn.reserve import reserve_contents, reserve_views
 from numbarnn.testing import (
     check_rnn_gradients,
     make_rnn_case,
@@ -40,94 +38,7 @@ from numbarnn.testing import (
     run_forward,
 )
 
-TOL = {np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.float32): (1e-5, 1e-4),
-       np.dtype(np.float16): (1e-2, 1e-2)}
-FORWARD_NAMES = ("output", "output_h", "output_c", "reserve_space")
-BACKWARD_NAMES = ("input_backprop", "input_h_backprop", "input_c_backprop", "params_backprop")
-QUICK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def _mingru_forward(wx, rh, v, h, c, saved):
-    z = sigmoid(wx[0] + rh[0])
-    n = tanh(wx[1])                  # the candidate ignores h: only the gate is recurrent
-    saved[0] = z
-    saved[1] = n
-    return n + z * (h - n), c
-
-
-def _mingru_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
-    z, n = saved[0], saved[1]
-    dwx[0] = dm * (h - n) * dsigmoid(z)
-    dwx[1] = dm * (1.0 - z) * dtanh(n)
-    drh[1] = 0.0 * dm                # R_n never reaches the cell
-    return dm * z, dc
-
-
-#: a user cell registered by this file only: a split recurrent gate whose R side gets no gradient
-MINGRU = register(CellSpec(name="test_cpu_mingru", gates=("z", "n"), saved=("z", "n"), forward=_mingru_forward,
-                           backward=_mingru_backward, split_recurrent=("n",)))
-ALL_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", MINGRU.name)
-
-
-def describe(case) -> str:
-    c = case.cfg
-    lens = None if case.lengths is None else case.lengths.tolist()
-    return (f"{c.rnn_mode} L={c.L} H={c.H} I={c.I} {c.input_mode} {c.direction} P={c.num_proj} p={c.dropout} "
-            f"T={case.T} B={case.B} lengths={lens} time_major={case.time_major} train={case.is_training} "
-            f"{case.dtype}")
-
-
-def named(fwd, bwd=None) -> dict:
-    out = dict(zip(FORWARD_NAMES, fwd[:4]))
-    out["reserve_space"] = reserve_contents(out["reserve_space"])
-    if bwd is not None:
-        out.update(zip(BACKWARD_NAMES, bwd))
-    return out
-
-
-def assert_close(got: dict, want: dict, dtype, context: str):
-    t_out, t_grad = TOL[np.dtype(dtype)]
-    for name, w in want.items():
-        g = got[name]
-        assert g.shape == w.shape and g.dtype == w.dtype, f"{name}: {g.shape} {g.dtype} != {w.shape} {w.dtype} " \
-                                                          f"({context})"
-        assert np.isfinite(np.asarray(g, np.float64)).all(), f"{name}: non-finite ({context})"
-        limit = t_out if name in FORWARD_NAMES else t_grad
-        err = relative_error(g, w)
-        assert err <= limit, f"{name}: relative error {err:.3g} > {limit:g} vs the reference ({context})"
-
-
-def check_dropout_masks(case, reserve):
-    call, _ = validate_forward(case.x, case.h0, case.c0, case.params, case.lengths, is_training=True,
-                               **case.attrs)
-    if not call.dropout_active:
-        return
-    views = reserve_views(call, reserve)
-    for layer in range(1, case.cfg.L):
-        want = dropout_keep_mask(case.cfg.seed, case.cfg.seed2, layer, case.T, case.B, case.cfg.D * case.cfg.P,
-                                 case.cfg.dropout)
-        assert views[f"keep{layer}"].tobytes() == want.astype(case.dtype).tobytes(), \
-            f"keep mask of layer {layer} differs from the reference's Philox ({describe(case)})"
-
-
-def compare(case):
-    """cpu vs reference, forward and backward; and each backprop on the other backend's reserve."""
-    ctx = describe(case)
-    f_cpu, f_ref = run_forward(case, "cpu"), run_forward(case, "reference")
-    assert isinstance(f_cpu[0], np.ndarray)
-    if not case.is_training:
-        assert_close(named(f_cpu), named(f_ref), case.dtype, ctx)
-        assert f_cpu[3].shape == (0,) and f_cpu[4].shape == (0,), f"reserve not empty in inference ({ctx})"
-        return f_cpu, None
-    b_cpu, b_ref = run_backward(case, f_cpu, "cpu"), run_backward(case, f_ref, "reference")
-    assert_close(named(f_cpu, b_cpu), named(f_ref, b_ref), case.dtype, ctx)
-    check_dropout_masks(case, f_cpu[3])
-    # the reserve layout is shared: each backend's backprop reads the other's reserve
-    assert_close(dict(zip(BACKWARD_NAMES, run_backward(case, f_cpu, "reference"))),
-                 dict(zip(BACKWARD_NAMES, b_ref)), case.dtype, ctx + " [reference backprop, cpu reserve]")
-    assert_close(dict(zip(BACKWARD_NAMES, run_backward(case, f_ref, "cpu"))),
-                 dict(zip(BACKWARD_NAMES, b_ref)), case.dtype, ctx + " [cpu backprop, reference reserve]")
-    return f_cpu, b_cpu
+ALL_CELLS = cpu_cells()     # the built-ins, the contrib cells (registered now) and conftest's MINGRU
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,25 +48,25 @@ def compare(case):
 @settings(QUICK, max_examples=40)
 @given(rnn_cases(rnn_configs(modes=ALL_CELLS, max_units=5, max_input=4), max_T=5, max_B=5))
 def test_hypothesis_float64(case):
-    compare(case)
+    compare_cpu(case)
 
 
 @settings(QUICK, max_examples=25)
 @given(rnn_cases(rnn_configs(modes=ALL_CELLS), dtype=np.float32))
 def test_hypothesis_float32(case):
-    compare(case)
+    compare_cpu(case)
 
 
 @settings(QUICK, max_examples=12)
 @given(rnn_cases(rnn_configs(modes=ALL_CELLS), dtype=np.float16))
 def test_hypothesis_float16(case):
-    compare(case)
+    compare_cpu(case)
 
 
 @settings(QUICK, max_examples=10)
 @given(rnn_cases(rnn_configs(modes=ALL_CELLS)).map(lambda c: c.__class__(**{**c.__dict__, "is_training": False})))
 def test_hypothesis_inference(case):
-    compare(case)
+    compare_cpu(case)
 
 
 FIXED = {   # rnn_config args, T, B, lengths, time_major
@@ -180,7 +91,7 @@ FIXED = {   # rnn_config args, T, B, lengths, time_major
 def test_fixed_cases(key, dtype):
     args, T, B, lengths, tm = FIXED[key]
     case = make_rnn_case(rnn_config(**args), T, B, lengths, seed=len(key), dtype=dtype, time_major=tm)
-    f_cpu, _ = compare(case)
+    f_cpu, _ = compare_cpu(case)
     y = f_cpu[0] if tm else np.swapaxes(f_cpu[0], 0, 1)
     for b, n in enumerate(case.lengths):              # SPEC 5: 0 past each length
         assert not y[n:, b].any(), f"output: nonzero past length {n} in row {b} ({describe(case)})"
@@ -189,7 +100,7 @@ def test_fixed_cases(key, dtype):
 def test_all_zero_lengths_pass_states_through():
     cfg = rnn_config(1, 3, 2, "lstm")
     case = make_rnn_case(cfg, 3, 3, [0, 0, 0], seed=1)
-    f, b = compare(case)
+    f, b = compare_cpu(case)
     assert not f[0].any()
     np.testing.assert_array_equal(f[1], case.h0)
     np.testing.assert_array_equal(f[2], case.c0)
@@ -202,7 +113,7 @@ def test_all_zero_lengths_pass_states_through():
 def test_empty_time_or_batch(T, B):
     cfg = rnn_config(2, 3, 2, "lstm", direction="bidirectional", num_proj=2, dropout=0.3)
     case = make_rnn_case(cfg, T, B, None, seed=3)
-    f, b = compare(case)
+    f, b = compare_cpu(case)
     np.testing.assert_array_equal(f[1], case.h0)
     assert not b[3].any()
 
@@ -540,7 +451,7 @@ def test_release_workspaces_frees_what_the_backends_hold():
     held = workspace.held_bytes()
     assert held > 0 and numbarnn.release_workspaces() >= held and workspace.held_bytes() == 0
     assert numbarnn.release_workspaces() == 0
-    compare(case)
+    compare_cpu(case)
 
 
 # ---------------------------------------------------------------------------------------------------

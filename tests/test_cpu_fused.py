@@ -11,16 +11,16 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import QUICK, compare_cpu, cpu_cells, named
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cpu_backend import ALL_CELLS, QUICK, compare, named
 
-import numbarnn.contrib.cifg_lstm
-import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn.cells import CellSpec, dtanh, get_cell, register, tanh
 from numbarnn.config import rnn_config
 from numbarnn.cpu import fused, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
+
+ALL_CELLS = cpu_cells()     # the built-ins, the contrib cells (registered now) and conftest's MINGRU
 
 
 @pytest.mark.parametrize("compute", ["float32", "float64"])
@@ -155,23 +155,23 @@ def _wide_case(mode, dtype, **kw):
 @pytest.mark.parametrize("mode", ALL_CELLS)
 def test_wide_shapes_against_the_reference(mode):
     case = _wide_case(mode, np.float32)
-    compare(case)
-    compare(replace(case, is_training=False))          # inference: the loop writes no reserve
+    compare_cpu(case)
+    compare_cpu(replace(case, is_training=False))          # inference: the loop writes no reserve
 
 
 @pytest.mark.parametrize("mode", ["lstm", "peephole_lstm", "cifg_lstm"])
 def test_wide_shapes_with_projection(mode):
     """P = LANES + 5 < H: the projection's columns span a partial column tile; training and inference."""
     case = _wide_case(mode, np.float32, num_proj=fused.lanes_for(np.float32) + 5)
-    compare(case)
-    compare(replace(case, is_training=False))
+    compare_cpu(case)
+    compare_cpu(replace(case, is_training=False))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
 @pytest.mark.parametrize("input_mode", ["linear_input", "skip_input"])
 def test_wide_shapes_dtypes_and_skip_input(dtype, input_mode):
-    compare(_wide_case("lstm", dtype, input_mode=input_mode))
-    compare(_wide_case("gru", dtype, input_mode=input_mode, direction="unidirectional", layers=1))
+    compare_cpu(_wide_case("lstm", dtype, input_mode=input_mode))
+    compare_cpu(_wide_case("gru", dtype, input_mode=input_mode, direction="unidirectional", layers=1))
 
 
 def test_training_inference_and_skip_input_share_one_compiled_loop():
@@ -184,8 +184,8 @@ def test_training_inference_and_skip_input_share_one_compiled_loop():
     for input_mode in ("linear_input", "skip_input"):
         case = make_rnn_case(rnn_config(1, H, H, "gru", input_mode=input_mode), 3, 2, [3, 1], seed=5,
                              dtype=np.float32)
-        compare(case)
-        compare(replace(case, is_training=False))
+        compare_cpu(case)
+        compare_cpu(replace(case, is_training=False))
     assert len(loop.overloads) == max(before, 1)
 
 
@@ -249,7 +249,7 @@ def test_hypothesis_wide(mode, H, B, T, bidirectional, seed):
     rng = np.random.default_rng(seed)
     cfg = rnn_config(1, H, 3, mode, direction="bidirectional" if bidirectional else "unidirectional")
     lengths = rng.integers(0, T + 1, size=B)
-    compare(make_rnn_case(cfg, T, B, lengths, seed=seed, dtype=np.float32))
+    compare_cpu(make_rnn_case(cfg, T, B, lengths, seed=seed, dtype=np.float32))
 
 
 @pytest.fixture
@@ -276,10 +276,10 @@ def test_other_vector_widths(vector_width, nbytes, mode):
     this host's ISA (an AVX-512 host runs 4 x 4 otherwise)."""
     vector_width(nbytes)
     assert fused.lanes_for(np.float32) == nbytes // 4 and fused.tile_shape(4) == (2, 4)   # 2 passes, 16 registers
-    compare(_wide_case(mode, np.float32))
-    compare(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
+    compare_cpu(_wide_case(mode, np.float32))
+    compare_cpu(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
     if mode == "lstm":
-        compare(_wide_case(mode, np.float32, num_proj=nbytes // 4 + 1))
+        compare_cpu(_wide_case(mode, np.float32, num_proj=nbytes // 4 + 1))
 
 
 def test_bench_cpu_fused_runs_at_tiny_sizes(capsys):
@@ -327,7 +327,7 @@ def test_projection_panel_follows_the_forward_row_tiles(vector_width, nbytes):
     pass for 8 rows, 2 for tile_shape(4)'s 4 rows): packed by tile_shape, that projection was wrong."""
     vector_width(nbytes)
     assert fused.rows_for(1) == 8 and fused.vectors_per_pass(fused.COLUMN_VECTORS, 8) != fused.tile_shape(4)[0]
-    compare(_wide_case(LEAKY.name, np.float32, num_proj=nbytes // 4 + 1))
+    compare_cpu(_wide_case(LEAKY.name, np.float32, num_proj=nbytes // 4 + 1))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -386,5 +386,5 @@ def test_a_chosen_shape_other_than_the_rule_computes_the_same(tuning_file, monke
     _clear_loops()
     assert fused.tile_shape(4) == other and fused.vectors_per_pass(4, other[1]) == other[0]
     assert f"{other}" in fused._forward_key(get_cell("lstm"), "float32", False)     # numba's cache key too
-    compare(_wide_case("lstm", np.float32))
-    compare(_wide_case("lstm", np.float32, num_proj=3))
+    compare_cpu(_wide_case("lstm", np.float32))
+    compare_cpu(_wide_case("lstm", np.float32, num_proj=3))

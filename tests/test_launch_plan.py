@@ -1,10 +1,11 @@
 """The launch plan `numbarnn explain` shows is what the driver really launches, and the per-step budget holds.
 
-Budget (issue: kernels): at most 2 launches per step per layer for both directions together (3 with a
+Budget: at most 2 launches per step per layer for both directions together (3 with a
 projection); numbarnn does 1 forward (2 with projection) and 2 backward.
 """
 import numpy as np
 import pytest
+from conftest import planned_and_launched, planned_launches
 
 import numbarnn.contrib.peephole_lstm  # noqa: F401  (registers peephole_lstm: a cell with vectors)
 from numbarnn.config import RNNCall, rnn_config
@@ -24,25 +25,6 @@ CASES = [  # mode, direction, num_proj, input_mode, L, dropout, lengths (T=3, B=
     ("rnn_tanh", "unidirectional", 0, "linear_input", 3, 1.0, [1, 1, 1, 1]),
     ("peephole_lstm", "bidirectional", 0, "linear_input", 1, 0.0, [3, 0, 2, 1]),   # cell-vector sums too
 ]
-
-
-def _totals(plan, phase):
-    return sum(r["launches"] for r in plan if r["phase"] == phase)
-
-
-def planned_and_launched(case):
-    """Run `case` forward and backward on the cuda backend -> (the launch plan of that call at this process's
-    launch sizes, the launch logs, forward outputs, backward outputs), after checking that the plan's launches
-    per phase are exactly the ones the driver made."""
-    fwd = run_forward(case, "cuda")
-    bwd = run_backward(case, fwd, "cuda")
-    log = driver.last_launch_count()
-    lengths = tuple(int(n) for n in case.lengths) if case.lengths is not None else (case.T,) * case.B
-    call = RNNCall(case.cfg, case.T, case.B, np.dtype(case.dtype), True, True, lengths)
-    plan = driver.launch_plan(call, gpu=False, device_reserve=False)      # NumPy in: the nonce on the host
-    for phase in ("forward", "backward"):
-        assert _totals(plan, phase) == log[phase].total, (phase, plan, log[phase])
-    return plan, log, fwd, bwd
 
 
 @pytest.mark.parametrize("mode,direction,proj,input_mode,L,p,lengths", CASES)
@@ -105,5 +87,5 @@ def test_a_device_reserve_gets_its_nonce_by_one_launch_the_plan_counts():
     log = driver.last_launch_count()["forward"]
     call = RNNCall(case.cfg, 3, 2, np.dtype(case.dtype), True, True, (3, 3))
     assert log.by_kernel[driver.NONCE_KERNEL] == 1
-    assert _totals(driver.launch_plan(call, gpu=False), "forward") == log.total
+    assert planned_launches(driver.launch_plan(call, gpu=False), "forward") == log.total
     assert [int(v) for v in read_nonce(out[3])] == decode_host_reserved(out[4])["nonce"]

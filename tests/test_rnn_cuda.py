@@ -29,134 +29,34 @@ T=7, B=6 LSTM case), and results shared by several tests are computed once (`_fi
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import (SIMULATOR, assert_close, backward_named, check_dropout_masks, compare_backends, describe,
+                      examples, forward_named, host)
 from hypothesis import given, settings
 
 from numbarnn import ops
 from numbarnn.backends import get_default_backend, real_gpu_available, set_default_backend
-from numbarnn.config import decode_host_reserved, rnn_config, validate_forward
+from numbarnn.config import rnn_config
 from numbarnn.kernels import driver
-from numbarnn.reference.philox import dropout_keep_mask
-from numbarnn.reserve import reserve_contents, reserve_views
-
-from numbarnn.testing import make_rnn_case, relative_error, rnn_cases, run_backward, run_forward
+from numbarnn.testing import make_rnn_case, rnn_cases, run_backward, run_forward
 from numbarnn.verify import RNN_GRADIENTS as BACKWARD_NAMES
 from numbarnn.verify import RNN_OUTPUTS as FORWARD_NAMES
-from numbarnn.verify import TOLERANCES as TOL        # ‖cuda − reference‖/‖reference‖: (outputs, gradients)
 
 numba_cuda = pytest.importorskip("numba.cuda")
 is_cuda_ndarray = numba_cuda.devicearray.is_cuda_ndarray   # an attribute in the simulator, not a module
 
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-
-
-
-def examples(n: int) -> int:
-    """n hypothesis examples under the default (ci) profile, proportionally more under 'thorough'."""
-    return int(n * max(1.0, settings.default.max_examples / 25))
-
-
 # ----------------------------------------------------------------------------------------------
-# helpers
+# helpers (the comparison itself, `compare_backends`, is conftest's: test_step_v2/v3 use it too)
 # ----------------------------------------------------------------------------------------------
-
-def describe(case) -> str:
-    c = case.cfg
-    lens = None if case.lengths is None else case.lengths.tolist()
-    return (f"{c.rnn_mode} L={c.L} H={c.H} I={c.I} {c.input_mode} {c.direction} num_proj={c.num_proj} "
-            f"dropout={c.dropout} seeds=({c.seed}, {c.seed2}) T={case.T} B={case.B} lengths={lens} "
-            f"time_major={case.time_major} training={case.is_training} dtype={case.dtype}")
-
-
-def host(a):
-    """NumPy copy of a host or device array."""
-    return a.copy_to_host() if hasattr(a, "copy_to_host") else np.asarray(a)
-
-
-def forward_named(out) -> dict:
-    """Named forward outputs; reserve_space without its per-call nonce (numbarnn.reserve), which differs by design."""
-    named = dict(zip(FORWARD_NAMES, out[:4]))
-    named["reserve_space"] = reserve_contents(named["reserve_space"])
-    return named
-
-
-def fingerprint(host_reserved) -> dict:
-    """host_reserved's record without the per-call nonce."""
-    return {k: v for k, v in decode_host_reserved(host(host_reserved)).items() if k != "nonce"}
-
-
-def backward_named(out) -> dict:
-    return dict(zip(BACKWARD_NAMES, out))
-
-
-def assert_close(got: dict, want: dict, dtype, context: str, tol=None):
-    """Every named output: same shape and dtype, relative error within its tolerance; the message names it."""
-    t_out, t_grad = tol if tol is not None else TOL[np.dtype(dtype)]
-    for name, w in want.items():
-        g = got[name]
-        assert g is not None and w is not None, f"{name}: missing ({context})"
-        g, w = host(g), host(w)
-        assert g.shape == w.shape, f"{name}: shape {g.shape} != reference {w.shape} ({context})"
-        assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != reference {w.dtype} ({context})"
-        assert np.isfinite(np.asarray(g, np.float64)).all(), f"{name}: non-finite values ({context})"
-        limit = t_out if name in FORWARD_NAMES else t_grad
-        err = relative_error(g, w)
-        assert err <= limit, f"{name}: relative error {err:.3g} > {limit:g} vs the reference ({context})"
-
 
 def assert_bit_identical(got: dict, want: dict, context: str):
     for name, w in want.items():
         g, w = host(got[name]), host(w)
         assert g.shape == w.shape and g.dtype == w.dtype, f"{name}: shape/dtype differ ({context})"
         assert g.tobytes() == w.tobytes(), f"{name}: not bit-identical ({context})"
-
-
-def compare_backends(case, backward: bool = True, context: str = ""):
-    """Run `case` on both backends, assert every named output agrees.
-
-    -> (cuda forward, reference forward, cuda backprop, reference backprop); backprops None in inference.
-    """
-    ctx = describe(case) + context
-    fwd_cuda = run_forward(case, "cuda")
-    fwd_ref = run_forward(case, "reference")
-    assert_close(forward_named(fwd_cuda), forward_named(fwd_ref), case.dtype, ctx)
-    if not case.is_training:
-        assert host(fwd_cuda[3]).shape == (0,), f"reserve_space: not empty in inference ({ctx})"
-        assert host(fwd_cuda[4]).shape == (0,), f"host_reserved: not empty in inference ({ctx})"
-        return fwd_cuda, fwd_ref, None, None
-    assert fingerprint(fwd_cuda[4]) == fingerprint(fwd_ref[4]), f"host_reserved differs ({ctx})"
-    if not backward:
-        return fwd_cuda, fwd_ref, None, None
-    bwd_cuda = run_backward(case, fwd_cuda, "cuda")
-    bwd_ref = run_backward(case, fwd_ref, "reference")
-    assert_close(backward_named(bwd_cuda), backward_named(bwd_ref), case.dtype, ctx)
-    # the reserve layout is shared: the reference backprop reads the kernels' reserve
-    bwd_ref_on_cuda = run_backward(case, fwd_cuda, "reference")
-    assert_close(backward_named(bwd_ref_on_cuda), backward_named(bwd_ref), case.dtype,
-                 ctx + " [reference backprop on the cuda reserve]")
-    return fwd_cuda, fwd_ref, bwd_cuda, bwd_ref
-
-
-def check_dropout_masks(case, reserve):
-    """keep flags in the reserve == dropout_keep_mask, bit for bit (SPEC 6)."""
-    call, _ = validate_forward(case.x, case.h0, case.c0, case.params, case.lengths, is_training=case.is_training,
-                               **case.attrs)
-    if not call.dropout_active:
-        return 0
-    cfg = case.cfg
-    views = reserve_views(call, host(reserve))
-    for layer in range(1, cfg.L):
-        want = dropout_keep_mask(cfg.seed, cfg.seed2, layer, case.T, case.B, cfg.D * cfg.P, cfg.dropout)
-        got = views[f"keep{layer}"]
-        assert got.tobytes() == want.astype(case.dtype).tobytes(), \
-            f"reserve_space: dropout keep mask of layer {layer} differs from dropout_keep_mask ({describe(case)})"
-        if cfg.dropout >= 1.0:
-            assert not got.any(), f"reserve_space: p=1 must drop everything ({describe(case)})"
-    return cfg.L - 1
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from test_rnn_cuda import SIMULATOR
+from conftest import SIMULATOR
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="a fix to the CUDA simulator: nothing to test on a GPU")
 

@@ -3,7 +3,7 @@ the reference.
 
 Every case runs under NUMBARNN_STEP_VERSION=1, 2 and 3 (`version` fixture) through the whole op (both
 backends, every named output of forward and backward, the reference backprop on the kernels' reserve:
-`test_rnn_cuda.compare_backends`).  The cases cover every cell (lstm, gru, rnn_tanh, rnn_relu and the contrib
+`conftest.compare_backends`).  The cases cover every cell (lstm, gru, rnn_tanh, rnn_relu and the contrib
 peephole_lstm and cifg_lstm), ragged lengths with 0, both directions, projection, dropout, float16/32/64.
 
 The simulator's v2 tiles (step_v2.SIM_TILES: TJ = 3 units, TB = 4 rows, KC = 2 columns) divide none of the
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import SIMULATOR, compare_backends, examples, planned_and_launched
 from hypothesis import given, settings
-from test_launch_plan import planned_and_launched
-from test_rnn_cuda import SIMULATOR, compare_backends, examples
 
 import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401

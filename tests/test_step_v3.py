@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_rnn_cuda import SIMULATOR, compare_backends
+from conftest import SIMULATOR, compare_backends, planned_and_launched
 
 import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
@@ -279,7 +279,6 @@ def test_gpu_slices_and_plan():
 def test_launch_plan_matches_v3(mode, proj, H, lengths, monkeypatch):
     """driver.launch_plan lists the persistent launches (forward and backward, one per layer) the driver makes
     under NUMBARNN_STEP_VERSION=3, with a projection too (no project or recurrent_backward launches then)."""
-    from test_launch_plan import planned_and_launched
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "3")
     cfg = rnn_config(2, H, 2, mode, num_proj=proj)
     plan, _, _, _ = planned_and_launched(make_rnn_case(cfg, 3, 5, lengths, seed=2))

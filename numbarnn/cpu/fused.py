@@ -1,11 +1,9 @@
 """Fused time loops: one njit call per layer and direction, no BLAS and no Python per step.
 
 Why: the BLAS loop (`network.py`: x W^T for all steps by OpenBLAS, then per step R h^T by OpenBLAS and the
-njit pointwise loop) loses time in three places (LSTM T=100 B=32 I=H=512, float32, 2 cores): OpenBLAS packs R
-again at every per-step call (4 MB; the per-step products run at ~150-160 GFLOP/s against ~190 for the big
-GEMM); W x_t for all steps goes through DRAM between the GEMM and the pointwise loop (the pointwise loop
-alone: 23-31 ms reading it from memory, 12-14 ms with its data in cache); and the pointwise loop runs on one
-core while OpenBLAS's other thread spins.
+njit pointwise loop) loses time in three places: OpenBLAS packs R again at every per-step call, W x_t for all
+steps goes through DRAM between the GEMM and the pointwise loop, and the pointwise loop runs on one core while
+OpenBLAS's other thread spins (measured: bench/results/cpu.md).
 
 Forward (`forward_loop`).  W and R are packed once per call into unit tiles (`pack`: the G gates of LANES
 units side by side for every k, zeros past H).  Per step, per unit tile j0 and tile of NR batch rows:
@@ -23,10 +21,8 @@ The micro-kernel keeps V*NR vector accumulators in registers across the k loop (
 gate, one broadcast per row, V*NR fused multiply-adds), in G // V passes over k (`tile_shape`: everything a
 pass holds must fit the vector registers: AVX-512 runs the LSTM's 4 gates x 4 rows in one pass, AVX2 two
 passes of 2 gates x 4 rows).  It is written in LLVM IR through llvmlite (numba's own code generator) because
-LLVM does not find that register blocking in a scalar loop (numba loop versions of it, stop 15: 2-15
-GFLOP/s).  Measured (`python bench/bench_cpu_fused.py`): R h^T for B=32, H=512, 100 steps, float32: Zen 4
-(AVX-512) one core 58.6 ms = 114 GFLOP/s, that core's FMA peak, two cores 30.4 ms, OpenBLAS 41.4 ms; Zen 3
-(AVX2) one core 75.6 ms = 89 GFLOP/s, two cores 38.6 ms, OpenBLAS 46.9 ms.
+LLVM does not find that register blocking in a scalar loop (numba loops ran at a few GFLOP/s); it runs at a
+core's FMA peak (`python bench/bench_cpu_fused.py`).
 
 Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups`
 (one parallel region per call, each group its own time loop over its row tiles; why not a region per step:
@@ -52,6 +48,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..util import cdiv
 from . import cells
 from .cells import accumulate, load
 from .jitcache import njit_cached
@@ -98,9 +95,8 @@ def fits(V: int, NR: int, regs: int | None = None) -> bool:
 
 def vectors_per_pass(G: int, NR: int) -> int:
     """V, the vectors one k loop of `product_tile` accumulates for NR rows: the largest divisor of G that
-    `fits` (G // V passes over k).  AVX-512: V = G for every built-in cell.  AVX2 (16 registers), LSTM: G = 4
-    gates x NR = 3 rows was one pass of 12 accumulators + 4 panel vectors + a broadcast = 17 registers: LLVM
-    spilled, 39-43 GFLOP/s on one Zen 3 core; two passes of 2 gates x 4 rows run at 88-91 (see tile_shape)."""
+    `fits` (G // V passes over k).  AVX-512: V = G for every built-in cell.  AVX2 (16 registers), LSTM: two
+    passes of 2 gates x 4 rows (one pass of 4 gates x 3 rows needs 17 registers: LLVM spills, half the speed)."""
     shape = tile_shape(G)
     return shape[0] if NR == shape[1] else _vectors_per_pass(G, NR, registers())   # the chosen pass, or the rule
 
@@ -114,11 +110,8 @@ def tile_shape(G: int) -> tuple[int, int]:
     """(V, NR) for a product of G vectors (gates, or column vectors), as measured on this machine at first use
     (`tuning.chosen`, kept on disk), or with NUMBARNN_CPU_TUNE=0 the static rule: the most accumulators that
     `fit`, then the fewest loads per multiply-add ((V + NR) / (V * NR)).  NR is a power of two (batch sizes
-    mostly are: a partial row tile computes spare rows), at most 4 with 32 registers (LSTM 4 gates x 4 rows,
-    measured at peak on Zen 4) and 8 with 16.  Zen 3 (AVX2), one core, the micro-kernel alone
-    (`python bench/bench_cpu_fused.py --tile-shapes`), GFLOP/s: LSTM one pass of 4 x 2: 54-63, 4 x 3: 39-43
-    (spills), two passes of 2 x 4: 88-91, of 2 x 6: 94-98; GRU 3 x 4: 90-97; RNN 1 x 8: 77-81, 1 x 12: 63-67,
-    1 x 4: 50.  LSTM at B = 32: 2 x 4 rather than 2 x 6, whose sixth row tile is two thirds spare rows."""
+    mostly are: a partial row tile computes spare rows), at most 4 with 32 registers (LSTM 4 gates x 4 rows)
+    and 8 with 16 (`python bench/bench_cpu_fused.py --tile-shapes` times the shapes)."""
     return _chosen_shape(G, registers(), simd_bytes())
 
 
@@ -158,11 +151,9 @@ def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None
     (fused multiply-add where the CPU has one).
 
     G // V passes over k, each V vectors x NR rows of accumulators (V: `vectors_per_pass` unless given), each
-    over its own contiguous part of the panel (measured on Zen 3 with the earlier [K, G, LANES] panel: two
-    passes of 2 x 6, each pulling both halves of every k's cache lines, 87 GFLOP/s against 99 for the same
-    tile over a panel of its own).  The bias as the accumulators' start, not added by the fused forward's
-    gather (2*G*NR slice loops of LANES per tile): LSTM T=100 B=32 I=H=512 float32 forward, Zen 3, 2 threads,
-    best of 7: 91.8 ms against 98.5.
+    over its own contiguous part of the panel (passes over one [K, G, LANES] panel would each pull both halves
+    of every k's cache lines).  The bias as the accumulators' start, not added by the fused forward's gather
+    (2*G*NR slice loops of LANES per tile).
     """
     V = vectors_per_pass(G, NR) if V is None else V
     if G % V:
@@ -312,13 +303,11 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     a projection the cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by
     the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
 
-    Two run-time flags: `save` False (an inference call) writes no reserve (acts, cs): measured LSTM T=100 B=32
-    I=H=512, the loop alone, best of 9, three runs: 65.5-70.8 ms against 76.2-76.6 writing them (`acts` alone is
-    26 MB); `skip`: skip input, x reaches the gates as it is.  Each is a branch per row of a tile, never per lane,
-    so one compiled loop serves training and inference, with or without skip input (it was four: a cold compile
-    is 5-11 s each).  The projection stays a compile-time choice: it brings a second micro-kernel (`tile_q`),
-    whose machine code made the first compile of the parallel loop 56% longer when it was a flag too
-    (LSTM T=100 B=32 I=H=512, 11.3 -> 17.5 s)."""
+    Two run-time flags: `save` False (an inference call) writes no reserve (acts, cs: the largest writes of the
+    loop); `skip`: skip input, x reaches the gates as it is.  Each is a branch per row of a tile, never per lane,
+    so one compiled loop serves training and inference, with or without skip input (a cold compile takes
+    seconds a variant).  The projection stays a compile-time choice: it brings a second micro-kernel
+    (`tile_q`), whose machine code would lengthen every parallel loop's first compile."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
@@ -495,12 +484,10 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     arguments of `forward_group` after grp) runs every row group of `forward_group`.  Serial: the group
     function itself for group 0 of 1.  Parallel: an njit prange over the groups, each calling it.
 
-    Why one body function that both call: written inside the prange, the body was compiled twice (the serial
-    loop and the parallel one), the parallel time through numba's parfor passes too, whose copies of its IR (the
-    inlined cell included) were most of that compile.  Now the parallel loop compiles only its few lines and
-    links the body.  LSTM T=40 B=16 I=H=256 float32, an empty numba cache, first forward calls (2-core EPYC,
-    bench/results/cpu.md, stop 27): serial then parallel 6.5 + 10.9 s -> 6.2 + 2.7 s; parallel then serial
-    12.5 + 4.7 s -> 8.7 + 0 s."""
+    Why one body function that both call: a body written inside the prange is compiled twice (the serial loop
+    and the parallel one), the second time through numba's parfor passes, whose copies of its IR (the inlined
+    cell included) are most of that compile; the parallel loop compiles only its few lines and links the body
+    (`python bench/bench_cpu_compile.py` times the first calls)."""
     if not parallel:
         return functools.partial(forward_group(cell, compute, has_proj), 0)
     KEY = _forward_key(cell, compute, has_proj) + " row groups"      # its machine code includes the group's
@@ -527,16 +514,15 @@ def row_groups(B: int, NR: int, macs: int) -> int:
 
     Batch rows are independent through a whole layer and direction, so each group runs its own time loop over
     its row tiles with no synchronisation between steps: one parallel region per call.  Why not a parallel
-    region per step (over unit tiles): examples/char_lstm.py took 35 ms per training step with it against
-    15 ms serially, every region waiting for a thread that shares its core with OpenBLAS's threads, which
-    spin for ~0.1 s after every NumPy product (the example's output layer, the backward's weight gradients).
-    Row groups suffer from those threads too, less: char_lstm's calls (0.15 G multiply-adds, ~3 ms, all
-    inside that window) took 24-27 ms per training step in row groups against 16-18 serially, hence the
-    threshold; the bench's calls (0.3-6.7 G) gain (bench/results/cpu.md).  The backward runs its loops in
-    row groups only before its first BLAS product (network.backward)."""
+    region per step (over unit tiles): every region waits for a thread that shares its core with OpenBLAS's
+    threads, which spin for ~0.1 s after every NumPy product (a model's output layer, the backward's weight
+    gradients): examples/char_lstm.py trained half as fast with it.  Row groups suffer from those threads too,
+    less: small calls (char_lstm's, ~3 ms, all inside that window) run slower in row groups than serially, hence
+    the threshold; large calls gain (bench/results/cpu.md).  The backward runs its loops in row groups only
+    before its first BLAS product (network.backward)."""
     if macs < PARALLEL_MIN_MACS:
         return 1
-    return max(1, min(numba.get_num_threads(), -(-B // NR)))
+    return max(1, min(numba.get_num_threads(), cdiv(B, NR)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -587,7 +573,7 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
     longest first; tile i = order[i*NR : i*NR + NR]) one after another, so a group's rows are longest first
     too and those active at a step are a prefix; -1 pads the shorter groups."""
     B = len(order)
-    tiles = -(-B // NR)
+    tiles = cdiv(B, NR)
     per_group = [np.concatenate([order[i * NR:(i + 1) * NR] for i in range(g, tiles, groups)] or [order[:0]])
                  for g in range(groups)]
     out = np.full((groups, max(len(r) for r in per_group)), -1, dtype=np.int64)

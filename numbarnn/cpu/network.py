@@ -15,6 +15,7 @@ from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
+from ..util import cdiv
 from . import cells, fused, threads
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
@@ -143,9 +144,9 @@ def _fused_sizes(cfg, I_l: int, ct, tile: tuple) -> _FusedSizes:
     """(tile: `fused.tile_shape(G)`, in the key: tests and the tuner change it)"""
     H, P, G = cfg.H, cfg.P, cfg.G
     LANES, MQ = fused.lanes_for(ct), fused.COLUMN_VECTORS
-    NT = -(-H // LANES)
+    NT = cdiv(H, LANES)
     NR = fused.rows_for(G)
-    Wq = fused.panel_shape(-(-P // (MQ * LANES)), H, MQ, ct, NR) if cfg.has_proj else \
+    Wq = fused.panel_shape(cdiv(P, MQ * LANES), H, MQ, ct, NR) if cfg.has_proj else \
         fused.panel_shape(0, 0, MQ, ct, NR)
     return _FusedSizes(LANES, NT, NT * LANES, fused.panel_shape(NT, P, G, ct), fused.panel_shape(NT, I_l, G, ct),
                        Wq, G * H * (I_l + P) + (H * P if cfg.has_proj else 0))
@@ -340,12 +341,12 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dv_acc.fill(0)
             if use_fused:
                 LANES = fused.lanes_for(ct)
-                RTp = scratch("fused_RTp", fused.panel_shape(-(-P // (MV * LANES)), G * H, MV, ct), ct)   # R by columns
+                RTp = scratch("fused_RTp", fused.panel_shape(cdiv(P, MV * LANES), G * H, MV, ct), ct)   # R by columns
                 fused.pack_columns(lp.R, RTp)
                 rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
                 loop = fused.backward_loop(cfg.cell, _name(ct), rows.shape[0] > 1, MV, cfg.has_proj)
                 if cfg.has_proj:                                     # W_proj's columns, by column tiles
-                    Wc = scratch("fused_Wc", fused.panel_shape(-(-H // (MV * LANES)), P, MV, ct), ct)
+                    Wc = scratch("fused_Wc", fused.panel_shape(cdiv(H, MV * LANES), P, MV, ct), ct)
                     fused.pack_columns(lp.W_proj, Wc)
                     proj = (Wc, dht, dm, dh_all)
                 else:

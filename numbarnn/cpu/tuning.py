@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from .. import settings
+from ..util import cdiv
 
 FILENAME = "numbarnn_tile_shapes.json"
 _measured: dict = {}          # this process's choices: key -> (V, NR)
@@ -126,7 +127,7 @@ def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5
     R = rng.standard_normal((G * NT * LANES, K)).astype(ct)          # [G*NT*LANES, K]
     Rp = np.empty((NT, G // V, K, V, LANES), ct)                      # packed as the op packs it
     fused.pack(R, Rp)
-    NB = -(-B // NR)
+    NB = cdiv(B, NR)
     h = rng.standard_normal((NB * NR, K)).astype(ct)                 # [NB*NR, K]
     rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)
     out = np.empty((NT, NB, G, NR, LANES), ct)                        # [NT, NB, G, NR, LANES]

@@ -17,6 +17,8 @@ import numpy as np
 from numba import cuda, types
 from numba.np.numpy_support import from_dtype
 
+from ..util import cdiv
+
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 #: what this process runs on (SIMULATOR is the geometry the plans assume: the profiler sets it False to plan as a GPU)
 _NUMBA_SIMULATOR = SIMULATOR
@@ -131,12 +133,12 @@ def threads(n: int, gpu: int = 128, sim: int = 8, simulator: bool | None = None)
     """
     if SIMULATOR if simulator is None else simulator:
         return max(1, min(n - 1, sim))
-    return max(32, min(gpu, -(-n // 32) * 32))
+    return max(32, min(gpu, cdiv(n, 32) * 32))
 
 
 def blocks(n: int, per_block: int) -> int:
     """Blocks of per_block threads covering n items (at least 1)."""
-    return max(1, -(-n // per_block))
+    return max(1, cdiv(n, per_block))
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,7 +36,7 @@ before allocates only what it returns.  Buffers whose zeros matter are filled pe
 launch goes through `launch.launch`: numba's launch with its per-launch typing and packing of the arguments
 done once per argument kind (a step loop passes the same arrays at every step).
 
-Why one file (~500 lines): forward and backward read as the twins of reference/network.py's two loops, and
+Why one file: forward and backward read as the twins of reference/network.py's two loops, and
 launch_plan must list exactly the launches they make; keeping the three together keeps them in step.
 """
 from __future__ import annotations
@@ -55,6 +55,7 @@ from ..params import param_regions, unpack
 from ..workspace import ScratchPool
 from ..dropout import dropout_key, dropout_scale, dropout_threshold
 from ..reserve import NONCE_SIZE, reserve_size, reserve_views
+from ..util import cdiv
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, make_put4, threads
@@ -539,7 +540,7 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
                                    phase="backward", B=B)
         version = 2                                                # (v2 where v3 cannot)
     tiles = step_v2.tiles(call.dtype, simulator=not gpu, H=H, B=B, D=D)   # as forward() and backward()
-    row_tiles = -(-B // tiles.TB)                                  # v2 reads R once per row tile
+    row_tiles = cdiv(B, tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H
     proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)   # h' = W_proj m: per row, step; W_proj

@@ -66,7 +66,7 @@ operand's contiguous axis); with BK = 4 a k-contiguous operand gives a warp 16 b
 half a 32-byte sector, whose other half the next k-tile reads (BK = 8 kept whole sectors but cost 148
 registers, one block per SM).
 
-Why one file (~800 lines): the four versions side by side are the lesson (llm.c style); they share the
+Why one file: the four versions side by side are the lesson (llm.c style); they share the
 operand accessors, the launcher and the cache, which would otherwise be imported back and forth.
 """
 from __future__ import annotations
@@ -80,6 +80,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda, types
 
+from numbarnn.util import cdiv
 from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
 
 # common.SIMULATOR is read at call time (the profiler's GPU geometry sets it)
@@ -519,10 +520,10 @@ def split_k_for(M: int, N: int, K: int, config: tuple, sms: int) -> int:
     1 when the output already has a block tile per SM, else enough slices for about one block per SM, as long
     as each slice keeps SPLIT_MIN_K_TILES k-tiles."""
     BM, BN, BK = config[:3]
-    tiles = -(-M // BM) * -(-N // BN)
+    tiles = cdiv(M, BM) * cdiv(N, BN)
     if tiles >= sms:
         return 1
-    return max(1, min(-(-sms // tiles), K // BK // SPLIT_MIN_K_TILES))
+    return max(1, min(cdiv(sms, tiles), K // BK // SPLIT_MIN_K_TILES))
 
 
 def make_split_k_sum_pyfunc(dtype: str):

@@ -43,6 +43,7 @@ import threading
 import numpy as np
 
 from .. import settings
+from ..util import cdiv
 from . import common
 
 FAST_LAUNCH_VAR = settings.SETTINGS["fast_launch"][0]
@@ -330,7 +331,7 @@ def step_kernel_case(H: int = 768, B: int = 16, T: int = 1024, D: int = 1, dtype
     sig = step_signatures(dtype)[0]
     args = [T - 1] + [fake_device_array(shape, str(ty.dtype), 0x100000 * (i + 1))
                       for i, (shape, ty) in enumerate(zip(shapes, sig[1:]))]
-    return driverless_kernel(step, sig), (-(-H // 32), -(-B // 8), D), 64, args
+    return driverless_kernel(step, sig), (cdiv(H, 32), cdiv(B, 8), D), 64, args
 
 
 def driverless_kernel(pyfunc, argtypes, cooperative: bool = False):

@@ -6,12 +6,12 @@ block inside that window get two different arrays, and from then on "shared" mem
 thread sees only its own writes, and the kernel's result is silently wrong.  It is rare (the window is a few
 microseconds; the interpreter switches threads every few milliseconds): found by running GEMM v1-v4 on random
 shapes under ``sys.setswitchinterval(1e-6)``, one wrong result (v4) in 200 launches, and the likely cause of
-a test that failed once under load with a wrong gradient (stop 15, never reproduced).  Widening the window
+a test that once failed under load with a wrong gradient (never reproduced).  Widening the window
 (a slow ``np.empty``) makes it fail every time (tests/test_simulator.py).  Seen in numba-cuda 0.30.4,
 `numba/cuda/simulator/kernelapi.py`, FakeCUDAShared.array.  `install()` replaces that method with the same
 lookup (keyed by the caller's file and line, as the simulator does) under a lock, finding the caller with
-``sys._getframe(1)`` instead of formatting the whole stack on every call (measured: 5 GEMM v4 launches
-24.4/26.0 s before, 22.8/23.3 s after, with the simulator's barrier).  The profiler's recording wrapper
+``sys._getframe(1)`` instead of formatting the whole stack on every call (5 GEMM v4 launches: 22.8-23.3 s,
+24.4-26.0 s with the stack formatted).  The profiler's recording wrapper
 uses `static_shared_array` too.
 
 2. Uninitialised shared memory: a GPU's shared memory holds whatever the last block left there; the simulator's

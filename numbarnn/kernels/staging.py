@@ -17,13 +17,14 @@ A block computes a small product out of shared memory, so every chunk of its ope
 Both read consecutive columns with consecutive threads (coalesced), index with unsigned integers
 (`common.U`: Python's negative-index wrap-around costs a shift, a mask and an add per index otherwise), and
 loop with constant trip counts (unrolled by NVVM).  What that bought, counted in the SASS (`python -m
-numbarnn.kernels.sass`, sm_90, LSTM float32), is in step_v2.py's and step_v3.py's docstrings.
+numbarnn.kernels.sass`, sm_90, LSTM float32), is in bench/results/gpu_h100.md.
 """
 from __future__ import annotations
 
 import functools
 import math
 
+from ..util import cdiv
 from .common import U, acc_dtype, device
 
 #: loads each thread issues before its first store when it stages a tile: a staging loop that stores each load
@@ -73,12 +74,12 @@ def pitch(n: int, dtype) -> int:
     rows of h) a warp reads at one k cover distinct banks, up to 32 / VW rows a wavefront (rows KC words apart
     would all start in bank 0: a 32/TJ-way conflict, the layout the profiler's model caught at first)."""
     VW = vector_words(dtype)
-    return -(-n // VW) * VW + VW
+    return cdiv(n, VW) * VW + VW
 
 
 def rows_per_thread(TB: int, RS: int) -> int:
     """RH: the tile rows one staging thread owns (ceil(TB / RS))."""
-    return -(-TB // RS)
+    return cdiv(TB, RS)
 
 
 @functools.cache
@@ -253,7 +254,7 @@ def make_stage_matrix(dtype, NG: int, NR: int, RS: int):
     (`M.reshape` would call numba's run-time helper numba_attempt_nocopy_reshape.)"""
     acc = acc_dtype(dtype).type
     zero = acc(0.0)
-    RJ = -(-NR // RS)                           # a thread's rows per group
+    RJ = cdiv(NR, RS)                           # a thread's rows per group
     NL = min(LOADS_IN_FLIGHT, RJ)
     FULL = NR % RS == 0 and RJ % NL == 0        # every row a thread visits lies in the tile: no check
 

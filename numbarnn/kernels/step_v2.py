@@ -1,4 +1,4 @@
-"""Step kernels v2: R read once per step, coalesced, all batch rows together (issue 8 item 2).
+"""Step kernels v2: R read once per step, coalesced, all batch rows together.
 
 What changed from v1 and why: v1 gives every (row b, unit j) its own thread that walks R[g*H+j, :] alone, so
 neighbouring threads read addresses a whole row apart (uncoalesced) and every batch row re-reads all of R
@@ -23,32 +23,15 @@ Kernels (templates over a `numbarnn.cells.CellSpec`, like `cell_steps.py`, whose
     recurrent_backward_v2        (with a projection, after v1's backward step, whose fused W_proj^T needs
         all of dh): dh_out[b, k] += sum_gj dgh_s[b, gj] R[gj, k], carry for inactive rows (v1 semantics)
 
-Staging (measured on an H100, bench/results/gpu_h100.md): each thread owns one column of a staged chunk and
-a fixed set of its rows, in loops with constant trip counts that numba unrolls, issuing LOADS_IN_FLIGHT
-global loads before their shared-memory stores.  The first version walked flat element indices (e // KC,
-e % KC per element, ~45 PTX instructions of int64 index arithmetic) and stored each element before loading
-the next (one memory latency each): the forward step at H=768 B=16 took 808 us, now 255 us.
+Staging (`staging.py`, shared with v3): each thread owns one column of a staged chunk and a fixed set of its
+rows, in loops with constant trip counts that numba unrolls, and issues LOADS_IN_FLIGHT global loads before
+their shared-memory stores (storing each load before the next waits a memory latency per element).  R is read
+through `R.flat` from a per-thread offset (one add a load); h's and dgh's rows, time indexes and flat offsets
+are computed once per launch; every index is unsigned (`common.U`: no wrap-around code).
 
-k loops (2026-11-24, counted in the SASS with `python -m numbarnn.kernels.sass`, not timed): a chunk's k loop
-ran `range(min(KC, P - k0))`, a run-time trip count that NVVM neither unrolled nor freed of numba's range
-iterator, with Python's wrap-around of negative indices on every shared load.  The tiles are zero past the
-product's width, so every chunk now runs all KC columns, KU ks unrolled per trip (`staging.unroll`: 8, 4
-where the body would hold more than 64 FMAs), with unsigned shared indices (`common.U`): forward 65 SASS
-instructions per 18 FMAs (3.6) -> 110 per 64 (1.7), the backward's dgh R 129 per 16 (8.1) -> 80 per 32
-(2.5), LSTM float32 sm_90.
-
-Staging, revised (2026-11-24, the same count; `python -m numbarnn.kernels.sass --only _v2 --loops` lists every
-loop's body): the staging loops, not the k loops, were most of a chunk's instructions.  R's rows cost ~40
-instructions a load (a 64-bit row x width product and the wrap-around of two signed indices per element), and
-the backward looked up each dgh row's length per element.  Now (`staging.py`, shared with v3) R is read
-through `R.flat` from a per-thread offset that steps by RS*W (one 64-bit add a load), h's and dgh's rows, time
-indexes and flat row offsets are computed once per launch (`make_tile_rows`, `make_row_offsets`,
-`make_step_offsets`: a load is then `src.flat[off + col]`), their loads are issued before R's and stored after,
-and every index is unsigned.  One chunk of KC = 32 columns (body x trips: chunk loop + staging loops + k
-loops), LSTM float32 sm_90: forward 140 + 4 x 43 + 8 x 343 + 4 x 17 + 16 x 74 = 4,308
-instructions -> 119 + 4 x 175 + 8 x 110 = 1,699 for its 512 FMAs (8.4 -> 3.3 a FMA); backward 666 + 2 x 311
-+ 4 x 85 = 1,628 -> 209 + 4 x 80 = 529 for 128 (12.7 -> 4.1).  Registers (compile report, sm_80/sm_90)
-forward 94/72 -> 88/87 (4 ks unrolled, h's row offsets live), backward 128/128 -> 64/64; 0 spills.
+k loops: the tiles are zero past the product's width, so every chunk runs all KC columns, KU ks unrolled per
+trip (`staging.unroll`): a constant trip count, which NVVM unrolls.  The H100 measured v2 latency bound, so the
+instructions a thread issues are its time (`python -m numbarnn.kernels.sass --only _v2 --loops` counts them).
 
 Tiles (`Tiles`): on a GPU TJ = 32 units (a warp: coalesced gx/y/acts rows in the epilogue and a 128-byte R row
 segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 reads R exactly once; 4 x RB
@@ -56,21 +39,17 @@ accumulators per thread), KC = 32 columns per chunk (one 128-byte float32 line p
 16-byte aligned and the R tile's rows KC + 4 words apart (`staging.pitch`): each thread reads 4 consecutive k
 of a row at once, which NVVM fuses into one LDS.128 (the h and dgh tiles are a broadcast per warp and need no
 padding), and the 32 rows a warp reads at one k spread over all 32 banks, 4 wavefronts for its 512 bytes.
-Per chunk, LSTM float32 sm_90: forward k loops 8 x 110 -> 8 x 86 instructions (1,699 -> 1,515 in all),
-backward 4 x 80 -> 4 x 56 (529 -> 432; its R tile is read down a column: scalar loads).
 
-Narrow tiles (`narrow`, 2026-11-26, the MODEL only: not timed): the H100 measured v2 latency bound at 768x16
-with 48 blocks (24 unit tiles x 2 row tiles) of 2 warps on its 132 SMs.  Where the GPU tiles' grid has fewer
-blocks than the GPU has SMs, `tiles` gives TJ = 16, RG = 4, RB = 2: the same 8 rows and 64 threads, twice the
-blocks (96 at 768x16), half the rows and FMAs a thread; R is read as often (per row tile), h by twice the
-blocks (B x P words each).  The model's v2 step, H100, without the launch (`roofline.v2_step_traffic`: the SMs
-with a block do the work): 768x16 forward 7.2 -> 4.1 us, 256x4 2.4 -> 1.4, 512x32 4.8 -> 2.8; 1024x64 (256
-blocks) keeps the GPU tiles.  Compile report (LSTM float32, sm_80/sm_90, GPU -> narrow tiles): forward 96/96 ->
-86/78 registers and 19/20 -> 10/11 KiB of shared memory, backward 64/64 -> 56/56, 0 spills.
+Narrow tiles (`narrow`): where the GPU tiles' grid has fewer blocks than the GPU has SMs (768x16: 48 blocks of
+2 warps on an H100's 132 SMs, latency bound), `tiles` gives TJ = 16, RG = 4, RB = 2: the same 8 rows and 64
+threads, twice the blocks, half the rows and FMAs a thread; R is read as often (per row tile), h by twice the
+blocks (B x P words each).
 
 In the simulator the tiles are tiny and divide nothing (TJ = 3, RG = 2, RB = 2, KC = 2) so that partial tiles
 in units, rows and K are always exercised.  float64 uses KC = 16 (the R tile of 32 KC = 32 would be 34 KiB: 4
 blocks per SM on sm_80).
+
+Each revision's instruction counts and timings: bench/results/gpu_h100.md.
 """
 from __future__ import annotations
 
@@ -81,6 +60,7 @@ from numba import cuda, int64, types
 
 from .. import settings
 from ..cells import get_cell
+from ..util import cdiv
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, U, acc_dtype, arr, device, nb
@@ -143,13 +123,13 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
 
 def grid(n_units: int, B: int, D: int, t: Tiles) -> tuple:
     """(blocks over units, blocks over rows, directions)."""
-    return (max(1, -(-n_units // t.TJ)), max(1, -(-B // t.TB)), D)
+    return (max(1, cdiv(n_units, t.TJ)), max(1, cdiv(B, t.TB)), D)
 
 
 def r_bytes_per_step(G: int, H: int, P: int, B: int, D: int, itemsize: int, t: Tiles = GPU_TILES) -> int:
     """Bytes of R loaded per step by the forward (and backward) product, counted per tile: every block loads
     its G*TJ rows (the units < H) of every K column once, and there are ceil(B / TB) row tiles per direction."""
-    return D * (-(-B // t.TB)) * G * H * P * itemsize
+    return D * cdiv(B, t.TB) * G * H * P * itemsize
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Step kernel v3: persistent forward and backward, one launch per layer for all T steps (issue 8 item 3).
+"""Step kernel v3: persistent forward and backward, one launch per layer for all T steps.
 
 What changed from v2 and why: v2 reads R from global memory once per step (ceil(B/TB) x |R|) and pays a launch
 per step.  v3 gives each block a fixed slice of TJ hidden units (x all G gates, x every batch row, one
@@ -16,9 +16,8 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
                               tested on many blocks too.)
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced:
-`make_fetch`, `make_put_rows`), the product comes from the R slice in shared memory (rows padded
-by one column, like the h tile's: no bank conflicts), and the cell's pointwise forward is v2's epilogue
-(`step_v2.make_forward_epilogue`).
+`make_fetch`, `make_put_rows`), the product comes from the R slice in shared memory, and the cell's pointwise
+forward is v2's epilogue (`step_v2.make_forward_epilogue`).
 
 The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
 kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
@@ -26,49 +25,28 @@ block before the barrier) is staged like h (`make_fetch`, row times and offsets 
 cell's backward is v2's epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
 finishes dh0.
 
-The product loops, revised (what the H100 run measured, bench/results/gpu_h100.md: latency bound, one warp per
-scheduler, so the instructions a thread issues per step are its time; `python -m numbarnn.kernels.sass` counts
-them in the SASS, no GPU needed).  LSTM float32, H = 512 slice, sm_90, before -> after:
-  - k loop with a constant trip count: the slices are zero-padded to their capacity (KMAX, HMAX: whole chunks),
-    so a chunk always has KC columns; the k loop runs KC // KU trips of KU = 8 unrolled ks
-    (`staging.unroll`: NVVM unrolls 8, not 32) and its shared indices are unsigned (`common.U`: no wrap-around
-    code).  Forward k loop 79 instructions per 8 FMAs (9.9 a FMA) -> 85 per 32 (2.7; the floor is 2.25: 5
-    loads per 4 FMAs).
+With a projection each step has two phases, a grid barrier after each (each needs every block's results of
+the one before): forward A, the cell for the block's TJ units -> m; B, h' = W_proj m for the block's TQ
+projected outputs (W_proj's rows in shared memory).  Backward P, dh = dgh_s R for the block's TQ columns of R;
+U, dm = W_proj^T (dy + dh) for the block's TJ units (W_proj's columns in shared memory), then the cell's
+backward (`make_backward_proj_phases`).
+
+The product loops: the H100 measured v3 latency bound at about one warp per scheduler, so the instructions a
+thread issues per step are its time (`python -m numbarnn.kernels.sass --per-step` counts them, no GPU needed):
+  - the slices are zero-padded to whole chunks (KMAX, HMAX), so the k loop has a constant trip count: KC // KU
+    trips of KU = 8 unrolled ks (`staging.unroll`: NVVM unrolls 8, not 32), unsigned shared indices (`common.U`);
   - the next chunk's global loads are issued before this chunk's products (registers, `Slice.PF`; not where
-    they would not fit: float64 at TJ = 1), and the backward looks up each staged row's time index once per
-    row tile, not per element: its chunk, staging and barriers included, 1002 instructions + 7 x 105 of k loop
-    for 32 FMAs -> 268 for 33 (8.1 a FMA); even and odd k in two accumulators (two FMA chains, not one).
-  - a row tile with fewer rows than the block holds (B = 16 on the 32 rows of H = 768's TJ = 2 slice, B = 4 on
-    the 8 of H = 256's) splits its chunks of K over the row groups its rows leave idle (`make_split_k`: rounds
-    of KS chunks, one per split, then the splits' partial sums added through shared memory, `red`); v3 had
-    half of those warps compute zeros.  Each staging thread owns RH consecutive tile rows, all in one split,
-    so its rows share one column per round.
-  Per step and thread at the DeepBench shapes (SASS loop counts x trips, sm_90, LSTM float32), before -> after:
-  768x16 forward 41,016 -> 6,480 instructions, backward 192,672 -> 15,775; 256x4 forward 12,744 -> 1,716,
-  backward 55,584 -> 3,305; 512x32 forward 50,976 -> 14,752, backward 222,336 -> 33,264; 1024x64 forward
-  109,376 -> 34,560, backward 513,792 -> 84,134.  Registers (compile report, H = 512 slice) forward 193/168 ->
-  167/138 (sm_80/sm_90), backward 216/113 -> 204/166; at the TJ = 2 slices of H = 768 and 1024 (16 staged
-  rows a thread) forward 215/186, backward 216/164; 0 spills in every v3 kernel.
-  Then (staging.py, shared with v2): each staged row's flat offset is computed once per row tile and a
-  round's load is `src.flat[off + col]` (`staging.make_fetch`), not a 64-bit product of the row's time index
-  and batch row with the array's strides per row and round: the backward's round 268 -> 232 instructions
-  (H = 512 slice); per step 768x16 forward 6,480 -> 6,312, backward 15,775 -> 14,592; 256x4 1,716 -> 1,712,
-  3,305 -> 3,152; 512x32 14,752 -> 14,688, 33,264 -> 29,696; 1024x64 34,560 -> 33,664, 84,134 -> 77,824.
-  Then vector loads (`staging.pitch`): the slices and tiles are declared 16-byte aligned with rows KMAX + 4 and
-  KC + 4 words apart (were + 1), and the k loop reads V = 4 consecutive k of a row at a time, so NVVM fuses
-  them into one LDS.128: a forward k loop of 8 ks, 32 FMAs, had 40 scalar shared loads in 85 instructions,
-  now 10 vector ones in 56; per step 768x16 forward 6,312 -> 4,884, backward 14,592 -> 12,144; 256x4
-  1,712 -> 1,224, 3,152 -> 2,368; 512x32 14,688 -> 10,752, 29,696 -> 23,552; 1024x64 33,664 -> 26,048,
-  77,824 -> 64,768.  The extra 3 words keep the banks apart for vectors: the TJ rows of R a warp reads at once
-  are 16 bytes further along the banks each (one wavefront up to TJ = 8); the h tile's 32/TJ row groups, 16
-  bytes each, take the fewest wavefronts their bytes allow (2 at TJ = 2).  The profiler counts these loads as
-  the vectors they compile to (`profiler.fuse_vector_loads`).
-  Then wider blocks (`widen`, `widths`, `choose`): `plan` sizes the slices for blocks of THREADS = 64; given the
-  batch, a GPU runs the same slice with more row groups (96 to 256 threads) where that cuts a thread's rounds
-  (more splits of K for a small batch, fewer row tiles for a large one) and the grid stays co-resident: more
-  warps an SM, fewer instructions each.  Per step at 768x16 forward 4,884 -> 3,256 (96 threads), backward
-  12,144 -> 6,072 (128); 256x4 1,224 -> 612, 2,368 -> 1,184; 512x32 10,752 -> 5,376, 23,552 -> 11,776 (128);
-  1024x64 unchanged (64: a wider h tile does not fit).
+    they would not fit: float64 at TJ = 1); a staged row's time index and flat offset are computed once per row
+    tile (`staging.make_fetch`); the backward adds even and odd k in two accumulators (two FMA chains);
+  - a row tile with fewer rows than the block holds splits its chunks of K over the row groups its rows leave
+    idle (`make_split_k`), the splits' partial sums added through shared memory (`red`);
+  - the slices and tiles are 16-byte aligned, rows KMAX + 4 and KC + 4 words apart (`staging.pitch`): a thread
+    reads V = 4 consecutive k of a row as one LDS.128, and a warp's rows fall on distinct banks;
+  - `plan` sizes the slices for blocks of THREADS = 64; given the batch, `choose` runs the same slice with more
+    row groups (96 to 256 threads, `widen`, `widths`) where that cuts a thread's rounds and the grid stays
+    co-resident: more warps an SM, fewer instructions each.
+
+Each revision's instruction counts and timings: bench/results/gpu_h100.md.
 """
 from __future__ import annotations
 
@@ -80,6 +58,7 @@ from numba import cuda, types
 
 from .. import settings
 from ..cells import get_cell
+from ..util import cdiv
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
@@ -140,7 +119,7 @@ def prefetches(dtype, sl: Slice) -> bool:
     few (at most 16 words: float64 at TJ = 1 stages 32 rows a thread, and its backward spilled 180 bytes on
     sm_80 with them); else each chunk is staged just before it is stored, as in v2."""
     RS = sl.threads // sl.KC
-    return -(-sl.TB // RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
+    return cdiv(sl.TB, RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
 
 SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
 SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
@@ -170,7 +149,7 @@ def slice_bytes(G: int, sl: Slice, dtype) -> int:
 
 def projected_per_block(H: int, P: int, TJ: int) -> int:
     """TQ: the projected outputs a block owns when ceil(H / TJ) blocks share P (<= TJ since P <= H)."""
-    return max(1, -(-P // -(-H // TJ)))
+    return max(1, cdiv(P, cdiv(H, TJ)))
 
 
 def h_pitch(sl: Slice, dtype) -> int:
@@ -194,18 +173,18 @@ def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj:
             return None
         return SIM_SLICE._replace(TQ=projected_per_block(H, P, SIM_SLICE.TJ),
                                   HMAX=SIM_SLICE.KMAX) if has_proj else SIM_SLICE
-    kmax = -(-P // 32) * 32
+    kmax = cdiv(P, 32) * 32
     for TJ in (16, 8, 4, 2, 1):
         sl = Slice(TJ=TJ, RG=THREADS // TJ, RB=1, KC=32, KMAX=kmax)
         if has_proj:
-            sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=-(-H // 32) * 32)
+            sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=cdiv(H, 32) * 32)
         if slice_bytes(G, sl, dtype) <= SMEM_BUDGET and TJ <= max(H, 1):
             return sl._replace(PF=prefetches(dtype, sl))
     return None
 
 
 def blocks_needed(H: int, D: int, sl: Slice) -> int:
-    return -(-H // sl.TJ) * D
+    return cdiv(H, sl.TJ) * D
 
 
 def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
