@@ -233,10 +233,9 @@ _VALIDATED: dict = {}       # signature of a call that passed validate_forward -
 _VALIDATED_MAX = 256
 
 
-def _signature(arrays, sequence_lengths, attrs) -> tuple | None:
-    """Everything validate_forward's checks read, as a hashable key: each array's class, shape and dtype, the
-    lengths' values, each attribute's type and value (True and 1 must not share an entry); None where some
-    input has no such key (lists, torch tensors, device lengths: those take the full checks every time)."""
+def array_keys(arrays) -> list | None:
+    """Each array's (class, shape, dtype), None for None: what shape checks read of it; None where one is no
+    NumPy or device array (lists, torch tensors: those take the full checks every time)."""
     key = []
     for a in arrays:
         if a is None:
@@ -245,6 +244,16 @@ def _signature(arrays, sequence_lengths, attrs) -> tuple | None:
             key.append((type(a), a.shape, a.dtype))
         else:
             return None
+    return key
+
+
+def _signature(arrays, sequence_lengths, attrs) -> tuple | None:
+    """Everything validate_forward's checks read, as a hashable key: each array's class, shape and dtype, the
+    lengths' values, each attribute's type and value (True and 1 must not share an entry); None where some
+    input has no such key (lists, torch tensors, device lengths: those take the full checks every time)."""
+    key = array_keys(arrays)
+    if key is None:
+        return None
     if sequence_lengths is None:
         key.append(None)
     elif type(sequence_lengths) is np.ndarray:

@@ -15,12 +15,12 @@ import numpy as np
 from . import params as _params
 from .backends import get_backend
 from .block_lstm_config import validate_block_lstm, validate_block_lstm_grad
-from .config import (RNNCall, check_host_reserved, check_reserve_nonce, encode_host_reserved, output_shape,
+from .config import (RNNCall, array_keys, check_host_reserved, check_reserve_nonce, encode_host_reserved, output_shape,
                      rnn_config, state_shapes, validate_forward)
 
 from .reserve import new_nonce, reserve_size
 from .reserve import write_nonce as _write_nonce
-from .validation import as_array, check_same_dtype, check_shape, is_device_array, shape_of
+from .validation import as_array, check_same_dtype, check_shape, shape_of
 
 __all__ = ["cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params", "cudnn_rnn_params_to_canonical",
            "cudnn_rnn_canonical_weight_shapes", "cudnn_rnn_canonical_bias_shapes",
@@ -162,17 +162,10 @@ _BACKWARD_VALIDATED: set = set()
 
 def _backward_signature(call: RNNCall, arrays, host_reserved) -> tuple | None:
     """Everything `_check_backward` reads, as a hashable key (None: some argument has none, checked every time)."""
-    key = [call, call.config.cell]
-    for arr in arrays:
-        if arr is None:
-            key.append(None)
-        elif isinstance(arr, np.ndarray) or is_device_array(arr):
-            key.append((type(arr), arr.shape, arr.dtype))
-        else:
-            return None
-    if type(host_reserved) is not np.ndarray:
+    key = array_keys(arrays)
+    if key is None or type(host_reserved) is not np.ndarray:
         return None
-    key.append((host_reserved.dtype, host_reserved.shape, host_reserved.tobytes()))
+    key += [call, call.config.cell, (host_reserved.dtype, host_reserved.shape, host_reserved.tobytes())]
     return tuple(key)
 
 
