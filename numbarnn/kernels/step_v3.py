@@ -54,6 +54,7 @@ import functools
 import math
 from typing import NamedTuple
 
+import numpy as np
 from numba import cuda, types
 
 from .. import settings
@@ -968,6 +969,23 @@ def device_geometry_or_none() -> tuple | None:
 
 def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
            phase: str = "forward", B: int | None = None):
+    """`_choose`, remembered per layer shape, setting and GPU in a process on a GPU (compiling and asking the
+    device took ~0.3 ms of a host-bound call); in the simulator, asked every time (its tests and the profiler
+    change the cooperative limit)."""
+    sim = common.SIMULATOR if simulator is None else simulator
+    if sim or common.SIMULATOR:
+        return _choose(cell, dtype, H, P, D, has_proj, sim, phase, B)
+    return _choose_on_gpu(cell, np.dtype(dtype), H, P, D, has_proj, phase, B, settings.get("v3_wide"),
+                          cuda.get_current_device().id)
+
+
+@functools.lru_cache(maxsize=256)
+def _choose_on_gpu(cell, dtype, H, P, D, has_proj, phase, B, wide, device):
+    return _choose(cell, dtype, H, P, D, has_proj, False, phase, B)
+
+
+def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phase: str = "forward",
+            B: int | None = None):
     """(Slice, why) when the persistent kernel of `phase` ("forward" or "backward") can run this layer, else
     (None, why not).
 
@@ -983,7 +1001,6 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     is compiled and asked (the device decides); `plan`'s block of THREADS is the fallback (and the only block
     with NUMBARNN_V3_WIDE=0: `bash bench/gpu_run.sh wide` times both).  The simulator keeps SIM_SLICE (its
     tests run the wider row groups explicitly)."""
-    sim = common.SIMULATOR if simulator is None else simulator
     sl = plan(cell.G, H, P, dtype, simulator=sim, has_proj=has_proj)
     if sl is None:
         what = f"P={P}, H={H} (projection)" if has_proj else f"P={P}"
