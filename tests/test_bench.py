@@ -555,3 +555,18 @@ def test_train_loop_and_memory_benches_run_at_tiny_sizes(capsys):
     assert _bench_script("bench_memory").main(["--T", "3", "--B", "2", "--I", "4", "--H", "4", "--L", "1"]) == 0
     out = capsys.readouterr().out
     assert "numbarnn.torch / torch.nn:" in out and "losses agree" in out and "peak RSS growth" in out
+
+
+def test_gpu_torch_script_validates_then_times(monkeypatch, capsys):
+    """bench/gpu_torch.py (numbarnn.torch against torch.nn on CUDA tensors) on the CPU at a tiny shape: the two
+    modules agree before anything is timed, and a disagreement is reported and not timed."""
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gpu_torch", root / "bench" / "gpu_torch.py")
+    gpu_torch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_torch)
+    result = gpu_torch.compare(6, 2, 3, "cpu", rounds=3)
+    assert result["err"] <= gpu_torch.TOLERANCE and all(t > 0 for t in result["fwd"] + result["fwd+bwd"])
+    monkeypatch.setattr(gpu_torch, "TOLERANCE", -1.0)
+    assert "fwd" not in gpu_torch.compare(6, 2, 3, "cpu", rounds=3)
+    assert "FAILED, not timed" in capsys.readouterr().out
