@@ -29,7 +29,7 @@ global loads before their shared-memory stores.  The first version walked flat e
 e % KC per element, ~45 PTX instructions of int64 index arithmetic) and stored each element before loading
 the next (one memory latency each): the forward step at H=768 B=16 took 808 us, now 255 us.
 
-k loops (2026-11-24, counted in the SASS with `python -m numbarnn.kernels.sass`, not timed): a chunk's k loop
+k loops (2026-11-24, counted in the SASS with `python -m numbarnn.analysis.sass`, not timed): a chunk's k loop
 ran `range(min(KC, P - k0))`, a run-time trip count that NVVM neither unrolled nor freed of numba's range
 iterator, with Python's wrap-around of negative indices on every shared load.  The tiles are zero past the
 product's width, so every chunk now runs all KC columns, KU ks unrolled per trip (`staging.unroll`: 8, 4
@@ -37,7 +37,7 @@ where the body would hold more than 64 FMAs), with unsigned shared indices (`com
 instructions per 18 FMAs (3.6) -> 110 per 64 (1.7), the backward's dgh R 129 per 16 (8.1) -> 80 per 32
 (2.5), LSTM float32 sm_90.
 
-Staging, revised (2026-11-24, the same count; `python -m numbarnn.kernels.sass --only _v2 --loops` lists every
+Staging, revised (2026-11-24, the same count; `python -m numbarnn.analysis.sass --only _v2 --loops` lists every
 loop's body): the staging loops, not the k loops, were most of a chunk's instructions.  R's rows cost ~40
 instructions a load (a 64-bit row x width product and the wrap-around of two signed indices per element), and
 the backward looked up each dgh row's length per element.  Now (`staging.py`, shared with v3) R is read
