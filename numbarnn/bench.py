@@ -63,7 +63,7 @@ import sys
 from . import device as _device
 from . import measure
 from .cells import cell_names
-from .kernels.roofline import DEEPBENCH   # no numba (numba is imported after use_simulator_unless_gpu)
+from .analysis.roofline import DEEPBENCH   # no numba (numba is imported after use_simulator_unless_gpu)
 from .device import SIM_VAR
 from .measure import timed_ms  # noqa: F401 (numbarnn.bench.timed_ms: older tutorials)
 from .measure import (BACKENDS, BASELINES, CHECK_T, Row, cpu_status, cuda_status, make_adapter, measure_all,
@@ -301,7 +301,7 @@ def default_shapes(args, backends: list[str], cuda_simulated: bool) -> list[tupl
 def print_gpu_model() -> None:
     """No GPU to time the kernels on: print the memory profiler's roofline MODEL of them instead."""
     try:
-        from .kernels.profiler import model_report
+        from .analysis.profiler import model_report
         text = model_report()
     except Exception as exc:   # informative only: the timings above stand on their own
         text = f"(no GPU model: {type(exc).__name__}: {exc})"

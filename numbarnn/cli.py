@@ -160,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              "roofline model of its time",
                              description="Runs cudnn_rnn_v3 + cudnn_rnn_backprop_v3 on the cuda backend in numba's "
                                          "CUDA simulator (always, GPU or not) and records every global and shared "
-                                         "memory access (numbarnn.kernels.profiler). Defaults: H=I=32 B=8 T=3.")
+                                         "memory access (numbarnn.analysis.profiler). Defaults: H=I=32 B=8 T=3.")
     _add_config_flags(profile)
-    from .kernels.profiler import add_arguments as add_profile_arguments
+    from .analysis.profiler import add_arguments as add_profile_arguments
     add_profile_arguments(profile)
 
     sub.add_parser("kernels", help="registers, spills and occupancy of every kernel ([--json] [--cc 80 90])",
@@ -303,7 +303,7 @@ def plan_table(plan: list[dict], call) -> str:
                      f"({grid}) x {r['block']}" if r["block"] else "-", _human(r["flops"]), _human(r["bytes"]) + "B"))
     out = [format_table(("phase", "layer", "kernel", "launches", "grid x block", "FLOP/launch", "bytes/launch"),
                         rows)]
-    from .kernels.profiler import is_step_kernel   # one rule for "launched per step" (imports no numba)
+    from .analysis.profiler import is_step_kernel   # one rule for "launched per step" (imports no numba)
     steps = max(call.lengths, default=0)
     for phase in ("forward", "backward"):
         total = sum(r["launches"] for r in plan if r["phase"] == phase)
@@ -385,9 +385,9 @@ def _explain_block(spec: Spec) -> int:
 
 def cmd_kernels(argv) -> int:
     try:
-        report = importlib.import_module("numbarnn.kernels.report")
+        report = importlib.import_module("numbarnn.analysis.report")
     except Exception as exc:
-        print(f"numbarnn kernels: error: numbarnn.kernels.report does not import ({_exc(exc)})", file=sys.stderr)
+        print(f"numbarnn kernels: error: numbarnn.analysis.report does not import ({_exc(exc)})", file=sys.stderr)
         return 2
     try:
         return int(report.main(list(argv)) or 0)
@@ -396,9 +396,9 @@ def cmd_kernels(argv) -> int:
 
 
 def cmd_profile(args) -> int:
-    """`numbarnn profile`: all of it lives in numbarnn.kernels.profiler (runs in the simulator, a subprocess
+    """`numbarnn profile`: all of it lives in numbarnn.analysis.profiler (runs in the simulator, a subprocess
     if need be)."""
-    from .kernels import profiler
+    from .analysis import profiler
     return profiler.cli_main(args, spec_from_args)
 
 

@@ -53,7 +53,7 @@ def _simulator_state() -> dict:
         state["common.SIMULATOR"] = kernels[0].SIMULATOR
     if kernels[1] is not None:
         state["GemmVersion.default_config"] = kernels[1].GemmVersion.__dict__["default_config"]
-    profiler = sys.modules.get("numbarnn.kernels.profiler")
+    profiler = sys.modules.get("numbarnn.analysis.profiler")
     if profiler is not None:
         state["profiler recording"] = profiler._RECORDER
     return state

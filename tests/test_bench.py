@@ -269,7 +269,7 @@ def test_step_versions_and_deepbench_errors_exit_2(argv, words, capsys, timed_ba
 
 def test_deepbench_shapes_are_the_models(monkeypatch, capsys):
     """--deepbench times the shapes the roofline model and bench/results/gpu_h100.md use."""
-    from numbarnn.kernels import roofline
+    from numbarnn.analysis import roofline
     seen = []
 
     def measure_all(modes, dtype, shapes, *args, **kwargs):

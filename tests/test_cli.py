@@ -238,9 +238,9 @@ def test_real_gpu_variable_is_honoured(monkeypatch):
 
 def test_kernels_delegates_to_report(monkeypatch):
     got = []
-    report = types.ModuleType("numbarnn.kernels.report")
+    report = types.ModuleType("numbarnn.analysis.report")
     report.main = lambda argv: got.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "numbarnn.kernels.report", report)
+    monkeypatch.setitem(sys.modules, "numbarnn.analysis.report", report)
     assert cli.main(["kernels", "--json", "--cc", "80", "90"]) == 0
     assert got == [["--json", "--cc", "80", "90"]]
 

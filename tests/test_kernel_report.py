@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from numbarnn.kernels import gemm as G
-from numbarnn.kernels import registry, report, roofline
+from numbarnn.analysis import report
+from numbarnn.kernels import registry, step_v3
 
 # one real nvJitLink -verbose info log (sm_80), with spills edited in
 CANNED_LOG = """\
@@ -171,7 +172,8 @@ DEVICE_FUNCTION_PROGRAM = """
 import json
 from numba import cuda
 from numba.cuda import dispatcher
-from numbarnn.kernels import common, report
+from numbarnn.analysis import report
+from numbarnn.kernels import common
 
 @common.device
 def twice(x):
@@ -205,7 +207,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     """The CI gate of the kernels issue: every registered specialisation of every module compiles for real
     GPUs through NVVM + nvJitLink, with no spills and no device function left as a call (run without the
     simulator, as `numbarnn kernels` does)."""
-    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.report", "--json"],
                           env=_env_without_simulator(), capture_output=True, text=True, timeout=1800)
     assert proc.stdout, proc.stderr
     result = json.loads(proc.stdout)
@@ -238,8 +240,8 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     # v4: 2 operands x 2 buffers x BK=4 rows of 128 + 8 (padding) float32
     assert by_key[("gemm_v4_nn", "float32", "80")]["shared"] == 2 * 2 * 4 * (128 + 8) * 4
     # the roofline model's v3 co-residency uses this register count: it must follow the kernel
-    assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_REGISTERS
-    assert by_key[("lstm_backward_persistent_v3", "float32", "90")]["registers"] == roofline.V3_BACKWARD_REGISTERS
+    assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == step_v3.V3_REGISTERS
+    assert by_key[("lstm_backward_persistent_v3", "float32", "90")]["registers"] == step_v3.V3_BACKWARD_REGISTERS
     # the report states the persistent kernels' co-residency at H = 256, 512, 1024 (issue 8 item 3)
     co = result["co_residency"]
     assert {(e["kernel"], e["cc"], e["H"], e["D"]) for e in co} == {

@@ -1,4 +1,4 @@
-"""The simulator memory profiler (numbarnn.kernels.profiler) on known answers, and its roofline model.
+"""The simulator memory profiler (numbarnn.analysis.profiler) on known answers, and its roofline model.
 
 Known answers use blocks of >= 32 threads so full warps exist (plus one partial warp).  float32 throughout:
 a warp's 32 x 4 bytes = 128 bytes = 4 sectors of 32 bytes.
@@ -11,7 +11,8 @@ import pytest
 from numba import cuda
 
 from numbarnn.cells import get_cell
-from numbarnn.kernels import common, profiler, roofline, step_v2, step_v3
+from numbarnn.analysis import profiler, roofline
+from numbarnn.kernels import common, step_v2, step_v3
 from numbarnn.kernels.cell_steps import make_forward_step
 from numbarnn.kernels.recurrent import make_recurrent_backward
 

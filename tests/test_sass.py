@@ -1,4 +1,4 @@
-"""The SASS of the kernels' hot loops (numbarnn/kernels/sass.py): the parser on a canned listing, and (marked
+"""The SASS of the kernels' hot loops (numbarnn/analysis/sass.py): the parser on a canned listing, and (marked
 `compile`: NVVM, nvJitLink and nvdisasm, no GPU, no simulator) the instruction counts of v3's product loops,
 which the constant-trip, unsigned-index k loops brought down (issue 8: what a latency-bound kernel with one warp
 per scheduler spends its time on)."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from numbarnn.kernels import sass
+from numbarnn.analysis import sass
 
 # nvdisasm's layout (sm_90), shortened: an outer loop .L_x_1 around an inner loop .L_x_2, and a forward branch
 CANNED = """\
@@ -69,7 +69,8 @@ def _env_without_simulator():
 
 MEASURE = """
 import json
-from numbarnn.kernels import registry, sass
+from numbarnn.analysis import sass
+from numbarnn.kernels import registry
 from numba import cuda
 names = ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3", "lstm_forward_step_v2", "lstm_backward_step_v2")
 specs = [s for s in registry.all_specs() if s.name in names and s.dtype == "float32"]
@@ -138,10 +139,10 @@ def test_command_line_says_what_it_needs():
     """Under the simulator (no real compile possible) the tool says so and exits 2; without nvdisasm it names the
     package that provides it and exits 2; with it, a name nothing matches exits 2 naming it."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.sass"], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.sass"], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 2 and "NUMBA_ENABLE_CUDASIM" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.sass", "--only", "no_such_kernel"],
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.sass", "--only", "no_such_kernel"],
                           env=_env_without_simulator(), capture_output=True, text=True, timeout=120, check=False)
     needs = sass.NVDISASM_MISSING if sass.nvdisasm_path() is None else "no_such_kernel"
     assert proc.returncode == 2 and needs in proc.stderr, proc.stderr

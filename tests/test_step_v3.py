@@ -300,7 +300,7 @@ def test_widths_cut_the_rounds_a_thread_runs():
     rounds a thread) 96 threads split K 3 ways (8 rounds), 128 threads 4 ways (6); the same R slice, so the
     same blocks.  A width whose larger h tile does not fit the budget is left out (H = 1024: TJ = 2 at 128
     threads), as is one that cuts no round (H = 512, B = 16: 96 threads hold 24 rows, one split)."""
-    from numbarnn.kernels.roofline import v3_rounds
+    from numbarnn.kernels.step_v3 import v3_rounds
     base = step_v3.plan(4, 768, 768, "float32", simulator=False)
     assert base.threads == step_v3.THREADS and base.TJ == 2 and v3_rounds(16, base) == 12
     got = step_v3.widths(4, base, 16, "float32")
@@ -325,12 +325,11 @@ class FakeDevice:
     from `registers` (its own figure, not choose's estimate); records the slices it was asked about."""
 
     def __init__(self, monkeypatch, registers, cc=(9, 0), sms=132):
-        from numbarnn.kernels import roofline
         self.asked = []
 
         def limit(phase, cell, dtype, sl, has_proj):
             self.asked.append(sl.threads)
-            return roofline.v3_limit(cc, sms, cell.G, sl, dtype, registers)
+            return step_v3.v3_limit(cc, sms, cell.G, sl, dtype, registers)
 
         monkeypatch.setattr(step_v3, "device_geometry", lambda: (cc, sms))
         monkeypatch.setattr(step_v3, "device_cooperative_limit", limit)

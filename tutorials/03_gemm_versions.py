@@ -34,7 +34,7 @@ idea.  A transposed operand is read through swapped indices (flags trans_a / tra
                             The gemm entry point (so every driver) uses v4; version=3 selects v3.
 
 v3 against v4 with the GPU tiles (FMAs per load counted from the tile sizes; registers, shared memory
-and occupancy from `python -m numbarnn.kernels.report --only gemm_v`, sm_80 / sm_90, 256 threads):
+and occupancy from `python -m numbarnn.analysis.report --only gemm_v`, sm_80 / sm_90, 256 threads):
 
                               v3 (64x64x8, 4x4)        v4 (128x128x4, 8x8)
     FMAs per shared load      16 / 8 = 2               64 / 16 = 4

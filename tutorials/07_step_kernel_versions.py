@@ -205,14 +205,14 @@ def wider_blocks(rng):
     more warps to hide their latency.  step_v3.widths lists the widths that help; step_v3.choose runs the widest
     that is co-resident on the device.  Here: what it picks on an H100 (from the register estimate, as choose
     does before compiling), then the persistent forward run both ways, which must leave the same h."""
-    from numbarnn.kernels import roofline
-    gpu = roofline.GPUS["H100 SXM"]
+    from numbarnn.kernels.gpus import GPUS
+    gpu = GPUS["H100 SXM"]
     print(f"  on an {gpu.name} ({gpu.sms} SMs), LSTM float32 forward: rounds of products a thread runs per step")
     for H, B in ((768, 16), (256, 4), (512, 32), (1024, 64)):
         base = step_v3.plan(LSTM.G, H, H, "float32", simulator=False)
-        wide = roofline.v3_co_residency(gpu, H, H, LSTM.G, 1, "float32", B=B)[0]
-        print(f"    H = {H:<4} B = {B:<3} TJ = {base.TJ}: {base.threads} threads {roofline.v3_rounds(B, base):>3} "
-              f"rounds -> {wide.threads} threads {roofline.v3_rounds(B, wide):>3} rounds")
+        wide = step_v3.v3_co_residency(gpu, H, H, LSTM.G, 1, "float32", B=B)[0]
+        print(f"    H = {H:<4} B = {B:<3} TJ = {base.TJ}: {base.threads} threads {step_v3.v3_rounds(B, base):>3} "
+              f"rounds -> {wide.threads} threads {step_v3.v3_rounds(B, wide):>3} rounds")
     # in the simulator: one block of TJ = 3 units, B = 2 rows; 2 row groups of 1 row (6 threads, no idle row
     # group: 3 rounds of chunks) against 4 (12 threads: 2 splits, 2 rounds)
     narrow = step_v3.SIM_SLICE._replace(RG=2, RB=1)
@@ -221,9 +221,9 @@ def wider_blocks(rng):
     h = {}
     for sl in (narrow, wide):
         h[sl.threads] = run_persistent_forward(H, B, T, rng, sl)[1]
-        splits = roofline.v3_splits(B, sl)[0][1]
+        splits = step_v3.v3_splits(B, sl)[0][1]
         print(f"    simulator, H = {H}, B = {B}: {sl.threads} threads, {splits} split(s) of K, "
-              f"{roofline.v3_rounds(B, sl)} rounds a thread")
+              f"{step_v3.v3_rounds(B, sl)} rounds a thread")
     assert relative_error(h[wide.threads], h[narrow.threads]) < 1e-13, "the wider block's h differs"
     print("    both leave the same h (to 1e-13)")
 

@@ -26,7 +26,7 @@ DTYPES = ("float16", "float32", "float64")
 
 #: the type of shared-memory indices in hot loops: numba wraps a negative *signed* index Python-style (a shift,
 #: a mask and an add per access, and the wrapped address kept in a register), an unsigned one is a plain
-#: address.  Measured in v3's k loop (python -m numbarnn.kernels.sass), as earlier in GEMM v4's registers.
+#: address.  Measured in v3's k loop (python -m numbarnn.analysis.sass), as earlier in GEMM v4's registers.
 U = np.uint64
 
 
@@ -38,7 +38,7 @@ def device(fn):
     copying the callee and re-running its untyped passes at every call site of every kernel, nested helpers
     included; a device function is typed and lowered once per argument types and reused by every kernel of the
     process (the factories' lru_caches hand the same helpers to many kernels), and NVVM inlines it.  The kernel
-    report (``time python -m numbarnn.kernels.report --json``, 392 kernels x sm_80/sm_90, 2 processes on 2
+    report (``time python -m numbarnn.analysis.report --json``, 392 kernels x sm_80/sm_90, 2 processes on 2
     cores): 7m41s -> 5m38s, 15m02s -> 10m12s of CPU; registers the same in 767 of 784 rows (13 more, by 2 to 16;
     4 fewer, by 2 to 28), no spills, no call left (``report.functions_left``).
 

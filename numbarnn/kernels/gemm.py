@@ -42,7 +42,7 @@ grid, launches) and ``matmul`` (NumPy in, NumPy out).  op(X)[row, col] and the C
 device functions chosen per (trans, batched), ``common.device`` (NVVM inlines them; ``compile_ptx``
 works without a GPU: ``common.device`` says how).
 
-Resources (``python -m numbarnn.kernels.report --only gemm_``, sm_80, GPU tiles, no spills anywhere):
+Resources (``python -m numbarnn.analysis.report --only gemm_``, sm_80, GPU tiles, no spills anywhere):
 v1 ~32 registers, v2 32 registers + 2 KiB smem (float32), v3 68 registers + 4 KiB smem (float32 and
 float16; 92 + 8 KiB for float64), i.e. 37.5 % (25 % for float64) theoretical occupancy at 256 threads.
 
@@ -84,7 +84,7 @@ from numbarnn.util import cdiv
 from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
 
 # common.SIMULATOR is read at call time (the profiler's GPU geometry sets it)
-from . import common
+from . import common, gpus
 from .launch import launch
 
 DTYPES = ("float16", "float32", "float64")
@@ -276,7 +276,7 @@ def make_gemm_v3_pyfunc(dtype: str, trans_a: bool, trans_b: bool, batched: bool,
                          f"{THREADS} threads (BM/TM * BN/TN)")
     # Every thread stages the same fixed number of elements: a constant trip count lets the compiler
     # unroll the staging loops (a grid-stride loop `range(tid, BM*BK, THREADS)` cost 122 registers
-    # instead of 68 for the GPU tiles, see numbarnn.kernels.report).
+    # instead of 68 for the GPU tiles, see numbarnn.analysis.report).
     LOADS_A = BM * BK // THREADS
     LOADS_B = BK * BN // THREADS
     # Thread (ty, tx) owns rows ty + m*TY (m < TM) and columns tx + n*TX (n < TN) of the block tile:
@@ -582,7 +582,7 @@ def auto_split_k(version: int, dtype: str, batched: bool, M: int, N: int, K: int
 #: only where a test asks for it (explicitly, or by lowering SPLIT_MIN_K_TILES)
 SIM_SMS = 4
 #: GPU-shaped launches planned or profiled in the simulator: the H100 SXM of the roofline model (132 SMs)
-MODEL_SMS = 132
+MODEL_SMS = gpus.GPUS["H100 SXM"].sms
 
 
 def sm_count(simulator: bool | None = None) -> int:

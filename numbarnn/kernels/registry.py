@@ -1,4 +1,5 @@
-"""Registry of every kernel specialisation, so that the kernel report can compile them all for real GPUs.
+"""Registry of every kernel specialisation, so that the kernel report (numbarnn.analysis.report) can compile them
+all for real GPUs.
 
 How a kernel module takes part (pick one; nothing here compiles anything):
 
@@ -23,7 +24,7 @@ How a kernel module takes part (pick one; nothing here compiles anything):
    ``KERNEL_MODULES`` too, or import it before calling ``all_specs``).
 
 ``KERNEL_MODULES`` lists modules by name; a listed module that does not exist (yet) is skipped.  Every
-submodule of ``numbarnn.kernels`` is imported as well (except this registry and the report), so a new
+submodule of ``numbarnn.kernels`` is imported as well (except this registry), so a new
 kernel module needs no edit here.  A module that exists but fails to import, or yields a malformed
 spec, is reported as a problem (the report then exits 1): it is never silently skipped.
 """
@@ -46,7 +47,7 @@ KERNEL_MODULES = (
 )
 
 #: submodules of numbarnn.kernels that are not kernel modules
-_NOT_KERNEL_MODULES = {"numbarnn.kernels.registry", "numbarnn.kernels.report", "numbarnn.kernels.sass"}
+_NOT_KERNEL_MODULES = {"numbarnn.kernels.registry"}
 
 
 @dataclass(frozen=True)

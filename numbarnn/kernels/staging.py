@@ -17,7 +17,7 @@ A block computes a small product out of shared memory, so every chunk of its ope
 Both read consecutive columns with consecutive threads (coalesced), index with unsigned integers
 (`common.U`: Python's negative-index wrap-around costs a shift, a mask and an add per index otherwise), and
 loop with constant trip counts (unrolled by NVVM).  What that bought, counted in the SASS (`python -m
-numbarnn.kernels.sass`, sm_90, LSTM float32), is in bench/results/gpu_h100.md.
+numbarnn.analysis.sass`, sm_90, LSTM float32), is in bench/results/gpu_h100.md.
 """
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ import math
 
 from ..util import cdiv
 from .common import U, acc_dtype, device
+#: VECTOR_BYTES: an LDS.128, the widest shared load (numbarnn.kernels.gpus: the profiler counts the vector loads
+#: the k loops compile to with the same figure)
+from .gpus import VECTOR_BYTES
 
 #: loads each thread issues before its first store when it stages a tile: a staging loop that stores each load
 #: before the next one waits one full global-memory latency per element (measured on an H100: the v2 forward
@@ -34,7 +37,7 @@ from .common import U, acc_dtype, device
 LOADS_IN_FLIGHT = 8
 #: the k loop of a chunk (v2 and v3) runs KC // KU trips of KU ks, KU = unroll(...): NVVM unrolls a constant
 #: trip count of 8 fully (every shared load at a constant offset, no loop code), not 16 or 32 (by 2-4, with a
-#: counter and selects per k): v3's LSTM forward k loop, H = 512 slice, sm_90 (python -m numbarnn.kernels.sass),
+#: counter and selects per k): v3's LSTM forward k loop, H = 512 slice, sm_90 (python -m numbarnn.analysis.sass),
 #: 86 SASS instructions per 32 FMAs at 8, 88 per 16 at 16.  The tiles are zero past the product's width, so
 #: every chunk runs all KC (a run-time trip count was neither unrolled nor free of numba's range-iterator code).
 UNROLL = 8
@@ -50,9 +53,6 @@ def unroll(KC: int, fma_per_k: int) -> int:
     while ku > 1 and ku * fma_per_k > MAX_UNROLLED_FMA:
         ku //= 2
     return min(KC, ku)
-
-
-VECTOR_BYTES = 16     # an LDS.128: the widest shared load
 
 
 def vector_words(dtype) -> int:

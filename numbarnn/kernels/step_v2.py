@@ -31,7 +31,7 @@ are computed once per launch; every index is unsigned (`common.U`: no wrap-aroun
 
 k loops: the tiles are zero past the product's width, so every chunk runs all KC columns, KU ks unrolled per
 trip (`staging.unroll`): a constant trip count, which NVVM unrolls.  The H100 measured v2 latency bound, so the
-instructions a thread issues are its time (`python -m numbarnn.kernels.sass --only _v2 --loops` counts them).
+instructions a thread issues are its time (`python -m numbarnn.analysis.sass --only _v2 --loops` counts them).
 
 Tiles (`Tiles`): on a GPU TJ = 32 units (a warp: coalesced gx/y/acts rows in the epilogue and a 128-byte R row
 segment per warp load), RG = 2 row groups x RB = 4 rows = TB = 8 rows (B = 8 reads R exactly once; 4 x RB

@@ -32,7 +32,7 @@ U, dm = W_proj^T (dy + dh) for the block's TJ units (W_proj's columns in shared 
 backward (`make_backward_proj_phases`).
 
 The product loops: the H100 measured v3 latency bound at about one warp per scheduler, so the instructions a
-thread issues per step are its time (`python -m numbarnn.kernels.sass --per-step` counts them, no GPU needed):
+thread issues per step are its time (`python -m numbarnn.analysis.sass --per-step` counts them, no GPU needed):
   - the slices are zero-padded to whole chunks (KMAX, HMAX), so the k loop has a constant trip count: KC // KU
     trips of KU = 8 unrolled ks (`staging.unroll`: NVVM unrolls 8, not 32), unsigned shared indices (`common.U`);
   - the next chunk's global loads are issued before this chunk's products (registers, `Slice.PF`; not where
@@ -63,6 +63,7 @@ from ..util import cdiv
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
 from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
+from .gpus import ARCH, GPU, GPUS, SM_LIMITS_EXTRA, resident_blocks
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
                       make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
                       vector_ks)
@@ -206,9 +207,8 @@ def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
 
 def widths(G: int, sl: Slice, B: int, dtype) -> list:
     """The slices `choose` tries for a batch of B rows, best first: the widths of WIDTHS `widen` allows that cut
-    the rounds of products a thread runs per step (`roofline.v3_rounds`), fewest rounds first, then fewest
+    the rounds of products a thread runs per step (`v3_rounds`), fewest rounds first, then fewest
     threads (less to sum through `red`, fewer warps at each barrier); `sl` itself, the fallback, last."""
-    from .roofline import v3_rounds
     base = v3_rounds(B, sl)
     wide = [w for w in (widen(G, sl, dtype, t) for t in WIDTHS if t != sl.threads)
             if w is not None and v3_rounds(B, w) < base]
@@ -922,7 +922,6 @@ def kernel_specs():
                       (arr("int32", 1), arr(dt, 3), arr(dt, 3), arr(dt, 4)), 128))
     # the wider blocks `choose` runs on an H100 at H = 768, B = 16 (LSTM, float32): 96 threads forward, 128
     # backward, the TJ = 2 slice whose threads stage the most rows
-    from .roofline import GPUS, v3_co_residency
     lstm = get_cell("lstm")
     for phase, (factory, table) in PERSISTENT.items():
         sl = v3_co_residency(GPUS["H100 SXM"], 768, 768, lstm.G, 1, "float32", B=16, phase=phase)[0]
@@ -934,7 +933,8 @@ def kernel_specs():
 __all__ = ["Slice", "SIM_SLICE", "plan", "widen", "widths", "blocks_needed", "slice_bytes", "make_forward_step_v3",
            "make_forward_persistent_v3", "make_backward_step_v3", "make_backward_persistent_v3", "PERSISTENT_ARGS",
            "PERSISTENT_BACKWARD_ARGS", "gpu_slices", "kernel_specs", "choose", "make_record_h_prev",
-           "projected_per_block", "make_staged_product"]
+           "projected_per_block", "make_staged_product", "v3_splits", "v3_rounds", "v3_registers", "v3_limit",
+           "v3_co_residency"]
 
 
 #: the persistent kernel of each phase and its argument table
@@ -973,7 +973,7 @@ def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool 
     device took ~0.3 ms of a host-bound call); in the simulator, asked every time (its tests and the profiler
     change the cooperative limit)."""
     sim = common.SIMULATOR if simulator is None else simulator
-    if sim or common.SIMULATOR:
+    if sim or settings.simulator():          # (the profiler runs the GPU's choice in the simulator)
         return _choose(cell, dtype, H, P, D, has_proj, sim, phase, B)
     return _choose_on_gpu(cell, np.dtype(dtype), H, P, D, has_proj, phase, B, settings.get("v3_wide"),
                           cuda.get_current_device().id)
@@ -997,7 +997,7 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
 
     Given the batch B, on a GPU it runs the slice with the widest block that helps and is co-resident
     (`widths`: fewer rounds of products a thread, more warps an SM): a width the register estimate
-    (`roofline.v3_limit`, `roofline.v3_registers`) says cannot be co-resident is not compiled; one it says can
+    (`v3_limit`, `v3_registers`) says cannot be co-resident is not compiled; one it says can
     is compiled and asked (the device decides); `plan`'s block of THREADS is the fallback (and the only block
     with NUMBARNN_V3_WIDE=0: `bash bench/gpu_run.sh wide` times both).  The simulator keeps SIM_SLICE (its
     tests run the wider row groups explicitly)."""
@@ -1012,9 +1012,8 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
     if not sim and B is not None and settings.get("v3_wide"):
         geometry = device_geometry_or_none()   # no device to estimate with: THREADS only
         if geometry is not None:               # a wider block only where the estimate says it fits
-            from . import roofline
             candidates = [c for c in widths(cell.G, sl, B, dtype) if c is sl or n <= (
-                roofline.v3_limit(*geometry, cell.G, c, dtype, roofline.v3_registers(c.TJ, phase)) or 0)]
+                v3_limit(*geometry, cell.G, c, dtype, v3_registers(c.TJ, phase)) or 0)]
     # the simulator runs all blocks of a cooperative grid at once (numbarnn's fix), else one
     from .simulator import cooperative_blocks
     for c in candidates:
@@ -1029,3 +1028,92 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
             return c, (f"{n} block{'s' if n != 1 else ''} of {c.threads} threads, TJ={c.TJ} units each{proj}, all "
                        f"co-resident (limit {limit})")
     return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
+
+
+# ---------------------------------------------------------------------------------------------------
+# without a device: the rounds of products a block runs (what `widths` ranks), and the blocks a GPU of
+# gpus.GPUS holds at once (the estimate `choose` makes before it compiles a wider block; the `_wide` kernel
+# specs; the compile report and the roofline model)
+# ---------------------------------------------------------------------------------------------------
+
+def v3_splits(B: int, sl) -> list[tuple[int, int]]:
+    """(RN, KS) of each row tile of a v3 block (`make_split_k`): a tile of fewer rows than TB splits its
+    chunks of K over KS = TB // RN splits of RN rows (the rows rounded up to a multiple of lcm(RH, RB)); one split
+    without prefetching."""
+    RS = sl.threads // sl.KC
+    RH = -(-sl.TB // RS)
+    L = RH * sl.RB // math.gcd(RH, sl.RB)
+    out = []
+    for b0 in range(0, B, sl.TB):
+        RN = -(-min(sl.TB, B - b0) // L) * L if sl.PF else sl.TB
+        out.append((RN, max(1, sl.TB // RN)))
+    return out
+
+
+def v3_rounds(B: int, sl) -> int:
+    """Rounds of staged products one thread of a v3 block runs per gate and step for a batch of B rows: over
+    its row tiles, the KMAX / KC chunks of K shared by each tile's KS splits (`v3_splits`)."""
+    nch = sl.KMAX // sl.KC
+    return sum(-(-nch // KS) for _, KS in v3_splits(B, sl))
+
+
+#: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
+#: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice, TJ = 4).  The co-residency
+#: estimate below (`v3_registers`) uses it for every GPU and slice of TJ > 2; the TJ = 2 slices take
+#: V3_REGISTERS_TJ2.  The driver on a GPU asks the device with the compiled kernel
+#: (`device_cooperative_limit`).
+#: 138 before the k loop's vector loads (4 words of every gate's row and of h live at once), 168 with them.
+V3_REGISTERS = 168
+#: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`; 163
+#: before the vector loads)
+V3_BACKWARD_REGISTERS = 168
+#: the TJ = 2 slices (H = 768, 1024: 16 staged rows a thread), sm_90, forward and backward, at 64 and at 128
+#: threads alike (a thread's work does not depend on the block's width, `widen`; ptxas gave the forward
+#: 168 at 96 threads); sm_80 takes 222 / 225 there.  Measured with the compile report's link_info_log of the
+#: H = 768 slice's kernels.
+V3_REGISTERS_TJ2 = {"forward": 172, "backward": 168}
+
+
+def v3_registers(TJ: int, phase: str = "forward") -> int:
+    """The registers a thread of the persistent v3 kernel of `phase` is estimated to take at a slice of TJ
+    units (sm_90 figures, the estimate for every GPU: the device decides on a GPU)."""
+    if TJ <= 2:
+        return V3_REGISTERS_TJ2[phase]
+    return V3_REGISTERS if phase == "forward" else V3_BACKWARD_REGISTERS
+
+
+def v3_limit(cc, sms: int, G: int, sl, dtype="float32", registers: int = V3_REGISTERS) -> int | None:
+    """Blocks of a v3 slice `sl` co-resident on a GPU of compute capability cc with `sms` SMs (SMs x resident
+    blocks per SM, from the per-SM limits of gpus.ARCH / gpus.SM_LIMITS_EXTRA, the slice's shared memory and
+    `registers` a thread); None for a compute capability neither table has."""
+    arch = ARCH.get(tuple(cc)) or SM_LIMITS_EXTRA.get(tuple(cc))
+    if arch is None:
+        return None
+    shared = slice_bytes(G, sl, dtype)
+    if tuple(cc) >= (9, 0):
+        shared += arch["smem_reserved"]        # gpus.resident_blocks takes the linker's count (reserve in)
+    return resident_blocks(tuple(cc), sl.threads, registers, shared, arch=arch) * sms
+
+
+def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="float32",
+                    registers: int | None = None, B: int | None = None, phase: str = "forward") -> tuple:
+    """(Slice or None, blocks needed, co-resident limit, why) of the persistent v3 kernel of `phase` on `gpu`,
+    as `choose` decides on a device: the slice from `plan` (the largest TJ whose R slice fits), all
+    `blocks_needed` blocks co-resident, and given the batch B the first of `widths` (wider blocks)
+    that is.  choose asks the device (max_cooperative_grid_blocks); here the limit is `v3_limit`, with
+    `registers` a thread (default `v3_registers`)."""
+    base = plan(G, H, P, dtype, simulator=False)
+    if base is None:
+        return None, 0, 0, f"the R slice for P={P} does not fit {SMEM_BUDGET} bytes of shared memory"
+    n = blocks_needed(H, D, base)
+    fallback = None
+    for sl in ([base] if B is None else widths(G, base, B, dtype)):
+        regs = v3_registers(sl.TJ, phase) if registers is None else registers
+        limit = v3_limit(gpu.cc, gpu.sms, G, sl, dtype, regs)
+        per_sm = limit // gpu.sms
+        if n <= limit:
+            return sl, n, limit, (f"v3: {n} blocks (TJ={sl.TJ}, {sl.threads} threads) co-resident, limit "
+                                  f"{per_sm} per SM x {gpu.sms} = {limit}")
+        fallback = (f"v3 not co-resident: {n} blocks of {sl.threads} threads needed, {per_sm} per SM "
+                    f"x {gpu.sms} SMs = {limit}: v2 runs")
+    return None, n, limit, fallback

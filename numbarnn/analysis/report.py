@@ -9,44 +9,41 @@ the linker's info log gives per kernel
 
 No GPU is needed, but numba must not be in simulator mode: ``main`` re-runs itself in a subprocess
 without NUMBA_ENABLE_CUDASIM when that variable is set (and ``collect`` does the same), so
-``numbarnn kernels`` / ``python -m numbarnn.kernels.report`` work from anywhere.  Nothing is cached on disk.
+``numbarnn kernels`` / ``python -m numbarnn.analysis.report`` work from anywhere.  Nothing is cached on disk.
 
 Theoretical occupancy (resident warps / max warps per SM) for the spec's block size follows the CUDA
 occupancy calculator: warps (64 per SM, 32 blocks), registers (64K per SM, at most 255 per thread,
 allocated per warp in units of 256) and shared memory (164 KiB per SM on sm_80, 228 KiB on sm_90;
-static smem rounded up to 128 bytes plus 1 KiB reserved per block) each cap the resident blocks.
+static smem rounded up to 128 bytes plus 1 KiB reserved per block) each cap the resident blocks
+(numbarnn.kernels.gpus: the limits step_v3 estimates its co-residency with).
 The ``shared`` column is the linker's static smem as printed: on sm_90 it includes the 1 KiB reserve
 whenever the kernel has any shared memory.  Dynamic shared memory is not counted.
 
-Usage: python -m numbarnn.kernels.report [--json] [--cc 80 90] [--block 256] [--only SUBSTRING] [--jobs N]
+Usage: python -m numbarnn.analysis.report [--json] [--cc 80 90] [--block 256] [--only SUBSTRING] [--jobs N]
 Each row also lists the device functions NVVM left as calls (``not_inlined``: a ``.func`` defined in the PTX;
 numbarnn's are `common.device`, forceinline): the kernels are written to have none, and a call would cost a
 kernel its registers across the call and the loads it could have fused.
 
 Exit code 1 when any kernel fails to compile, spills, keeps a device function call, or a kernel module is broken.
+
+numba, the CUDA bindings and the kernel modules (which import numba) are imported inside the functions that use
+them: `numbarnn kernels` imports this module in whatever process it runs in, simulator or not.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import time
 
-ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared", "not_inlined")
+from ..kernels import registry
+from ..kernels.gpus import ARCH, GPUS, occupancy
 
-#: per-SM limits (CUDA programming guide, "Compute capabilities", and the occupancy calculator)
-ARCH = {
-    (8, 0): dict(max_threads=2048, max_blocks=32, max_warps=64, regs=65536, max_regs_per_thread=255,
-                 max_regs_per_block=65536, reg_unit=256, smem=164 * 1024, smem_reserved=1024, smem_unit=128,
-                 max_smem_per_block=163 * 1024),
-    (9, 0): dict(max_threads=2048, max_blocks=32, max_warps=64, regs=65536, max_regs_per_thread=255,
-                 max_regs_per_block=65536, reg_unit=256, smem=228 * 1024, smem_reserved=1024, smem_unit=128,
-                 max_smem_per_block=227 * 1024),
-}
+ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared", "not_inlined")
 
 DEFAULT_BLOCK = 256
 
@@ -124,40 +121,6 @@ def parse_info_log(log: str) -> dict:
         row["spill_loads"] += props.get("spill_loads", 0)
         row["stack"] = max(row["stack"], props.get("stack", 0))
     return row
-
-
-# --------------------------------------------------------------------------------------------------
-# occupancy
-# --------------------------------------------------------------------------------------------------
-def _round_up(x: int, unit: int) -> int:
-    return -(-x // unit) * unit
-
-
-def resident_blocks(cc: tuple, block: int, registers: int, shared: int, arch: dict | None = None) -> int:
-    """Blocks of one kernel that fit on an SM at once (0: cannot launch): the least of the warp, block,
-    register and shared-memory limits of `arch` (default ARCH[cc]).  shared: static smem as the linker prints
-    it (on sm_90 that includes the 1 KiB reserve whenever the kernel has shared memory)."""
-    arch = ARCH[tuple(cc)] if arch is None else arch
-    warps_per_block = math.ceil(block / 32)
-    if block > 1024 or registers > arch["max_regs_per_thread"] or shared > arch["max_smem_per_block"]:
-        return 0
-    by_warps = arch["max_warps"] // warps_per_block
-    regs_per_warp = _round_up(max(registers, 1) * 32, arch["reg_unit"])
-    if regs_per_warp * warps_per_block > arch["max_regs_per_block"]:
-        return 0
-    by_regs = (arch["regs"] // regs_per_warp) // warps_per_block
-    # 1 KiB per block is reserved for the system on sm_80 and sm_90; for sm_90 the linker's smem count
-    # already includes it whenever the kernel has static shared memory (4096 bytes of tiles read 5120).
-    reserved = 0 if (tuple(cc) >= (9, 0) and shared > 0) else arch["smem_reserved"]
-    smem_per_block = _round_up(shared, arch["smem_unit"]) + reserved
-    by_smem = arch["smem"] // smem_per_block
-    return min(arch["max_blocks"], by_warps, by_regs, by_smem)
-
-
-def occupancy(cc: tuple, block: int, registers: int, shared: int) -> float:
-    """Theoretical occupancy in [0, 1]: resident warps per SM / max warps per SM (0: cannot launch)."""
-    arch = ARCH[tuple(cc)]
-    return resident_blocks(cc, block, registers, shared) * math.ceil(block / 32) / arch["max_warps"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,15 +262,13 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
         argv = ["--json", "--cc", *[f"{a}{b}" for a, b in ccs], "--block", str(block), "--jobs", str(jobs)]
         if only:
             argv += ["--only", only]
-        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", *argv],
+        proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.report", *argv],
                               env=_env_without_simulator(), capture_output=True, text=True)
         try:
             return json.loads(proc.stdout)["rows"]
         except (ValueError, KeyError) as exc:
             raise RuntimeError(f"kernel report subprocess failed (exit {proc.returncode}):\n"
                                f"{proc.stdout}\n{proc.stderr}") from exc
-
-    from numbarnn.kernels import registry
 
     specs, broken = registry.load_specs()
     rows = [{"kernel": "<module>", "dtype": "-", "cc": "-", "registers": None, "spill_stores": None,
@@ -316,8 +277,6 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
     tasks = [(i, ccs, block) for i in range(len(specs))]
     _TASK_SPECS[:] = specs
     try:
-        import multiprocessing
-
         results = []
         if jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods():
             # runs of neighbouring specs (one module, dtype and cell) to one worker: they share device functions,
@@ -386,13 +345,13 @@ CO_RESIDENCY_H = (256, 512, 1024)
 def persistent_co_residency(rows: list[dict]) -> list[dict]:
     """Whether every block of the persistent v3 kernels (step_v3: one cooperative launch per layer, which
     fails unless all its blocks are resident at once) fits on the reference GPU of each compiled compute
-    capability (roofline.GPUS: A100 for sm_80, H100 for sm_90), LSTM float32 at H = P = CO_RESIDENCY_H, one
+    capability (gpus.GPUS: A100 for sm_80, H100 for sm_90), LSTM float32 at H = P = CO_RESIDENCY_H, one
     and two directions: the slice step_v3.plan picks (its shared memory) and the registers compiled here (the
     kernels are compiled at the H = 512 slice; the TJ = 2 slices of H = 768 and 1024 stage twice the rows a
-    thread and take more: roofline.V3_REGISTERS).  The driver asks the device itself
+    thread and take more: step_v3.V3_REGISTERS).  The driver asks the device itself
     (max_cooperative_grid_blocks) and runs v2 where this says no."""
-    from . import roofline
-    gpus = {tuple(g.cc): g for g in reversed(list(roofline.GPUS.values()))}     # the first GPU listed per cc
+    from ..kernels.step_v3 import v3_co_residency
+    gpus = {tuple(g.cc): g for g in reversed(list(GPUS.values()))}     # the first GPU listed per cc
     out = []
     for r in rows:
         if r.get("kernel") not in ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3") or \
@@ -403,7 +362,7 @@ def persistent_co_residency(rows: list[dict]) -> list[dict]:
             continue
         for H in CO_RESIDENCY_H:
             for D in (1, 2):
-                sl, n, limit, _ = roofline.v3_co_residency(gpu, H, H, 4, D, "float32", registers=r["registers"])
+                sl, n, limit, _ = v3_co_residency(gpu, H, H, 4, D, "float32", registers=r["registers"])
                 out.append(dict(kernel=r["kernel"], cc=r["cc"], gpu=gpu.name, sms=gpu.sms, registers=r["registers"],
                                 H=H, D=D, TJ=sl.TJ if sl is not None else None, blocks=n, limit=limit,
                                 co_resident=sl is not None))
@@ -457,7 +416,7 @@ def main(argv=None) -> int:
     if _simulator_on():
         # compile_ptx needs the real CUDA target: run the same command without the simulator
         sys.stdout.flush()
-        proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.report", *argv],
+        proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.report", *argv],
                               env=_env_without_simulator())
         return proc.returncode
     problem = toolkit_problem()

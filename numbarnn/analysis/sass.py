@@ -17,9 +17,13 @@ runs about as fast as its instruction count allows.  A k loop of 4 gates x 1 row
 4 FMA + 5 LDS = 2.25 instructions per FMA with scalar loads, 4 + 5/4 = 1.31 with LDS.128 (the tiles' rows
 16-byte aligned: staging.pitch); index arithmetic on top of that is what this finds.
 
-    python -m numbarnn.kernels.sass [--only NAME] [--dtype float32] [--cc 90] [--json] [--loops | --per-step [--narrow]]
+    python -m numbarnn.analysis.sass [--only NAME] [--dtype float32] [--cc 90] [--json]
+                                     [--loops | --per-step [--narrow]]
 
 ``--loops`` lists every loop of each kernel, nested (the staging loops too, not only the two hot ones).
+
+numba, the CUDA bindings and the kernel modules (which import numba) are imported inside the functions that use
+them: the parser needs none of them.
 """
 from __future__ import annotations
 
@@ -30,7 +34,12 @@ import re
 import subprocess
 import sys
 import tempfile
+from shutil import which
 from typing import NamedTuple
+
+from ..cells import get_cell
+from ..kernels import registry
+from ..kernels.gpus import GPUS
 
 FMA_OPS = ("FFMA", "DFMA", "HFMA2")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]*)?\b")
@@ -74,7 +83,6 @@ def nvdisasm_path() -> str | None:
             return path
     except (ImportError, AttributeError, RuntimeError, OSError):   # pragma: no cover - older cuda-pathfinder
         pass
-    from shutil import which
     return which("nvdisasm")
 
 
@@ -175,32 +183,31 @@ def kernel_summary(spec, cc: tuple = (9, 0)) -> dict:
 def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell: str = "lstm",
                 widen: bool = True, gpu_name: str = "H100 SXM") -> dict:
     """Instructions one thread of the persistent v3 kernels issues per step in its products, at the slice
-    step_v3.choose would run on `gpu_name` for H = P (no projection) and a batch of B (`roofline.v3_co_residency`:
+    step_v3.choose would run on `gpu_name` for H = P (no projection) and a batch of B (step_v3.v3_co_residency:
     the widest block that helps and is co-resident; widen False: step_v3.plan's block of THREADS):
     {"forward": {...}, "backward": {...}}, each with its TJ and threads, the rounds a
-    thread runs per step (roofline.v3_splits: splits of K for a small batch), the SASS instructions of one round
+    thread runs per step (step_v3.v3_splits: splits of K for a small batch), the SASS instructions of one round
     (its hot loops: the round loop's body once, plus the k loop's body for its other trips) and their product.
     An estimate from static counts (the epilogue and the grid barrier are not in it), as the H100 measured these
     kernels latency bound, with about one warp per scheduler (bench/results/gpu_h100.md)."""
     from numba import cuda
 
-    from ..cells import get_cell
-    from . import roofline, step_v3
-    from .cell_steps import signature
+    from ..kernels import step_v3
+    from ..kernels.cell_steps import signature
 
     c = get_cell(cell)
     base = step_v3.plan(c.G, H, H, dtype, simulator=False)
     if base is None:
         raise ValueError(f"H={H}: no v3 slice fits ({dtype})")
-    gpu = roofline.GPUS[gpu_name]
+    gpu = GPUS[gpu_name]
     out = {"H": H, "B": B}
     for phase, factory, table, ng in (("forward", step_v3.make_forward_persistent_v3, step_v3.PERSISTENT_ARGS, 1),
                                       ("backward", step_v3.make_backward_persistent_v3,
                                        step_v3.PERSISTENT_BACKWARD_ARGS, c.G)):
         sl = base
         if widen:                                       # the block step_v3.choose would run on `gpu`
-            sl = roofline.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or base
-        rounds = roofline.v3_rounds(B, sl)
+            sl = step_v3.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or base
+        rounds = step_v3.v3_rounds(B, sl)
         fma_round = sl.KC * sl.RB * (c.G if phase == "forward" else 1)
         ptx, _ = cuda.compile_ptx(factory(c, dtype, sl), signature(table, c, dtype, False), cc=cc)
         inner, outer = hot_loops(disassemble(ptx, cc))
@@ -245,7 +252,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m numbarnn.kernels.sass", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m numbarnn.analysis.sass", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="_v3", help="kernels whose name contains this (default: _v3)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cc", default="90", help="compute capability, e.g. 80 or 90")
@@ -259,10 +266,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from numba import config
     if config.ENABLE_CUDASIM:
-        print("python -m numbarnn.kernels.sass: needs numba without NUMBA_ENABLE_CUDASIM", file=sys.stderr)
+        print("python -m numbarnn.analysis.sass: needs numba without NUMBA_ENABLE_CUDASIM", file=sys.stderr)
         return 2
     if nvdisasm_path() is None:
-        print(f"python -m numbarnn.kernels.sass: {NVDISASM_MISSING}", file=sys.stderr)
+        print(f"python -m numbarnn.analysis.sass: {NVDISASM_MISSING}", file=sys.stderr)
         return 2
     cc = (int(args.cc[0]), int(args.cc[1]))
     if args.per_step:
@@ -271,7 +278,7 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            from . import step_v3
+            from ..kernels import step_v3
             block = f"{step_v3.THREADS} threads a block" if args.narrow else "the blocks step_v3.choose runs on an H100"
             print(f"v3 products, instructions per step and thread ({args.dtype}, sm_{args.cc}, {block}; SASS loop "
                   f"counts x trips, an estimate):")
@@ -280,8 +287,6 @@ def main(argv=None) -> int:
                     f"{ph} TJ={r[ph]['TJ']} x {r[ph]['threads']} threads {r[ph]['per_step']:>7} "
                     f"({r[ph]['rounds']} rounds x {r[ph]['per_round']})" for ph in ("forward", "backward")))
         return 0
-    from numbarnn.kernels import registry
-
     specs = [s for s in registry.all_specs() if args.only in s.name and s.dtype == args.dtype]
     if not specs:
         print(f"no {args.dtype} kernel name contains {args.only!r}", file=sys.stderr)

@@ -44,7 +44,7 @@ as the simulator itself.  Not modelled: caches between launches, L1 capacity, in
 
 Whole op calls: `profile_rnn(...)` runs ``ops.cudnn_rnn_v3`` (training) and ``ops.cudnn_rnn_backprop_v3`` on the
 cuda backend with device arrays and reports per phase: launches (total and per step), per kernel the figures
-above, R bytes per step, and `numbarnn.kernels.roofline`'s predicted times (a model, not a measurement).
+above, R bytes per step, and `numbarnn.analysis.roofline`'s predicted times (a model, not a measurement).
 By default launches use the GPU's block sizes (``geometry="gpu"``: 128-thread step kernels, GEMM v3's 64x64
 tiles), because warp-level figures need full warps; ``geometry="simulator"`` keeps the tests' tiny blocks.
 
@@ -56,17 +56,20 @@ tiles), because warp-level figures need full warps; ``geometry="simulator"`` kee
     measure_v3_figures()      one step of v3's body with a GPU-shaped slice (roofline.v3_traffic's totals)
     model_report(gpu)         the model's v1/v2/v3 table at the DeepBench shapes (what `numbarnn bench` prints
                               without a GPU), from figures measured now
-    python -m numbarnn.kernels.profiler --kwargs '{"units": 32}' [--json]   (run_profile in this process)
+    python -m numbarnn.analysis.profiler --kwargs '{"units": 32}' [--json]   (run_profile in this process)
 
 Why one file of ~1000 lines: the recorder, the array proxies and the simulator patches share one state (the
 active recording) and are only correct together; the op-level report on top is what the tests check them
-through.  This module imports numba only inside functions: `run_profile` re-runs itself in a subprocess with
-NUMBA_ENABLE_CUDASIM=1 when the calling process has numba loaded without the simulator.
+through.  This module imports numba only inside functions, and with it the kernel modules (all but gpus and
+simulator import numba): `run_profile` re-runs itself in a subprocess with NUMBA_ENABLE_CUDASIM=1 when the
+calling process has numba loaded without the simulator.
 """
 from __future__ import annotations
 
+import argparse
 import bisect
 import contextlib
+import dis
 import json
 import os
 import re
@@ -74,14 +77,18 @@ import subprocess
 import sys
 import threading
 
-from .. import settings  # imports no numba
-from ..cells import load_cell_modules  # imports no numba
+import numpy as np
+
+from .. import ops, settings  # import no numba
+from ..cells import get_cell, load_cell_modules
+from ..config import RNNCall, rnn_config
+from ..kernels import simulator  # numbarnn's fixes to the simulator: imports no numba
+from ..kernels.gpus import BANK_WIDTH, BANKS, SECTOR, VECTOR_BYTES, WARP
+from ..params import param_regions
+from . import roofline
 
 SIM_VAR = "NUMBA_ENABLE_CUDASIM"
-SECTOR = 32          # bytes per sector (L1/L2 granularity of NVIDIA GPUs since Maxwell)
-WARP = 32
 ALIGN = 256          # cudaMalloc alignment
-BANKS, BANK_WIDTH = 32, 4
 
 _RECORDER = None     # the active Recorder (one at a time, like the simulator's kernel context)
 
@@ -105,7 +112,6 @@ class AddressSpace:
         self._roots = {}       # root data pointer -> (device base, root) (root kept alive: no address reuse)
 
     def device_address(self, ary) -> int:
-        import numpy as np
         root = ary
         while isinstance(root.base, np.ndarray):
             root = root.base
@@ -141,7 +147,6 @@ def _offset(ary, idx) -> int | None:
 
 def _element_offsets(ary, idx):
     """Byte offsets of every element `ary[idx]` selects (slice assignments / loads)."""
-    import numpy as np
     sel = np.arange(ary.size, dtype=np.int64).reshape(ary.shape) if ary.ndim else np.zeros((), np.int64)
     picked = np.asarray(sel[idx]).ravel()
     coords = np.unravel_index(picked, ary.shape)
@@ -165,7 +170,6 @@ def _make_global_proxy_class():
             return GlobalProxy(ary, self._rec, self.stream)
 
         def __getitem__(self, idx):
-            import numpy as np
             ret = self._ary[idx]
             if type(ret) is np.ndarray:
                 if not np.may_share_memory(ret, self._ary):   # fancy indexing: a copy, one load each
@@ -213,8 +217,7 @@ def _make_global_proxy_class():
         @property
         def flat(self):
             """ary.flat[e]: element e in C order (staging.make_stage_matrix reads weights so), recorded."""
-            from .simulator import FlatIndex
-            return FlatIndex(self, self._ary.shape)
+            return simulator.FlatIndex(self, self._ary.shape)
 
         def ravel(self, *args, **kwargs):
             return self._wrap(self._ary.ravel(*args, **kwargs))
@@ -223,7 +226,6 @@ def _make_global_proxy_class():
             return self._wrap(self._ary.view(*args, **kwargs))
 
         def transpose(self, axes=None):
-            import numpy as np
             return self._wrap(np.transpose(self._ary, axes=axes))
 
         def bind(self, stream=0):
@@ -362,7 +364,6 @@ def _instruction(code, lasti: int) -> int:
     instruction's inline cache, so the raw f_lasti of one instruction changes once it is specialised."""
     starts = _STARTS.get(code)
     if starts is None:
-        import dis
         starts = _STARTS[code] = [ins.offset for ins in dis.get_instructions(code)]
     return starts[bisect.bisect_right(starts, lasti) - 1]
 
@@ -370,9 +371,6 @@ def _instruction(code, lasti: int) -> int:
 def _sectors(addr: int, size: int):
     first, last = addr // SECTOR, (addr + size - 1) // SECTOR
     return range(first, last + 1)
-
-
-VECTOR_BYTES = 16    # the widest shared load, LDS.128
 
 
 def fuse_vector_loads(requests: dict) -> dict:
@@ -520,12 +518,9 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
                            f"imported (run_profile does this in a subprocess for you)")
     if _RECORDER is not None:
         raise RuntimeError("recording() is already active (one profile at a time)")
-    import numpy as np
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devicearray
-
-    from .simulator import check_alignment, static_shared_array
 
     rec = Recorder() if recorder is None else recorder
     GlobalProxy = _make_global_proxy_class()
@@ -558,13 +553,13 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
                 [_describe(a) for a in args])
 
     def shared_array(self, shape, dtype, alignment=None):
-        check_alignment(alignment)          # every array starts on a 16-byte boundary here (Recorder.shared_array)
+        simulator.check_alignment(alignment)   # every array starts on a 16-byte boundary here (Recorder.shared_array)
         if shape == 0:
             ary, line = orig_shared(self, shape, dtype), "dynamic"
         else:
             # The simulator keys a static shared array by the line that asks for it; through this wrapper that
             # would be one line for every array of a kernel (all aliased), so key by the kernel's line here.
-            ary, key = static_shared_array(self, sys._getframe(1), shape, dtype)   # per block and line, locked
+            ary, key = simulator.static_shared_array(self, sys._getframe(1), shape, dtype)   # per block and line
             line = key[:2]
         if rec._shared is None:
             return ary
@@ -595,7 +590,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
             setattr(atomic_cls, n, atomic(n))
         patches.append(lambda: [setattr(atomic_cls, n, f) for n, f in orig_atomics.items()])
         if geometry == "gpu":
-            from . import common, gemm
+            from ..kernels import common, gemm
             old_sim = common.SIMULATOR
             common.SIMULATOR = False
             patches.append(lambda: setattr(common, "SIMULATOR", old_sim))
@@ -604,7 +599,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
             patches.append(lambda: setattr(gemm.GemmVersion, "default_config", orig_default))
             # v3 with the GPU's slices: every block at once, as numbarnn's simulator runs a cooperative grid
             # (up to simulator.COOPERATIVE_BLOCKS); on a GPU the device decides (step_v3.choose)
-            from . import simulator, step_v3
+            from ..kernels import step_v3
             orig_limit = step_v3.device_cooperative_limit
             step_v3.device_cooperative_limit = lambda *args: simulator.cooperative_blocks()
             patches.append(lambda: setattr(step_v3, "device_cooperative_limit", orig_limit))
@@ -744,7 +739,7 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
     """Profile one cudnn_rnn_v3 (training) + cudnn_rnn_backprop_v3 call on the cuda backend, in the simulator.
 
     config: CONFIG_DEFAULTS' keys (the flags of `numbarnn check`; input_size None = H for skip_input, else H).
-    gpu: the roofline model's GPU (numbarnn.kernels.roofline.GPUS).  lines: source lines kept per kernel.
+    gpu: the roofline model's GPU (numbarnn.kernels.gpus.GPUS).  lines: source lines kept per kernel.
     step_version: the step kernels, 1, 2 or 3 (PROFILED_STEP_VERSIONS); None = NUMBARNN_STEP_VERSION if set,
     else 2 (the version whose per-step figures the README quotes; 3 profiles the persistent kernels: R once
     per layer, one launch per layer and phase, so its "per step" figures are the layer's divided by T).
@@ -755,7 +750,6 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
     unknown = set(config) - set(CONFIG_DEFAULTS)
     if unknown:
         raise TypeError(f"run_profile: unknown configuration {sorted(unknown)}; expected {sorted(CONFIG_DEFAULTS)}")
-    from . import roofline
     if gpu not in roofline.GPUS:
         raise ValueError(f"gpu: expected one of {sorted(roofline.GPUS)}, got {gpu!r}")
     bad = [p for p in phases if p not in ("forward", "backward")]
@@ -775,7 +769,7 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
 def _run_in_subprocess(kwargs: dict) -> dict:
     env = dict(os.environ)
     env[SIM_VAR] = "1"
-    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", "--kwargs", json.dumps(kwargs),
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.profiler", "--kwargs", json.dumps(kwargs),
                            "--json"], env=env, capture_output=True, text=True, check=False)
     try:
         return json.loads(proc.stdout)
@@ -785,14 +779,10 @@ def _run_in_subprocess(kwargs: dict) -> dict:
 
 
 def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **config) -> dict:
-    import numpy as np
     from numba import cuda
 
-    from .. import ops
-    from ..config import RNNCall, rnn_config
-    from ..params import param_regions
-    from ..testing import make_rnn_case
-    from . import driver, roofline
+    from ..kernels import driver
+    from ..testing import make_rnn_case           # hypothesis, a test dependency, where installed
 
     load_cell_modules(cells, "cells")
     c = dict(CONFIG_DEFAULTS, **config)
@@ -872,12 +862,10 @@ def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
     R bytes per step of both, in units of B x |R|.  Runs in a subprocess when the simulator is off here."""
     if not simulator_active():
         return _measure_in_subprocess("--measure-v1")
-    import numpy as np
     from numba import cuda
 
-    from ..cells import get_cell
-    from .cell_steps import FORWARD_ARGS, make_forward_step, used_args
-    from .recurrent import make_recurrent_backward
+    from ..kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
+    from ..kernels.recurrent import make_recurrent_backward
 
     cell = get_cell("lstm")
     G, S, P = cell.G, cell.S, H
@@ -915,7 +903,7 @@ def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
 
 def _measure_in_subprocess(flag: str) -> dict:
     env = dict(os.environ, **{SIM_VAR: "1"})
-    proc = subprocess.run([sys.executable, "-m", "numbarnn.kernels.profiler", flag], env=env,
+    proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.profiler", flag], env=env,
                           capture_output=True, text=True, check=False)
     try:
         return json.loads(proc.stdout)
@@ -925,10 +913,8 @@ def _measure_in_subprocess(flag: str) -> dict:
 
 def _lstm_step_arrays(H: int, P: int, B: int, T: int = 1, lens: int = 1, seed: int = 0) -> dict:
     """Device arrays of every forward and backward step argument of an LSTM layer (float32, D = 1)."""
-    import numpy as np
     from numba import cuda
 
-    from ..cells import get_cell
     cell = get_cell("lstm")
     G, S = cell.G, cell.S
     rng = np.random.default_rng(seed)
@@ -954,8 +940,8 @@ def measure_v2_figures(H: int = 32, B: int = 10) -> dict:
     off here."""
     if not simulator_active():
         return _measure_in_subprocess("--measure-v2")
-    from .cell_steps import FORWARD_ARGS, used_args
-    from . import step_v2
+    from ..kernels import step_v2
+    from ..kernels.cell_steps import FORWARD_ARGS, used_args
 
     t = step_v2.GPU_TILES
     a = _lstm_step_arrays(H, H, B, T=2, lens=2)
@@ -1000,8 +986,8 @@ def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2, backwar
         return _measure_in_subprocess("--measure-v3")
     from numba import cuda
 
-    from .cell_steps import FORWARD_ARGS, used_args
-    from . import step_v2, step_v3
+    from ..kernels import step_v2, step_v3
+    from ..kernels.cell_steps import FORWARD_ARGS, used_args
     sl = step_v3.Slice(TJ=TJ, RG=step_v3.THREADS // TJ, RB=1, KC=32, KMAX=P)
     a = _lstm_step_arrays(H, P, B)
     cell = a["cell"]
@@ -1039,7 +1025,6 @@ def model_report(gpu: str = "H100 SXM", shapes=None, measure: bool = True) -> st
     the DeepBench shapes (or `shapes`: (H, B, T) tuples), from per-request figures measured now in the
     simulator (measure=True; a few seconds) or the stored ones (roofline.V1_MEASURED, V2_MEASURED), with
     issue 8's comparison points (cuDNN's and haste's published times) said to be met or not."""
-    from . import roofline
     if measure:
         figures, figures_v2 = measure_v1_figures(), measure_v2_figures()
     else:
@@ -1086,7 +1071,6 @@ def _table(headers, rows) -> str:
 
 def format_profile(result: dict) -> str:
     """The text report of `run_profile`'s dict."""
-    from . import roofline
     c = result["config"]
     head = (f"{c['mode']} L={c['layers']} H={c['units']} I={c['input_size']} T={c['time']} B={c['batch']} "
             f"{c['direction']} {c['dtype']}" + (f" proj={c['proj']}" if c["proj"] else "")
@@ -1136,12 +1120,11 @@ def format_profile(result: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# CLI (`numbarnn profile` calls cli_main; `python -m numbarnn.kernels.profiler --kwargs JSON`)
+# CLI (`numbarnn profile` calls cli_main; `python -m numbarnn.analysis.profiler --kwargs JSON`)
 # ---------------------------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
     """The profile-only flags (the configuration flags come from numbarnn.cli)."""
-    from . import roofline
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--gpu", default="H100 SXM", choices=sorted(roofline.GPUS),
                         help="the GPU of the roofline model (default: H100 SXM)")
@@ -1184,8 +1167,7 @@ def cli_main(args, spec_from_args) -> int:
 
 
 def _main(argv=None) -> int:
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m numbarnn.kernels.profiler",
+    p = argparse.ArgumentParser(prog="python -m numbarnn.analysis.profiler",
                                 description="run_profile(**KWARGS) in this process (the simulator must be on)")
     p.add_argument("--kwargs", default="{}", help="run_profile's keyword arguments as JSON")
     p.add_argument("--json", action="store_true")
@@ -1198,7 +1180,7 @@ def _main(argv=None) -> int:
     args = p.parse_args(argv)
     kwargs = json.loads(args.kwargs)
     if not simulator_active():
-        print(f"python -m numbarnn.kernels.profiler: needs {SIM_VAR}=1", file=sys.stderr)
+        print(f"python -m numbarnn.analysis.profiler: needs {SIM_VAR}=1", file=sys.stderr)
         return 2
     if args.measure_v1:
         print(json.dumps(measure_v1_figures()))

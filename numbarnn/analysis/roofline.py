@@ -7,7 +7,7 @@ Nothing here is a measurement of time: no GPU is involved.  For a group of launc
                                     L1 bytes / L1 bandwidth,
                                     FLOPs / fp32 peak)
 
-with the byte counts from `numbarnn.kernels.profiler` (dram_bytes: distinct sectors of a launch; l2_bytes:
+with the byte counts from `numbarnn.analysis.profiler` (dram_bytes: distinct sectors of a launch; l2_bytes:
 each block's distinct sectors; l1_bytes: every request's sectors) and FLOPs from the driver's launch plan.
 It assumes perfect overlap and full occupancy, and ignores latency (one step of a small RNN is latency-bound
 on a real GPU), so it is optimistic for small shapes; it is a ranking and an order of magnitude, not a timer.
@@ -23,60 +23,22 @@ measurement there: `v1_step_traffic` against measure_v1_figures, `v2_step_traffi
         staged through shared memory (which shares the L1 pipe: counted in the L1 term)
     v3  persistent: the R slices loaded into shared memory once per layer; per step every block stages all of h,
         runs v2's epilogue, and waits at one grid barrier (GPU.grid_sync_us, approximate); when the blocks
-        cannot all be co-resident on the GPU (`v3_co_residency`, step_v3.plan's slice) v2 runs instead.  The
-        backward the same way with R's columns (`v3_backward_traffic`: it stages all of dgh, G times h)
+        cannot all be co-resident on the GPU (step_v3.v3_co_residency, step_v3.plan's slice) v2 runs instead.
+        The backward the same way with R's columns (`v3_backward_traffic`: it stages all of dgh, G times h)
 `format_deepbench_model` prints the three side by side with issue 8's comparison points (cuDNN's and haste's
 published times; at H = 256, B = 4, which has none, cuDNN's forward as measured on an H100, `MEASURED_H100`)
 and says whether the model meets them, then what v3 and cuDNN measured on that H100.  Nothing in here is tuned
 to meet them.
+
+The GPUs (`GPUS`) and the memory system's granularities come from numbarnn.kernels.gpus, the table the kernels'
+plans read too.  The kernel modules (step_v2, step_v3, staging) are imported inside the functions that use them:
+they import numba, and this module is read before a command chooses numba's CUDA simulator (`numbarnn bench`
+reads DEEPBENCH, `numbarnn profile` the GPU names).
 """
 from __future__ import annotations
 
-import math
+from ..kernels.gpus import BANKS, GPU, GPUS, SECTOR, WARP, WAVEFRONT
 
-from dataclasses import dataclass
-
-
-#: one grid-wide barrier (`cuda.cg.this_grid().sync()`) of a cooperative launch whose blocks fill the GPU,
-#: microseconds.  APPROXIMATE: microbenchmarks of cooperative-groups grid sync on P100/V100 (H. Zhang, L. Zhang,
-#: M. Wahib, S. Matsuoka, "A Study of Single and Multi-device Synchronization Methods in Nvidia GPUs", IPDPS
-#: 2020, arXiv:2004.05371) put it in the low microseconds, growing with the blocks per SM; no H100 figure is
-#: published that we know of.  2 us is that order of magnitude, not a measurement.
-GRID_SYNC_US = 2.0
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    hbm: float           # DRAM bandwidth, bytes/s
-    l2: float            # L2 bandwidth, bytes/s (approximate: NVIDIA does not publish it)
-    l1: float            # aggregate L1/load-store bandwidth, bytes/s: SMs x 128 B/clk x boost clock
-    fp32: float          # fp32 FLOP/s (non-tensor)
-    sms: int
-    launch_us: float     # device-side gap per dependent kernel launch, microseconds (approximate)
-    cc: tuple = (9, 0)   # compute capability: per-SM limits for co-residency (report.ARCH, SM_LIMITS_EXTRA)
-    grid_sync_us: float = GRID_SYNC_US   # one grid-wide barrier of a cooperative launch (approximate)
-
-
-GPUS = {
-    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): HBM3 3.35 TB/s, FP32 67 TFLOPS; H100 whitepaper: 132 SMs,
-    # 50 MB L2; L1: 132 x 128 B/clk x 1.98 GHz.  L2 ~7 TB/s: third-party microbenchmarks (Chips and Cheese,
-    # "Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023, measured the PCIe part; scaled), approximate.
-    "H100 SXM": GPU("H100 SXM", hbm=3.35e12, l2=7.0e12, l1=132 * 128 * 1.98e9, fp32=67e12, sms=132,
-                    launch_us=2.5, cc=(9, 0)),
-    # NVIDIA A100 datasheet (SXM4 80GB): HBM2e 2.039 TB/s, FP32 19.5 TFLOPS; A100 whitepaper: 108 SMs, 40 MB L2,
-    # "2.3x the L2 read bandwidth of V100" (V100 L2 ~2.2 TB/s measured by Jia et al., "Dissecting the NVIDIA
-    # Volta GPU Architecture via Microbenchmarking", 2018) -> ~5 TB/s, approximate; L1: 108 x 128 x 1.41 GHz.
-    "A100 SXM": GPU("A100 SXM", hbm=2.039e12, l2=5.0e12, l1=108 * 128 * 1.41e9, fp32=19.5e12, sms=108,
-                    launch_us=2.5, cc=(8, 0)),
-    # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): GDDR6X 1008 GB/s, FP32 82.6 TFLOPS, 128 SMs,
-    # 72 MB L2, boost 2.52 GHz; L2 ~5 TB/s approximate (third-party microbenchmarks).
-    "RTX 4090": GPU("RTX 4090", hbm=1.008e12, l2=5.0e12, l1=128 * 128 * 2.52e9, fp32=82.6e12, sms=128,
-                    launch_us=2.5, cc=(8, 9)),
-}
-# launch_us: back-to-back dependent launches of tiny kernels cost a few microseconds each on the device
-# (NVIDIA technical blog "Getting Started with CUDA Graphs", 2019: ~3 us per short kernel without graphs).
-# A Python host adds its own time per launch (numba: argument typing and packing); that is not modelled here.
 
 #: published reference times (ms, fp32 LSTM training forward pass per DeepBench-style shape) quoted by issue 8
 PUBLISHED = {(768, 16, 1024): dict(cudnn=2.01, haste=18.41)}
@@ -209,58 +171,6 @@ def v1_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
 # that hold blocks: a grid of n < SMs blocks gets n/SMs of them (`step_time`'s `blocks`); L2 and DRAM are
 # not scaled (optimistic for small grids).
 
-SECTOR = 32              # bytes per sector
-WARP = 32
-BANKS = 32               # 4-byte shared-memory banks
-WAVEFRONT = 128          # bytes the L1/shared pipe moves per clock per SM
-
-#: per-SM limits of compute capabilities that numbarnn.kernels.report.ARCH does not list (CUDA C++
-#: programming guide, "Compute capabilities" table: sm_89 has 1536 threads / 48 warps / 24 blocks per SM,
-#: 64K registers, 100 KB shared memory per SM, 99 KB per block)
-SM_LIMITS_EXTRA = {
-    (8, 9): dict(max_threads=1536, max_blocks=24, max_warps=48, regs=65536, max_regs_per_thread=255,
-                 max_regs_per_block=65536, reg_unit=256, smem=100 * 1024, smem_reserved=1024, smem_unit=128,
-                 max_smem_per_block=99 * 1024),
-}
-
-#: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
-#: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice, TJ = 4).  The co-residency
-#: estimate below (`v3_registers`) uses it for every GPU and slice of TJ > 2; the TJ = 2 slices take
-#: V3_REGISTERS_TJ2.  The driver on a GPU asks the device with the compiled kernel
-#: (step_v3.device_cooperative_limit).
-#: 138 before the k loop's vector loads (4 words of every gate's row and of h live at once), 168 with them.
-V3_REGISTERS = 168
-#: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`; 163
-#: before the vector loads)
-V3_BACKWARD_REGISTERS = 168
-#: the TJ = 2 slices (H = 768, 1024: 16 staged rows a thread), sm_90, forward and backward, at 64 and at 128
-#: threads alike (a thread's work does not depend on the block's width, `step_v3.widen`; ptxas gave the forward
-#: 168 at 96 threads); sm_80 takes 222 / 225 there.  Measured with report.link_info_log of the H = 768 slice's
-#: kernels.
-V3_REGISTERS_TJ2 = {"forward": 172, "backward": 168}
-
-
-def v3_registers(TJ: int, phase: str = "forward") -> int:
-    """The registers a thread of the persistent v3 kernel of `phase` is estimated to take at a slice of TJ
-    units (sm_90 figures, the estimate for every GPU: the device decides on a GPU)."""
-    if TJ <= 2:
-        return V3_REGISTERS_TJ2[phase]
-    return V3_REGISTERS if phase == "forward" else V3_BACKWARD_REGISTERS
-
-
-def v3_limit(cc, sms: int, G: int, sl, dtype="float32", registers: int = V3_REGISTERS) -> int | None:
-    """Blocks of a v3 slice `sl` co-resident on a GPU of compute capability cc with `sms` SMs (SMs x resident
-    blocks per SM, from the per-SM limits of report.ARCH / SM_LIMITS_EXTRA, the slice's shared memory and
-    `registers` a thread); None for a compute capability neither table has."""
-    from . import report, step_v3
-    arch = report.ARCH.get(tuple(cc)) or SM_LIMITS_EXTRA.get(tuple(cc))
-    if arch is None:
-        return None
-    shared = step_v3.slice_bytes(G, sl, dtype)
-    if tuple(cc) >= (9, 0):
-        shared += arch["smem_reserved"]        # report.resident_blocks takes the linker's count (reserve in)
-    return report.resident_blocks(tuple(cc), sl.threads, registers, shared, arch=arch) * sms
-
 #: per-request figures the profiler measures for the v2 step kernels (float32, GPU tiles; measure_v2_figures)
 V2_MEASURED = dict(
     R_sectors_per_request=4,               # a warp stages 32 consecutive k of one row of R: 128 B
@@ -320,8 +230,8 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
             each warp loads 1 word of R (a row of the R tile: conflict-free), per 4 gate rows RB vectors of dgh
             (a broadcast): warps x ceil(G*H/KC) x (KC + KC/4 x RB) wavefronts.
     """
-    from . import step_v2
-    from .staging import pitch, vector_words
+    from ..kernels import step_v2
+    from ..kernels.staging import pitch, vector_words
     t = tiles or step_v2.GPU_TILES
     m = dict(V2_MEASURED, **(measured or {}))
     P = H
@@ -362,43 +272,12 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
     return {"forward_step_v2": fwd, "backward_step_v2": bwd}
 
 
-def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="float32",
-                    registers: int | None = None, B: int | None = None, phase: str = "forward") -> tuple:
-    """(Slice or None, blocks needed, co-resident limit, why) of the persistent v3 kernel of `phase` on `gpu`,
-    as step_v3.choose decides on a device: the slice from step_v3.plan (the largest TJ whose R slice fits), all
-    step_v3.blocks_needed blocks co-resident, and given the batch B the first of step_v3.widths (wider blocks)
-    that is.  choose asks the device (max_cooperative_grid_blocks); here the limit is `v3_limit`, with
-    `registers` a thread (default `v3_registers`)."""
-    from . import step_v3
-    base = step_v3.plan(G, H, P, dtype, simulator=False)
-    if base is None:
-        return None, 0, 0, f"the R slice for P={P} does not fit {step_v3.SMEM_BUDGET} bytes of shared memory"
-    n = step_v3.blocks_needed(H, D, base)
-    fallback = None
-    for sl in ([base] if B is None else step_v3.widths(G, base, B, dtype)):
-        regs = v3_registers(sl.TJ, phase) if registers is None else registers
-        limit = v3_limit(gpu.cc, gpu.sms, G, sl, dtype, regs)
-        per_sm = limit // gpu.sms
-        if n <= limit:
-            return sl, n, limit, (f"v3: {n} blocks (TJ={sl.TJ}, {sl.threads} threads) co-resident, limit "
-                                  f"{per_sm} per SM x {gpu.sms} = {limit}")
-        fallback = (f"v3 not co-resident: {n} blocks of {sl.threads} threads needed, {per_sm} per SM "
-                    f"x {gpu.sms} SMs = {limit}: v2 runs")
-    return None, n, limit, fallback
-
-
 def v3_rows_by_k(B: int, sl) -> int:
     """The (row, k) pairs a v3 block's products run per gate and step (its units' FMAs per unit): each row
     tile's RN rows (TB without a split: the padded rows too) x the KMAX columns of the slice's capacity (zeros
     past P included), each chunk run by one split (`v3_splits`)."""
+    from ..kernels.step_v3 import v3_splits
     return sum(RN * sl.KMAX for RN, _ in v3_splits(B, sl))
-
-
-def v3_rounds(B: int, sl) -> int:
-    """Rounds of staged products one thread of a v3 block runs per gate and step for a batch of B rows: over
-    its row tiles, the KMAX / KC chunks of K shared by each tile's KS splits (`v3_splits`)."""
-    nch = sl.KMAX // sl.KC
-    return sum(-(-nch // KS) for _, KS in v3_splits(B, sl))
 
 
 def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None) -> tuple:
@@ -408,8 +287,8 @@ def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None)
     VW (words a load: the k loop's loads are LDS.128, VW = 4 fp32 words, staging.pitch), how much more than its
     useful bytes an epilogue row's sector carries (TJ consecutive units per row), the h load's bank conflict
     (its wavefronts over the fewest its bytes need: 1 = conflict-free)."""
-    from . import step_v3
-    from .staging import pitch, vector_words
+    from ..kernels import step_v3
+    from ..kernels.staging import pitch, vector_words
     TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
     VW = vector_words("float32")
     if h_pitch is None:
@@ -423,20 +302,6 @@ def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None)
             wf_h // fewest_wavefronts(h_words))
 
 
-def v3_splits(B: int, sl) -> list[tuple[int, int]]:
-    """(RN, KS) of each row tile of a v3 block (step_v3.make_split_k): a tile of fewer rows than TB splits its
-    chunks of K over KS = TB // RN splits of RN rows (the rows rounded up to a multiple of lcm(RH, RB)); one split
-    without prefetching."""
-    RS = sl.threads // sl.KC
-    RH = -(-sl.TB // RS)
-    L = RH * sl.RB // math.gcd(RH, sl.RB)
-    out = []
-    for b0 in range(0, B, sl.TB):
-        RN = -(-min(sl.TB, B - b0) // L) * L if sl.PF else sl.TB
-        out.append((RN, max(1, sl.TB // RN)))
-    return out
-
-
 def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, red_pitch: int, VW: int = 1) -> int:
     """Shared-memory wavefronts of one block's products over all of its row tiles (step_v3's step body: NG = 1,
     per_k = G*wf_R + RB*wf_h; its staged product: NG gates, per_k = wf_R + RB*wf_h), counted as the kernel runs
@@ -445,6 +310,7 @@ def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, re
     chunk in that round; with
     KS > 1 the reduction through `red` (rows red_pitch words apart): each live thread stores its NV x RB partial
     sums, split 0's threads load the other splits' (`bank_wavefronts` of the lanes' words)."""
+    from ..kernels.step_v3 import v3_splits
     TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
     total = 0
     for RN, KS in v3_splits(B, sl):
@@ -499,7 +365,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
                   flops=0, blocks=nb)
     h_l2 = nb * B * P * s
     other = D * _other_forward(B, H, P, G, s) * spread
-    from .step_v3 import red_pitch
+    from ..kernels.step_v3 import red_pitch
     step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl), VW)
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h, h_conflict=conflict,
@@ -526,7 +392,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     P = H
     GH = G * H
     nb, _, _, wf_R, wf_h, VW, spread, _ = _v3_geometry(H, B, D, sl, s)
-    from .staging import pitch
+    from ..kernels.staging import pitch
     wf_slice = bank_wavefronts((e % TJ) * pitch(KMAX, "float32") + e // TJ for e in range(WARP))
     R_bytes = D * GH * P * s
     run = -(-TJ * s // SECTOR)                      # sectors of one row's TJ columns
@@ -537,7 +403,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
                   sectors_per_request=(WARP // TJ) * run)
     dgh_l2 = nb * B * GH * s
     other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
-    from .step_v3 import red_pitch
+    from ..kernels.step_v3 import red_pitch
     step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl), VW)
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
@@ -559,11 +425,11 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
 
     version 1: cell_steps.py + recurrent.py (2 launches per backward step); 2: step_v2.py (1 launch per
     forward step, T + 1 fused backward launches); 3: the persistent forward (1 launch per layer: the R slices
-    once, then per step the traffic of `v3_traffic` + one grid barrier) when v3_co_residency says it can run,
-    else v2's forward (row["runs"] says which); its backward likewise (`v3_backward_traffic`, one launch: the
-    columns of R once, then T + 1 steps of traffic + a grid barrier each; row["backward_runs"]).
+    once, then per step the traffic of `v3_traffic` + one grid barrier) when step_v3.v3_co_residency says it can
+    run, else v2's forward (row["runs"] says which); its backward likewise (`v3_backward_traffic`, one launch:
+    the columns of R once, then T + 1 steps of traffic + a grid barrier each; row["backward_runs"]).
     """
-    from . import step_v2                           # lazily, as v2_step_traffic imports it
+    from ..kernels import step_v2, step_v3
     gpu = GPUS[gpu_name]
     out = []
     G, s = 4, 4
@@ -594,7 +460,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
             bwd_ms = (T + 1) * b_us / 1e3 + gemm_b
             row.update(R_bytes_per_step_forward=f2["R_l2"], backward_bound=b_bound, runs=2, v2_TJ=t2.TJ)
             if version == 3:
-                sl, n, limit, why = v3_co_residency(gpu, H, H, G, B=B)
+                sl, n, limit, why = step_v3.v3_co_residency(gpu, H, H, G, B=B)
                 row.update(note=why, v3_blocks=n, v3_limit=limit)
                 if sl is not None:
                     tr3 = v3_traffic(H, I, B, sl, G, s)
@@ -605,7 +471,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     row.update(runs=3, R_bytes_per_step_forward=tr3["slice"]["l2"] / T, slice_TJ=sl.TJ,
                                v3_threads=sl.threads,
                                v3_bank_conflict=tr3["step"]["h_conflict"])
-                bsl, bn, _, bwhy = v3_co_residency(gpu, H, H, G, B=B, phase="backward")
+                bsl, bn, _, bwhy = step_v3.v3_co_residency(gpu, H, H, G, B=B, phase="backward")
                 row.update(backward_note=bwhy)
                 if bsl is not None:
                     tb3 = v3_backward_traffic(H, I, B, bsl, G, s)
