@@ -1024,7 +1024,7 @@ def model_report(gpu: str = "H100 SXM", shapes=None, measure: bool = True) -> st
     """The text `numbarnn bench` prints without a GPU: the roofline MODEL of the v1, v2 and v3 step kernels at
     the DeepBench shapes (or `shapes`: (H, B, T) tuples), from per-request figures measured now in the
     simulator (measure=True; a few seconds) or the stored ones (roofline.V1_MEASURED, V2_MEASURED), with
-    issue 8's comparison points (cuDNN's and haste's published times) said to be met or not."""
+    the GPU targets' comparison points (cuDNN's and haste's published times) said to be met or not."""
     if measure:
         figures, figures_v2 = measure_v1_figures(), measure_v2_figures()
     else:

@@ -25,10 +25,10 @@ measurement there: `v1_step_traffic` against measure_v1_figures, `v2_step_traffi
         runs v2's epilogue, and waits at one grid barrier (GPU.grid_sync_us, approximate); when the blocks
         cannot all be co-resident on the GPU (step_v3.v3_co_residency, step_v3.plan's slice) v2 runs instead.
         The backward the same way with R's columns (`v3_backward_traffic`: it stages all of dgh, G times h)
-`format_deepbench_model` prints the three side by side with issue 8's comparison points (cuDNN's and haste's
-published times; at H = 256, B = 4, which has none, cuDNN's forward as measured on an H100, `MEASURED_H100`)
-and says whether the model meets them, then what v3 and cuDNN measured on that H100.  Nothing in here is tuned
-to meet them.
+`format_deepbench_model` prints the three side by side with the GPU targets' comparison points (cuDNN's and
+haste's published times; at H = 256, B = 4, which has none, cuDNN's fastest forward measured on an H100,
+`CUDNN_H100_FASTEST`) and says whether the model meets them.  Nothing in here is tuned to meet them; what the
+kernels measured is in bench/results/gpu_h100.md.
 
 The GPUs (`GPUS`) and the memory system's granularities come from numbarnn.kernels.gpus, the table the kernels'
 plans read too.  The kernel modules (step_v2, step_v3, staging) are imported inside the functions that use them:
@@ -40,19 +40,15 @@ from __future__ import annotations
 from ..kernels.gpus import BANKS, GPU, GPUS, SECTOR, WARP, WAVEFRONT
 
 
-#: published reference times (ms, fp32 LSTM training forward pass per DeepBench-style shape) quoted by issue 8
+#: published reference times (ms, fp32 LSTM training forward pass per DeepBench-style shape): the targets' points
 PUBLISHED = {(768, 16, 1024): dict(cudnn=2.01, haste=18.41)}
 
-#: MEASURED, not modelled: the training forward (ms, LSTM float32, one layer, I = H) on the H100 80GB HBM3 this
-#: project was lent (bench/results/gpu_h100.md), median of 3-5 calls in each of eight `numbarnn bench` runs
-#: (bench/results/h100/run{3,7,8,9}_bench_v*.csv, which tests/test_profiler.py reads back): cuDNN 9.19 through
-#: torch (TF32 off) as (fastest run, slowest run); numbarnn's v3 in the latest run (`latest`, beside cuDNN's
-#: `cudnn_latest` in the same process).
-MEASURED_H100_LATEST = "run 9, 2026-11-26"
-MEASURED_H100 = {(256, 4, 1000): dict(cudnn=(13.15, 21.70), v3_latest=7.74, cudnn_latest=16.49),
-                 (768, 16, 1024): dict(cudnn=(20.21, 24.82), v3_latest=19.09, cudnn_latest=20.68)}
+#: the target's point where nothing is published: cuDNN 9.19's fastest training forward (ms, LSTM float32, one
+#: layer, I = H, TF32 off) over the `numbarnn bench` runs on an H100 80GB HBM3 (bench/results/h100/, which
+#: tests/test_profiler.py reads back)
+CUDNN_H100_FASTEST = {(256, 4, 1000): 10.68}
 
-#: the DeepBench-style LSTM shapes of issue 8: (H = I, B, T)
+#: the DeepBench-style LSTM shapes of the GPU targets: (H = I, B, T)
 DEEPBENCH = ((512, 32, 100), (1024, 64, 100), (256, 4, 1000), (768, 16, 1024))
 
 
@@ -413,7 +409,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
 
 def _gemm_ms(gpu: GPU, T: int, B: int, H: int, I: int, G: int = 4) -> tuple[float, float]:
     """(forward, backward) GEMMs outside the time loop, ms: at half of fp32 peak (GEMM v3 reaches at most ~50%
-    of it: issue 8), 1 GEMM forward (gx = x W^T), 3 backward (dW, dx, dR)."""
+    of it), 1 GEMM forward (gx = x W^T), 3 backward (dW, dx, dR)."""
     f = 2 * T * B * G * H * I / (0.5 * gpu.fp32) * 1e3
     return f, 3 * f
 
@@ -488,14 +484,14 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
     return out
 
 
-#: issue 8's targets for v3's predicted forward time (ratio to cuDNN's published time, or to v3's own at ...)
+#: the GPU targets for v3's predicted forward time (ratio to cuDNN's published time, or to v3's own at ...)
 TARGETS = {(768, 16, 1024): "within 3x of cuDNN's 2.01 ms and below haste's 18.41 ms",
            (256, 4, 1000): "within 1.5x (of cuDNN)"}
 
 
 def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None, measured_v2=None) -> str:
     """The table of the profiler's MODEL of the v1, v2 and v3 step kernels at `shapes`, labelled as such
-    (profiler.model_report adds freshly measured per-request figures), and issue 8's comparison points."""
+    (profiler.model_report adds freshly measured per-request figures), and the GPU targets' comparison points."""
     gpu = GPUS[gpu_name]
     rows = {v: deepbench_model(gpu_name, shapes, measured, v, measured_v2) for v in (1, 2, 3)}
     title = (f"the profiler's MODEL of the step kernels v1, v2, v3 on {gpu_name} (not a measurement: roofline "
@@ -528,7 +524,7 @@ def format_deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measure
 
 
 def comparison_lines(v3_rows, shapes) -> list[str]:
-    """Issue 8's comparison points for the model's v3 forward, each stated as met or NOT met."""
+    """The GPU targets' comparison points for the model's v3 forward, each stated as met or NOT met."""
     out = []
     by_shape = {(r["H"], r["B"], r["T"]): r for r in v3_rows}
     big = by_shape.get((768, 16, 1024))
@@ -537,7 +533,7 @@ def comparison_lines(v3_rows, shapes) -> list[str]:
         ratio = big["forward_ms"] / pub["cudnn"]
         ok = ratio <= 3 and big["forward_ms"] < pub["haste"]
         out.append(f"H=I=768 B=16 T=1024: model v{big['runs']} forward {big['forward_ms']:.2f} ms = {ratio:.1f}x "
-                   f"cuDNN's published {pub['cudnn']} ms, haste's {pub['haste']} ms; issue 8's target (within 3x "
+                   f"cuDNN's published {pub['cudnn']} ms, haste's {pub['haste']} ms; the target (within 3x "
                    f"of cuDNN and below haste): {'met' if ok else 'NOT met'} by the model")
         if big["runs"] == 3:
             why = {"L1": "the shared-memory pipe (G + 1 vector loads per 4G FMAs, RB = 1 batch row a thread)",
@@ -546,17 +542,12 @@ def comparison_lines(v3_rows, shapes) -> list[str]:
             out.append(f"  (what bounds it in the model: {why}, and one grid barrier per step)")
     small = by_shape.get((256, 4, 1000))
     if small is not None:
-        lo, hi = MEASURED_H100[(256, 4, 1000)]["cudnn"]
+        lo = CUDNN_H100_FASTEST[(256, 4, 1000)]
         ok = small["forward_ms"] <= 1.5 * lo
         out.append(f"H=I=256 B=4 T=1000: model v{small['runs']} forward {small['forward_ms']:.2f} ms = "
                    f"{small['forward_ms'] / lo:.2f}x cuDNN's fastest MEASURED forward on an H100 ({lo:.2f} ms; "
-                   f"{lo:.2f}-{hi:.2f} ms over eight runs, no published time at this shape); issue 8's target "
-                   f"(within 1.5x of cuDNN): {'met' if ok else 'NOT met'} by the model")
-    for shape in (s for s in shapes if s in MEASURED_H100):
-        m = MEASURED_H100[shape]
-        ratio = m["v3_latest"] / m["cudnn_latest"]
-        lo, hi = m["cudnn"]
-        out.append(f"  MEASURED on an H100 ({MEASURED_H100_LATEST}): v3 "
-                   f"{'x'.join(map(str, shape))} forward {m['v3_latest']:.2f} ms, cuDNN in the same run "
-                   f"{m['cudnn_latest']:.2f} ms ({lo:.2f}-{hi:.2f} over eight runs): {ratio:.2f}x")
+                   f"no published time at this shape); the target (within 1.5x of cuDNN): "
+                   f"{'met' if ok else 'NOT met'} by the model")
+    if out:
+        out.append("  (what the kernels measured on an H100, beside cuDNN: bench/results/gpu_h100.md)")
     return out

@@ -1,4 +1,4 @@
-"""What the GPU would execute, without a GPU: the SASS of a kernel's hot loops (issue 8's proxies).
+"""What the GPU would execute, without a GPU: the SASS of a kernel's hot loops (a proxy of its time).
 
 nvJitLink links a kernel's PTX to a cubin for sm_XY (as the compile report does) and nvdisasm
 (``pip install 'cuda-toolkit[nvdisasm]==13.*'``, part of numbarnn's ``cuda`` extra) prints its machine code.
