@@ -28,8 +28,8 @@ settings.load_profile(os.environ.get("NUMBARNN_HYPOTHESIS_PROFILE", "ci"))
 # Simulator state: every test leaves it as it found it
 # ---------------------------------------------------------------------------------------------------------
 # The simulator keeps process-wide state (the module swapped into a kernel's globals while it runs, the
-# kernel context of a launch), and the profiler patches simulator classes and numbarnn's launch geometry
-# while it records.  A test that leaks any of it makes a later test in the same xdist worker compute
+# kernel context of a launch), the profiler patches simulator classes while it records, and a tool may plan
+# for a GPU in a scope (numbarnn.kernels.target.planning_for).  A test that leaks any of it makes a later test in the same xdist worker compute
 # wrong numbers (an order-dependent failure).  This check names the test that leaked, at its teardown.
 
 def _simulator_state() -> dict:
@@ -48,11 +48,9 @@ def _simulator_state() -> dict:
         "FakeCUDAAtomic": dict(vars(kernelapi.FakeCUDAAtomic)),
         "swapped cuda modules": {k: v for k, v in kernelapi._swap_refcount.items() if v},
     }
-    kernels = sys.modules.get("numbarnn.kernels.common"), sys.modules.get("numbarnn.kernels.gemm")
-    if kernels[0] is not None:
-        state["common.SIMULATOR"] = kernels[0].SIMULATOR
-    if kernels[1] is not None:
-        state["GemmVersion.default_config"] = kernels[1].GemmVersion.__dict__["default_config"]
+    target = sys.modules.get("numbarnn.kernels.target")
+    if target is not None:
+        state["planned target"] = target.current()
     profiler = sys.modules.get("numbarnn.analysis.profiler")
     if profiler is not None:
         state["profiler recording"] = profiler._RECORDER
@@ -64,13 +62,15 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _simulator_state_is_restored():
+    import sys
     before = _simulator_state()
     yield
     after = _simulator_state()
     changed = [k for k in before if k in after and after[k] is not before[k] and after[k] != before[k]]
     # and what must hold between tests whatever the test imported
-    expected = {"kernel context": None, "swapped cuda modules": {}, "common.SIMULATOR": True,
-                "profiler recording": None}
+    expected = {"kernel context": None, "swapped cuda modules": {}, "profiler recording": None}
+    if "planned target" in after:
+        expected["planned target"] = sys.modules["numbarnn.kernels.target"].PROCESS
     changed += [k for k, v in expected.items() if k in after and after[k] != v and k not in changed]
     assert not changed, f"this test left the CUDA simulator's state changed: {changed}"
 

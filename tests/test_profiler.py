@@ -210,16 +210,18 @@ def test_views_and_tags_use_device_addresses():
 def test_recording_restores_the_simulator():
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi
+    from numbarnn.kernels import target
     before = (sim_kernel.FakeCUDAKernel.__call__, kernelapi.FakeCUDAShared.array,
-              kernelapi.FakeCUDAAtomic.add, common.SIMULATOR)
+              kernelapi.FakeCUDAAtomic.add, target.current())
     a, b = f32(8), cuda.device_array(8, np.float32)
     with pytest.raises(ZeroDivisionError), profiler.recording(geometry="gpu"):
-        assert common.SIMULATOR is False
+        assert target.current() == target.Target(simulator=False, gpu_model=True)
+        assert common.threads(1000) == 128 and common.SIMULATOR        # GPU launch sizes, in the simulator
         copy[1, 8](a, b)
         raise ZeroDivisionError
     after = (sim_kernel.FakeCUDAKernel.__call__, kernelapi.FakeCUDAShared.array,
-             kernelapi.FakeCUDAAtomic.add, common.SIMULATOR)
-    assert before == after
+             kernelapi.FakeCUDAAtomic.add, target.current())
+    assert before == after and after[-1] == target.PROCESS
     with pytest.raises(ValueError, match="geometry"), profiler.recording(geometry="big"):
         pass
 

@@ -589,20 +589,12 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
         for n in atomic_names:
             setattr(atomic_cls, n, atomic(n))
         patches.append(lambda: [setattr(atomic_cls, n, f) for n, f in orig_atomics.items()])
-        if geometry == "gpu":
-            from ..kernels import common, gemm
-            old_sim = common.SIMULATOR
-            common.SIMULATOR = False
-            patches.append(lambda: setattr(common, "SIMULATOR", old_sim))
-            orig_default = gemm.GemmVersion.default_config
-            gemm.GemmVersion.default_config = lambda self: self.gpu_config
-            patches.append(lambda: setattr(gemm.GemmVersion, "default_config", orig_default))
-            # v3 with the GPU's slices: every block at once, as numbarnn's simulator runs a cooperative grid
-            # (up to simulator.COOPERATIVE_BLOCKS); on a GPU the device decides (step_v3.choose)
-            from ..kernels import step_v3
-            orig_limit = step_v3.device_cooperative_limit
-            step_v3.device_cooperative_limit = lambda *args: simulator.cooperative_blocks()
-            patches.append(lambda: setattr(step_v3, "device_cooperative_limit", orig_limit))
+        if geometry == "gpu":       # a GPU's launch sizes, GEMM tiles and v3 slices, run here (v3's blocks all
+            #                             at once, as numbarnn's simulator runs a cooperative grid)
+            from ..kernels.target import Target, planning_for
+            scope = contextlib.ExitStack()
+            scope.enter_context(planning_for(Target.gpu_in_simulator()))
+            patches.append(scope.close)
         _RECORDER = rec
         yield rec
     finally:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 from numba import cuda, types
 from numba.np.numpy_support import from_dtype
 
 from ..util import cdiv
+from . import target
 
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-#: what this process runs on (SIMULATOR is the geometry the plans assume: the profiler sets it False to plan as a GPU)
-_NUMBA_SIMULATOR = SIMULATOR
+#: whether this process runs numba's CUDA simulator (fixed at import; what the plans assume is `target.current()`)
+SIMULATOR = target.PROCESS.simulator
 DTYPES = ("float16", "float32", "float64")
 
 #: the type of shared-memory indices in hot loops: numba wraps a negative *signed* index Python-style (a shift,
@@ -44,7 +43,7 @@ def device(fn):
 
     A kernel calling a device function makes numba compile it "for the current device", which asks the CUDA
     driver: `_compile_without_a_gpu` answers for a machine with none (the kernel report, CI)."""
-    if _NUMBA_SIMULATOR:                 # the simulator's cuda.jit has no forceinline
+    if SIMULATOR:                        # the simulator's cuda.jit has no forceinline
         return cuda.jit(device=True)(fn)
     return cuda.jit(device=True, forceinline=True)(fn)
 
@@ -82,7 +81,7 @@ def _compile_without_a_gpu() -> None:
     dispatcher.get_current_device = get_current_device
 
 
-if not _NUMBA_SIMULATOR:
+if not SIMULATOR:
     _compile_without_a_gpu()
 
 if SIMULATOR:
@@ -131,7 +130,7 @@ def threads(n: int, gpu: int = 128, sim: int = 8, simulator: bool | None = None)
     (n - 1 threads, at most `sim`: n = 3 runs as 2 + 1 with one idle thread), as on a GPU, so a wrong
     ``j >= H`` guard or a wrong ``blockIdx.x * blockDim.x + threadIdx.x`` cannot pass the tests.
     """
-    if SIMULATOR if simulator is None else simulator:
+    if target.simulator(simulator):
         return max(1, min(n - 1, sim))
     return max(32, min(gpu, cdiv(n, 32) * 32))
 

@@ -57,7 +57,7 @@ from ..dropout import dropout_key, dropout_scale, dropout_threshold
 from ..reserve import NONCE_SIZE, reserve_size, reserve_views
 from ..util import cdiv
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
-from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+from . import target
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, make_put4, threads
 from .gemm import gemm
 from .launch import launch
@@ -78,7 +78,7 @@ def step_version(simulator: bool | None = None) -> int:
     this process runs (None) or as given."""
     version = settings.get("step_version")
     if version is None:
-        return 1 if (common.SIMULATOR if simulator is None else simulator) else 3
+        return 1 if target.simulator(simulator) else 3
     return version
 
 

@@ -83,8 +83,7 @@ from numba import cuda, types
 from numbarnn.util import cdiv
 from numbarnn.validation import ArgumentTypeError, check_same_dtype, shape_of
 
-# common.SIMULATOR is read at call time (the profiler's GPU geometry sets it)
-from . import common, gpus
+from . import common, gpus, target
 from .launch import launch
 
 DTYPES = ("float16", "float32", "float64")
@@ -588,7 +587,7 @@ MODEL_SMS = gpus.GPUS["H100 SXM"].sms
 def sm_count(simulator: bool | None = None) -> int:
     """Multiprocessors split-K plans for: the current GPU's; SIM_SMS for simulator launch sizes; MODEL_SMS
     for GPU launch sizes where there is no GPU (launch_plan(gpu=True), the profiler's GPU geometry)."""
-    if common.SIMULATOR if simulator is None else simulator:
+    if target.simulator(simulator):
         return SIM_SMS
     if numba_config.ENABLE_CUDASIM:
         return MODEL_SMS
@@ -611,7 +610,7 @@ class GemmVersion:
     sim_config: tuple       # tile sizes in the CUDA simulator
 
     def default_config(self) -> tuple:
-        return self.sim_config if numba_config.ENABLE_CUDASIM else self.gpu_config
+        return self.sim_config if target.current().simulator else self.gpu_config
 
     def threads(self, config: tuple) -> int:
         block = self.launch(1, 1, 1, config)[1]

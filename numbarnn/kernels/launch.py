@@ -44,7 +44,6 @@ import numpy as np
 
 from .. import settings
 from ..util import cdiv
-from . import common
 
 FAST_LAUNCH_VAR = settings.SETTINGS["fast_launch"][0]
 
@@ -56,12 +55,11 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    """Whether ``launch`` may take the fast path: numba not in simulator mode (the process's, not the profiler's
-    GPU geometry, which clears common.SIMULATOR while it records), NUMBARNN_FAST_LAUNCH not 0, and a
-    numba-cuda whose launch internals are the ones this module mirrors."""
+    """Whether ``launch`` may take the fast path: numba not in simulator mode (the process's, whatever target is
+    planned for), NUMBARNN_FAST_LAUNCH not 0, and a numba-cuda whose launch internals are the ones this module
+    mirrors."""
     from numba import config
-    return (not config.ENABLE_CUDASIM and not common.SIMULATOR
-            and settings.get("fast_launch") and _internals() is not None)
+    return not config.ENABLE_CUDASIM and settings.get("fast_launch") and _internals() is not None
 
 
 @functools.cache

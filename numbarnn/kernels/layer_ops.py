@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import cuda, uint64
 
-from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+from . import target
 from .common import DTYPES, acc_dtype, arr, blocks, jit, nb, threads
 from .philox import dropout_keep
 
@@ -163,7 +163,7 @@ COLUMN_SUMS_SIM = (4, 2, 4)      # the simulator: several column tiles, chunks a
 
 
 def column_sums_config(simulator: bool | None = None) -> tuple:
-    return COLUMN_SUMS_SIM if (common.SIMULATOR if simulator is None else simulator) else COLUMN_SUMS_GPU
+    return COLUMN_SUMS_SIM if target.simulator(simulator) else COLUMN_SUMS_GPU
 
 
 @functools.cache

@@ -62,7 +62,7 @@ from .. import settings
 from ..cells import get_cell
 from ..util import cdiv
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, REPORTED_CELLS, _wrap, device_function, signature, used_args
-from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+from . import target
 from .common import DTYPES, U, acc_dtype, arr, device, nb
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets,
                       make_stage_matrix, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
@@ -106,7 +106,7 @@ def tiles(dtype="float32", simulator: bool | None = None, H: int | None = None, 
     Given the layer (H units, B rows, D directions) on a GPU: the narrow tiles (`narrow`) where the GPU tiles'
     grid has fewer blocks than the GPU has SMs (`sms`, default this process's GPU's; without one, the GPU tiles).
     NUMBARNN_V2_NARROW=0 keeps the GPU tiles (`bash bench/gpu_run.sh narrow` times both)."""
-    if common.SIMULATOR if simulator is None else simulator:
+    if target.simulator(simulator):
         return SIM_TILES
     t = GPU_TILES_F64 if str(dtype) == "float64" else GPU_TILES
     if H is None or B is None or not settings.get("v2_narrow"):

@@ -61,7 +61,7 @@ from .. import settings
 from ..cells import get_cell
 from ..util import cdiv
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
-from . import common  # common.SIMULATOR read at call time (the profiler's GPU geometry sets it)
+from . import target
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
 from .gpus import ARCH, GPU, GPUS, SM_LIMITS_EXTRA, resident_blocks
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
@@ -170,7 +170,7 @@ def red_pitch(G: int, sl: Slice) -> int:
 def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj: bool = False) -> Slice | None:
     """The slice for a layer: the largest TJ (16, 8, 4, 2, 1) whose slices fit SMEM_BUDGET, or None.
     In the simulator: SIM_SLICE when P (and with a projection H) fits its KMAX."""
-    if common.SIMULATOR if simulator is None else simulator:
+    if target.simulator(simulator):
         if P > SIM_SLICE.KMAX or (has_proj and H > SIM_SLICE.KMAX):
             return None
         return SIM_SLICE._replace(TQ=projected_per_block(H, P, SIM_SLICE.TJ),
@@ -970,10 +970,9 @@ def device_geometry_or_none() -> tuple | None:
 def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
            phase: str = "forward", B: int | None = None):
     """`_choose`, remembered per layer shape, setting and GPU in a process on a GPU (compiling and asking the
-    device took ~0.3 ms of a host-bound call); in the simulator, asked every time (its tests and the profiler
-    change the cooperative limit)."""
-    sim = common.SIMULATOR if simulator is None else simulator
-    if sim or settings.simulator():          # (the profiler runs the GPU's choice in the simulator)
+    device took ~0.3 ms of a host-bound call); in the simulator, worked out every time."""
+    sim = target.simulator(simulator)
+    if sim or SIMULATOR:                     # (the simulator's tests change devices and limits)
         return _choose(cell, dtype, H, P, D, has_proj, sim, phase, B)
     return _choose_on_gpu(cell, np.dtype(dtype), H, P, D, has_proj, phase, B, settings.get("v3_wide"),
                           cuda.get_current_device().id)
@@ -1018,7 +1017,8 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
     from .simulator import cooperative_blocks
     for c in candidates:
         try:
-            limit = cooperative_blocks() if sim else device_cooperative_limit(phase, cell, dtype, c, has_proj)
+            limit = (cooperative_blocks() if sim or target.current().gpu_model
+                     else device_cooperative_limit(phase, cell, dtype, c, has_proj))
         except Exception as exc:               # no cooperative launch here: say why and run v2
             if c is not sl:
                 continue
