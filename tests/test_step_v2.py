@@ -21,7 +21,7 @@ import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn.cells import get_cell
 from numbarnn.config import RNNCall, rnn_config
-from numbarnn.kernels import driver, step_v2
+from numbarnn.kernels import driver, step_v2, target
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
 from numbarnn.kernels.common import acc_dtype, jit
 from numbarnn.kernels.recurrent import make_recurrent_backward
@@ -193,13 +193,12 @@ def test_tiles_narrow_where_the_grid_leaves_sms_idle(monkeypatch):
     monkeypatch.setenv("NUMBARNN_V2_NARROW", "0")
     assert step_v2.tiles("float32", simulator=False, H=768, B=16, sms=132) == gpu      # switched off
     monkeypatch.delenv("NUMBARNN_V2_NARROW")
-    from numbarnn.kernels import step_v3
 
     def no_gpu():
         raise RuntimeError("no GPU")
-    monkeypatch.setattr(step_v3, "device_geometry", no_gpu)
+    monkeypatch.setattr(target, "device_geometry", no_gpu)
     assert step_v2.tiles("float32", simulator=False, H=768, B=16) == gpu               # no GPU: the GPU tiles
-    monkeypatch.setattr(step_v3, "device_geometry", lambda: ((9, 0), 132))
+    monkeypatch.setattr(target, "device_geometry", lambda: ((9, 0), 132))
     assert step_v2.tiles("float32", simulator=False, H=768, B=16) == narrow            # this process's GPU
 
 

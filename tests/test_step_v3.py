@@ -22,7 +22,7 @@ import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn.cells import get_cell
 from numbarnn.config import rnn_config
-from numbarnn.kernels import driver, step_v2, step_v3
+from numbarnn.kernels import driver, step_v2, step_v3, target
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
 from numbarnn.kernels.common import acc_dtype, jit
 from numbarnn.testing import make_rnn_case
@@ -331,7 +331,7 @@ class FakeDevice:
             self.asked.append(sl.threads)
             return step_v3.v3_limit(cc, sms, cell.G, sl, dtype, registers)
 
-        monkeypatch.setattr(step_v3, "device_geometry", lambda: (cc, sms))
+        monkeypatch.setattr(target, "device_geometry", lambda: (cc, sms))
         monkeypatch.setattr(step_v3, "device_cooperative_limit", limit)
 
 
@@ -363,7 +363,7 @@ def test_choose_without_a_device_geometry_keeps_the_plan(monkeypatch):
     def no_gpu():
         raise RuntimeError("no GPU")
 
-    monkeypatch.setattr(step_v3, "device_geometry", no_gpu)
+    monkeypatch.setattr(target, "device_geometry", no_gpu)
     sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 1, False, simulator=False, B=16)
     assert sl.threads == step_v3.THREADS, why
     # bidirectional at 768 (768 blocks): no width is co-resident, nor plan's (5 an SM with 172 registers)

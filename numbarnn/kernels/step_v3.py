@@ -17,12 +17,12 @@ s+1 needs every unit's h from step s.  R crosses the memory bus once per layer i
 
 step_body: for each tile of TB rows, h is staged through shared memory in K-chunks of KC (coalesced:
 `make_fetch`, `make_put_rows`), the product comes from the R slice in shared memory, and the cell's pointwise
-forward is v2's epilogue (`step_v2.make_forward_epilogue`).
+forward is v2's epilogue (`epilogues.make_forward_epilogue`).
 
 The backward mirrors it (`make_backward_body`): dh = dgh_{s+1} R needs the COLUMNS of R for the block's units,
 kept in the same layout, so the product loop is the forward's; dgh of step s+1 (every gate, written by every
 block before the barrier) is staged like h (`make_fetch`, row times and offsets looked up once per tile), and the
-cell's backward is v2's epilogue (`step_v2.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
+cell's backward is v2's epilogue (`epilogues.make_backward_epilogue`).  Steps run s = steps-1 .. 0, then s = -1
 finishes dh0.
 
 With a projection each step has two phases, a grid barrier after each (each needs every block's results of
@@ -67,7 +67,7 @@ from .gpus import ARCH, GPU, GPUS, SM_LIMITS_EXTRA, resident_blocks
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
                       make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
                       vector_ks)
-from .step_v2 import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
+from .epilogues import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
 
 
 if SIMULATOR:
@@ -691,7 +691,7 @@ def make_backward_body(cell, dtype, sl: Slice):
     way: dh[b, j] = sum_{g,k} dgh_{s+1}[b, g*H+k] R[g*H+k, j] needs the COLUMNS j0 .. j0+TJ-1 of R, again
     G*TJ*H values, kept as R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj] (the forward slice's layout, so the
     product loop and its bank pattern are the forward's).  Then the cell's backward for those units is v2's
-    epilogue (`step_v2.make_backward_epilogue`)."""
+    epilogue (`epilogues.make_backward_epilogue`)."""
     G = cell.G
     TJ, RB, TB = sl.TJ, sl.RB, sl.TB
     product = make_staged_product(dtype, sl, G, TJ, sl.KMAX)
@@ -952,21 +952,6 @@ def device_cooperative_limit(phase: str, cell, dtype, sl: Slice, has_proj: bool)
     return compiled.max_cooperative_grid_blocks(sl.threads)
 
 
-def device_geometry() -> tuple:
-    """(compute capability, SM count) of this process's GPU; raises without one."""
-    dev = cuda.get_current_device()
-    return tuple(dev.compute_capability), dev.MULTIPROCESSOR_COUNT
-
-
-def device_geometry_or_none() -> tuple | None:
-    """`device_geometry()`, or None where there is no GPU to ask (what v3's widths and v2's narrow tiles fall back
-    on: the plan's block, the GPU tiles)."""
-    try:
-        return device_geometry()
-    except Exception:
-        return None
-
-
 def choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, simulator: bool | None = None,
            phase: str = "forward", B: int | None = None):
     """`_choose`, remembered per layer shape, setting and GPU in a process on a GPU (compiling and asking the
@@ -1009,7 +994,7 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
     n = blocks_needed(H, D, sl)                # the same for every width (the same TJ)
     candidates = [sl]
     if not sim and B is not None and settings.get("v3_wide"):
-        geometry = device_geometry_or_none()   # no device to estimate with: THREADS only
+        geometry = target.device_geometry_or_none()   # no device to estimate with: THREADS only
         if geometry is not None:               # a wider block only where the estimate says it fits
             candidates = [c for c in widths(cell.G, sl, B, dtype) if c is sl or n <= (
                 v3_limit(*geometry, cell.G, c, dtype, v3_registers(c.TJ, phase)) or 0)]

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 
 from numba import config as _numba_config
+from numba import cuda
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,18 @@ def planning_for(target: Target):
         yield target
     finally:
         stack.pop()
+
+
+def device_geometry() -> tuple:
+    """(compute capability, SM count) of this process's GPU; raises without one."""
+    dev = cuda.get_current_device()
+    return tuple(dev.compute_capability), dev.MULTIPROCESSOR_COUNT
+
+
+def device_geometry_or_none() -> tuple | None:
+    """`device_geometry()`, or None where there is no GPU to ask (what v3's widths and v2's narrow tiles fall back
+    on: the plan's block, the GPU tiles)."""
+    try:
+        return device_geometry()
+    except Exception:
+        return None
