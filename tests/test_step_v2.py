@@ -211,7 +211,7 @@ def test_narrow_tiles_against_the_reference(mode, proj, monkeypatch):
     monkeypatch.setenv("NUMBARNN_STEP_VERSION", "2")
     asked = []
 
-    def narrow(dtype="float32", **layer):
+    def narrow(dtype="float32", simulator=None, **layer):
         asked.append(layer)
         return step_v2.NARROW_TILES
     monkeypatch.setattr(step_v2, "tiles", narrow)

@@ -37,7 +37,8 @@ launch goes through `launch.launch`: numba's launch with its per-launch typing a
 done once per argument kind (a step loop passes the same arrays at every step).
 
 Why one file: forward and backward read as the twins of reference/network.py's two loops, and
-launch_plan must list exactly the launches they make; keeping the three together keeps them in step.
+launch_plan must list exactly the launches they make; keeping the three together keeps them in step.  Which
+step kernels a phase runs is decided once, by `step_plan`, for all three.
 """
 from __future__ import annotations
 
@@ -267,6 +268,36 @@ def _dropout_args(cfg, layer, T, B):
 
 
 # ---------------------------------------------------------------------------------------------------
+# which step kernels: one decision for forward(), backward() and launch_plan()
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The step kernels one phase of a call runs: version 1, 2 or 3, v3's slice (None unless 3), v2's tiles (also
+    what v2's recurrent product uses beside v1's backward step with a projection), and why (v3: its blocks, or
+    why v2 runs instead)."""
+
+    version: int
+    slice: object = None
+    tiles: object = None
+    note: str = ""
+
+
+def step_plan(call, phase: str, simulator: bool | None = None) -> StepPlan:
+    """The step kernels `phase` ("forward" or "backward") of `call` runs on the current target (or the one
+    `simulator` names): `step_version()`, and for 3, v3 where `step_v3.choose` finds its slices fit and its
+    blocks co-resident, else v2, saying why."""
+    cfg, B, dt = call.config, call.B, np.dtype(call.dtype)
+    version, slice_, note = step_version(simulator), None, ""
+    if version == 3:
+        slice_, note = step_v3.choose(cfg.cell, dt, cfg.H, cfg.P, cfg.D, cfg.has_proj, simulator=simulator,
+                                      phase=phase, B=B)
+        version = 3 if slice_ is not None else 2
+    tiles = step_v2.tiles(dt, simulator=simulator, H=cfg.H, B=B, D=cfg.D)   # narrower where the grid is small
+    return StepPlan(version, slice_, tiles, note)
+
+
+# ---------------------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------------------
 
@@ -286,18 +317,12 @@ def forward(call, x, h0, c0, params):
     lens = device_lengths(call)                                    # [B] int32
     steps = max(call.lengths, default=0)
     layers, unit_params = _params_views(cfg, params)
-    version = step_version()
-    persistent = None
-    if version == 3:                                               # v3 when it can, else v2, saying why
-        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, B=B)
-        if slice_ is not None:
-            persistent = jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
-        else:
-            version = 2
-    log.step_version = version
+    plan = step_plan(call, "forward")
+    version, slice_, tiles, log.note, log.step_version = plan.version, plan.slice, plan.tiles, plan.note, plan.version
+    persistent = (jit(step_v3.make_forward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
+                  if version == 3 else None)
     cell_forward, forward_args, _, _ = _cell_kernels(cfg, dt)
     if version == 2:
-        tiles = step_v2.tiles(dt, H=H, B=B, D=D)                    # narrower where the grid is small
         cell_forward = jit(step_v2.make_forward_step_v2, cfg.cell, str(dt), cfg.has_proj, tiles)
         step_grid, step_block, step_name = step_v2.grid(H, B, D, tiles), tiles.threads, "forward_step_v2"
     else:
@@ -387,16 +412,10 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     (layers, unit_params), dparams = _params_views(cfg, params), device_zeros((params.shape[0],), dt, log)
     dlayers, dunit_params = unpack(cfg, dparams), _unit_param_views(cfg, dparams)
     _, _, cell_backward, backward_args = _cell_kernels(cfg, dt)
-    version = step_version()
-    persistent = None
-    if version == 3:                                   # v3 when it can, else v2, saying why
-        slice_, log.note = step_v3.choose(cfg.cell, dt, H, P, D, cfg.has_proj, phase="backward", B=B)
-        if slice_ is not None:
-            persistent = jit(step_v3.make_backward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
-        else:
-            version = 2
-    log.step_version = version
-    tiles = step_v2.tiles(dt, H=H, B=B, D=D)                        # narrower where the grid is small
+    plan = step_plan(call, "backward")
+    version, slice_, tiles, log.note, log.step_version = plan.version, plan.slice, plan.tiles, plan.note, plan.version
+    persistent = (jit(step_v3.make_backward_persistent_v3, cfg.cell, str(dt), slice_, cfg.has_proj)
+                  if version == 3 else None)
     fused = version in (2, 3) and not cfg.has_proj     # v2: one launch per step (+1 to finish dh0); v3: one
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
@@ -532,14 +551,9 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, L = cfg.H, cfg.P, cfg.D, cfg.G, cfg.L
     sz = np.dtype(call.dtype).itemsize
-    version = step_version(simulator=not gpu)
-    slice_ = bslice = None
-    if version == 3:                                               # as forward() and backward() decide
-        slice_, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu, B=B)
-        bslice, _ = step_v3.choose(cfg.cell, call.dtype, H, P, D, cfg.has_proj, simulator=not gpu,
-                                   phase="backward", B=B)
-        version = 2                                                # (v2 where v3 cannot)
-    tiles = step_v2.tiles(call.dtype, simulator=not gpu, H=H, B=B, D=D)   # as forward() and backward()
+    fplan, bplan = step_plan(call, "forward", not gpu), step_plan(call, "backward", not gpu)   # as they decide
+    slice_, bslice, tiles = fplan.slice, bplan.slice, fplan.tiles
+    version = min(fplan.version, 2)                                # v1, else v2 where v3's slices are None
     row_tiles = cdiv(B, tiles.TB)                                  # v2 reads R once per row tile
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H
