@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 
 from . import settings
 from .validation import check_choice
@@ -25,7 +24,7 @@ _default: str | None = None
 @functools.lru_cache(maxsize=None)
 def real_gpu_available() -> bool:
     """A real CUDA device (not the simulator) is usable."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if settings.simulator():
         return False
     try:
         from numba import cuda

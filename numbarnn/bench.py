@@ -64,7 +64,7 @@ from . import device as _device
 from . import measure
 from .cells import cell_names
 from .analysis.roofline import DEEPBENCH   # no numba (numba is imported after use_simulator_unless_gpu)
-from .device import SIM_VAR
+from . import settings
 from .measure import timed_ms  # noqa: F401 (numbarnn.bench.timed_ms: older tutorials)
 from .measure import (BACKENDS, BASELINES, CHECK_T, Row, cpu_status, cuda_status, make_adapter, measure_all,
                       torch_status)
@@ -321,7 +321,7 @@ def run(args) -> int:
         return code
     if not backends:
         return _error("no backend to run")
-    cuda_simulated = "cuda" in backends and os.environ.get(SIM_VAR) == "1"
+    cuda_simulated = "cuda" in backends and settings.simulator()
     if args.deepbench and args.shapes:
         return _error("--deepbench and --shapes: give one of them")
     shapes = args.shapes or ([parse_shape(t) for t in DEEPBENCH_SHAPES] if args.deepbench

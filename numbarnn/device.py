@@ -7,14 +7,13 @@ kernels run in numba's CUDA simulator (slow: for tests and teaching) and with on
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import subprocess
 import sys
 
 from . import settings
 
-SIM_VAR = "NUMBA_ENABLE_CUDASIM"
+SIM_VAR = settings.SIM_VAR
 REAL_GPU_VAR = settings.SETTINGS["real_gpu"][0]
 
 
@@ -36,12 +35,12 @@ def real_gpu_present() -> bool:
 
 def use_simulator_unless_gpu() -> str:
     """Set NUMBA_ENABLE_CUDASIM=1 when there is no GPU and the user did not choose; returns a description."""
-    if SIM_VAR in os.environ:
-        where = "CUDA simulator" if os.environ[SIM_VAR] == "1" else "real GPU"
-        return f"{where} ({SIM_VAR}={os.environ[SIM_VAR]} set by the user)"
+    if settings.simulator_chosen():
+        where = "CUDA simulator" if settings.simulator() else "real GPU"
+        return f"{where} ({SIM_VAR}={settings.raw(SIM_VAR)} set by the user)"
     if real_gpu_present():
         return "real GPU"
-    os.environ[SIM_VAR] = "1"
+    settings.request_simulator()
     if "numba" in sys.modules:   # too late for numba to notice (only happens when embedded, e.g. in a test run)
         return f"CUDA simulator requested, but numba was imported before {SIM_VAR}=1 was set"
     return f"CUDA simulator (no GPU found; {SIM_VAR}=1 set)"

@@ -20,7 +20,6 @@ reported separately as the cold time.  numba and torch are imported only inside 
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import device as _device
-from .device import SIM_VAR
+from . import settings
+from .settings import SIM_VAR
 from .verify import compare, host, rnn_named, tolerances, worst
 
 CHECK_T = 2                      # time steps of the validation slice
@@ -258,7 +258,7 @@ def cpu_status() -> tuple[bool, str]:
 
 def cuda_status(allow_simulator: bool) -> tuple[bool, bool, str]:
     """-> (usable, in the simulator, description) of the cuda backend."""
-    if os.environ.get(SIM_VAR) == "1":
+    if settings.simulator():
         if allow_simulator:
             return True, True, "numba's CUDA simulator (--simulator)"
         return False, True, (f"needs a real GPU (numba's CUDA simulator is active: no GPU found, or {SIM_VAR}=1), "

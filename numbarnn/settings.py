@@ -101,3 +101,29 @@ def override(**values):
 def simulator() -> bool:
     """Whether this process asked numba for its CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
     return os.environ.get(SIM_VAR) == "1"
+
+
+def raw(var: str) -> str | None:
+    """The text of environment variable `var` as the user set it (None: unset), for messages."""
+    return os.environ.get(var)
+
+
+def simulator_chosen() -> bool:
+    """Whether the simulator switch is set at all (to any value: the user's choice, honoured as it is)."""
+    return SIM_VAR in os.environ
+
+
+def request_simulator(on: bool = True) -> None:
+    """Ask numba for its CUDA simulator (or not) in this process: effective only before numba is first imported
+    (numba reads the variable once); subprocesses inherit it."""
+    os.environ[SIM_VAR] = "1" if on else "0"
+
+
+def environment(simulator: bool | None) -> dict:
+    """This process's environment for a subprocess, with the simulator switch on, off (removed), or as it is."""
+    env = dict(os.environ)
+    if simulator:
+        env[SIM_VAR] = "1"
+    elif simulator is not None:
+        env.pop(SIM_VAR, None)
+    return env

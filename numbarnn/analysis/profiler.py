@@ -87,7 +87,7 @@ from ..kernels.gpus import BANK_WIDTH, BANKS, SECTOR, VECTOR_BYTES, WARP
 from ..params import param_regions
 from . import roofline
 
-SIM_VAR = "NUMBA_ENABLE_CUDASIM"
+SIM_VAR = settings.SIM_VAR
 ALIGN = 256          # cudaMalloc alignment
 
 _RECORDER = None     # the active Recorder (one at a time, like the simulator's kernel context)
@@ -97,7 +97,7 @@ def simulator_active() -> bool:
     numba = sys.modules.get("numba")
     if numba is not None:
         return bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
-    return os.environ.get(SIM_VAR, "0") not in ("", "0")
+    return settings.simulator()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -754,13 +754,12 @@ def run_profile(gpu: str = "H100 SXM", geometry: str = "gpu", phases=("forward",
     if "numba" in sys.modules and not simulator_active():
         return _run_in_subprocess(kwargs)
     if "numba" not in sys.modules:
-        os.environ[SIM_VAR] = "1"           # numba reads it when first imported (by _profile_here)
+        settings.request_simulator()        # numba reads it when first imported (by _profile_here)
     return _profile_here(**kwargs)
 
 
 def _run_in_subprocess(kwargs: dict) -> dict:
-    env = dict(os.environ)
-    env[SIM_VAR] = "1"
+    env = settings.environment(simulator=True)
     proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.profiler", "--kwargs", json.dumps(kwargs),
                            "--json"], env=env, capture_output=True, text=True, check=False)
     try:
@@ -894,7 +893,7 @@ def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
 
 
 def _measure_in_subprocess(flag: str) -> dict:
-    env = dict(os.environ, **{SIM_VAR: "1"})
+    env = settings.environment(simulator=True)
     proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.profiler", flag], env=env,
                           capture_output=True, text=True, check=False)
     try:
@@ -1132,7 +1131,7 @@ def add_arguments(parser) -> None:
 def cli_main(args, spec_from_args) -> int:
     """`numbarnn profile`: args from numbarnn.cli's parser, spec_from_args its Spec builder."""
     if "numba" not in sys.modules:
-        os.environ[SIM_VAR] = "1"           # before a --cells module imports numba
+        settings.request_simulator()        # before a --cells module imports numba
     try:
         if simulator_active():
             load_cell_modules(args.cells)

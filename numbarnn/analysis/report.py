@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 
+from .. import settings
 from ..kernels import registry
 from ..kernels.gpus import ARCH, GPUS, occupancy
 
@@ -47,7 +48,6 @@ ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads",
 
 DEFAULT_BLOCK = 256
 
-_SIM_VAR = "NUMBA_ENABLE_CUDASIM"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,16 +195,14 @@ def _error_text(exc) -> str:
 
 
 def _simulator_on() -> bool:
-    if os.environ.get(_SIM_VAR, "0") not in ("", "0"):
+    if settings.simulator():
         return True
     numba = sys.modules.get("numba")
     return bool(numba is not None and getattr(numba.config, "ENABLE_CUDASIM", 0))
 
 
 def _env_without_simulator() -> dict:
-    env = dict(os.environ)
-    env.pop(_SIM_VAR, None)
-    return env
+    return settings.environment(simulator=False)
 
 
 def default_jobs() -> int:
