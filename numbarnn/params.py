@@ -7,7 +7,8 @@ The opaque `params` buffer, in the empirical cuDNN standard layout::
 
 Matrices are row-major ``[out, in]`` so a gate is ``M @ v``: W ``[H, I_l]``, R ``[H, P]``, W_proj ``[P, H]``,
 biases ``[H]``.  A cell with a diagonal recurrence (IndRNN: rh_g = u_g ⊙ h + bR_g) holds a vector u_g ``[H]`` in
-each R_g slot (the same linear-layer ids G+g; no projection is possible), so R of a pseudo-layer reads ``[G*H]``.  With skip_input the layer-0 W matrices are absent (size 0); their biases remain.  Cells with
+each R_g slot (the same linear-layer ids G+g; no projection is possible), so R of a pseudo-layer reads ``[G*H]``.
+With skip_input the layer-0 W matrices are absent (size 0); their biases remain.  Cells with
 per-unit parameter vectors (a registered cell's `vectors`, e.g. peepholes; none for the cuDNN cells) keep
 them ``[H]`` each right after the pseudo-layer's biases, so one layer's per-unit parameters read as one
 ``[D, 2G+V, H]`` view.  The canonical weight list holds matrices then vectors, in buffer order.
