@@ -339,6 +339,9 @@ def cmd_explain(args) -> int:
     print(format_table(("offset", "size", "shape", "meaning"), rows))
     if cfg.skip_input:
         print("  (skip_input: the layer-0 W matrices are absent, W = identity; their biases remain)")
+    if cfg.cell.diagonal:
+        print("  (diagonal recurrence: each R_g slot holds a vector u_g [H], rh_g = u_g ⊙ h + bR_g; no "
+              "recurrent product)")
     print(f"\nreserve_space: {reserve_size(call)} elements for a training call (time-major, original time "
           f"indices, 0 past each sequence's length)")
     rows = [(e.name, str(e.offset), _shape(e.shape), e.meaning) for e in reserve_entries(call)]
@@ -354,6 +357,10 @@ def cmd_explain(args) -> int:
     else:
         plan = module.launch_plan(call)
         print(plan if isinstance(plan, str) else plan_table(plan, call))
+        if cfg.cell.diagonal:                   # the step kernels it falls back to, and why
+            note = module.driver.step_plan(call, "forward", simulator=False).note
+            if note:
+                print(f"  step kernels: {note}")
     return 0
 
 

@@ -89,6 +89,15 @@ class RNNConfig:
         return self.cell.cell_state
 
     @property
+    def recurrent_shape(self) -> tuple:
+        """The shape of one gate's recurrent weight: R_g [H, P], or u_g [H] for a diagonal recurrence."""
+        return (self.H,) if self.cell.diagonal else (self.H, self.P)
+
+    @property
+    def recurrent_size(self) -> int:
+        return self.H if self.cell.diagonal else self.H * self.P
+
+    @property
     def gate_names(self) -> tuple:
         return self.cell.gates
 
@@ -136,6 +145,7 @@ def rnn_config(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="l
 
 def params_size(cfg: RNNConfig) -> int:
     """SPEC 4.2: sum_p [G*H*I_p (not skip layer 0) + G*H*P + P*H (projection)] + L*D*(2*G + V)*H.
+    A cell with a diagonal recurrence holds G vectors u_g [H] where the others hold the G matrices R_g [H, P].
 
     The element count of the opaque buffer; `params.param_regions` lists the same regions one by one (a test
     checks they agree).  Here so that validation needs no import of params (no import cycle).
@@ -143,7 +153,7 @@ def params_size(cfg: RNNConfig) -> int:
     G, H, P = cfg.G, cfg.H, cfg.P
     n = 0
     for _, layer, _ in cfg.pseudo_layers():
-        n += (G * H * cfg.layer_input_size(layer) if cfg.has_w(layer) else 0) + G * H * P
+        n += (G * H * cfg.layer_input_size(layer) if cfg.has_w(layer) else 0) + G * cfg.recurrent_size
         n += P * H if cfg.has_proj else 0
     return n + cfg.L * cfg.D * (2 * G + cfg.V) * H
 

@@ -6,7 +6,9 @@ The opaque `params` buffer, in the empirical cuDNN standard layout::
     for p in 0..L*D-1:  bW_0 .. bW_{G-1}, bR_0 .. bR_{G-1}, [V_0 .. V_{V-1}]   # then every bias (+ cell vectors)
 
 Matrices are row-major ``[out, in]`` so a gate is ``M @ v``: W ``[H, I_l]``, R ``[H, P]``, W_proj ``[P, H]``,
-biases ``[H]``.  With skip_input the layer-0 W matrices are absent (size 0); their biases remain.  Cells with
+biases ``[H]``.  A cell with a diagonal recurrence (IndRNN: rh_g = u_g ⊙ h + bR_g) holds a vector u_g ``[H]`` in
+each R_g slot (the same linear-layer ids G+g; no projection is possible), so R of a pseudo-layer reads ``[G*H]``.
+With skip_input the layer-0 W matrices are absent (size 0); their biases remain.  Cells with
 per-unit parameter vectors (a registered cell's `vectors`, e.g. peepholes; none for the cuDNN cells) keep
 them ``[H]`` each right after the pseudo-layer's biases, so one layer's per-unit parameters read as one
 ``[D, 2G+V, H]`` view.  The canonical weight list holds matrices then vectors, in buffer order.
@@ -53,7 +55,8 @@ class Region:
         else:
             gate = "" if self.gate < 0 else f" gate {cfg.gate_names[self.gate]}"
         way = "fwd" if self.direction == 0 else "rev"
-        return f"layer {self.layer} {way} {self.kind}{gate}"
+        diagonal = " (diagonal: u, rh = u ⊙ h)" if self.kind == "R" and cfg.cell.diagonal else ""
+        return f"layer {self.layer} {way} {self.kind}{gate}{diagonal}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -72,7 +75,7 @@ def param_regions(cfg: RNNConfig) -> tuple[Region, ...]:
             for g in range(G):
                 add("W", p, layer, d, g, g, (H, cfg.layer_input_size(layer)))
         for g in range(G):
-            add("R", p, layer, d, g, G + g, (H, P))
+            add("R", p, layer, d, g, G + g, cfg.recurrent_shape)
         if cfg.has_proj:
             add("W_proj", p, layer, d, -1, 2 * G, (P, H))
     for p, layer, d in cfg.pseudo_layers():                  # then all biases
@@ -140,7 +143,7 @@ class LayerParams:
     """Views of one pseudo-layer's parameters, gates stacked along the first axis (cuDNN order)."""
 
     W: np.ndarray | None       # [G*H, I_l]  (None: skip_input layer 0, W = identity per gate)
-    R: np.ndarray              # [G*H, P]
+    R: np.ndarray              # [G*H, P]    (diagonal recurrence: [G*H], the vectors u_g stacked)
     W_proj: np.ndarray | None  # [P, H]      (None without projection)
     bW: np.ndarray             # [G*H]
     bR: np.ndarray             # [G*H]
@@ -174,7 +177,8 @@ def _layer_spans(cfg: RNNConfig, cell) -> tuple:
         r = first.get((p, kind))
         return None if r is None else (r.offset, shape)
 
-    return tuple((span(p, "W", (G * H, cfg.layer_input_size(layer))), span(p, "R", (G * H, P)),
+    R = (G * H,) if cfg.cell.diagonal else (G * H, P)
+    return tuple((span(p, "W", (G * H, cfg.layer_input_size(layer))), span(p, "R", R),
                   span(p, "W_proj", (P, H)), span(p, "bW", (G * H,)), span(p, "bR", (G * H,)),
                   span(p, "V", (V, H)))
                  for p, layer, _ in cfg.pseudo_layers())
@@ -199,6 +203,7 @@ def to_torch_state_dict(cfg: RNNConfig, params) -> dict:
     """Opaque params -> a dict of NumPy arrays named as torch.nn.LSTM/GRU/RNN's state_dict.
 
     skip_input has no PyTorch equivalent: its layer-0 W is exported as identity per gate (same outputs).
+    A diagonal recurrence's weight_hh is the stacked vectors u_g, [G*H].
     """
     params = np.asarray(check_params(cfg, params))
     sd = {}
@@ -246,7 +251,8 @@ def from_torch_state_dict(cfg: RNNConfig, state_dict: dict, dtype=None) -> np.nd
                                  f"expected identity per gate")
         else:
             lp.W[...] = w_ih
-        check_shape("state_dict['weight_hh%s']" % s, sd["weight_hh" + s], (G * H, cfg.P), "[G*H, P]")
+        check_shape("state_dict['weight_hh%s']" % s, sd["weight_hh" + s], lp.R.shape,
+                    "[G*H] (a diagonal recurrence: u_g stacked)" if cfg.cell.diagonal else "[G*H, P]")
         lp.R[...] = sd["weight_hh" + s]
         for key, dst in (("bias_ih", lp.bW), ("bias_hh", lp.bR)):
             if key + s in sd:

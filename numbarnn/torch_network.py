@@ -66,7 +66,8 @@ def _cell_step(cell, forward, gx, gh, v, h, c, H):
 def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
     """The network forward in torch operations (differentiable to any order).
 
-    cfg: the RNNConfig; layers: per pseudo-layer dict of tensors W [G*H, I_l], R [G*H, P], bW, bR [G*H] (None:
+    cfg: the RNNConfig; layers: per pseudo-layer dict of tensors W [G*H, I_l], R [G*H, P] (a diagonal
+    recurrence: [G*H], the vectors u_g stacked), bW, bR [G*H] (None:
     zeros), W_proj [P, H] or None, V: list of [H] cell vectors; x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or
     None; lengths: B ints or None (all T); dropout_keys: (seed, seed2) when dropout is active, else None.
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None)."""
@@ -97,7 +98,10 @@ def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
             per_step = []                                                 # h' of step s, [B, P]
             for s in range(T):
                 t = torch.full_like(rows, s) if d == 0 else rev[s]        # [B] time index of each row
-                gh = h @ lp["R"].T                                        # [B, G*H]
+                if cell.diagonal:                                         # u_g ⊙ h per gate, R [G*H]
+                    gh = h.repeat(1, cell.G) * lp["R"]                    # [B, G*H]
+                else:
+                    gh = h @ lp["R"].T                                    # [B, G*H]
                 if lp["bR"] is not None:
                     gh = gh + lp["bR"]
                 m, c_new = _cell_step(cell, cell_forward, gx[t, rows], gh, lp["V"],

@@ -18,7 +18,8 @@ where wx = W x + bW and rh = R h + bR per gate.  Steps:
   2. check its gradients: `numbarnn.testing.check_cell` (hypothesis + finite differences: a user cell has no
      hand-written oracle, so finite differences are the oracle);
   3. run it as an op, on the reference backend and on the CUDA kernels (the simulator without a GPU), and
-     compare; 4. look at the kernel numbarnn generated for it; 5. time it.
+     compare; 4. look at the kernel numbarnn generated for it; 5. time it;
+  6. a cell whose recurrent weight is a vector, not a matrix (IndRNN: `recurrence="diagonal"`).
 
 Run: python tutorials/06_custom_cell.py [--quick]
 """
@@ -156,10 +157,56 @@ def step5_time():
           "not the fast path; the kernels are)")
 
 
+# ---------------------------------------------------------------------------------------------------
+# 6. A diagonal recurrence: IndRNN, h' = tanh(W x + bW + u ⊙ h + bR), u a vector [H]
+# ---------------------------------------------------------------------------------------------------
+
+def indrnn_forward(wx, rh, v, h, c, saved):
+    """The same contract: rh[0] arrives computed, here as u[j]*h[j] + bR[j] (the framework's elementwise product)."""
+    saved[0] = tanh(wx[0] + rh[0])
+    return saved[0], c
+
+
+def indrnn_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    """dL/d(pre-activation); the framework turns it into du += d*h and dh += d*u (no R to multiply by)."""
+    dwx[0] = dm * dtanh(saved[0])
+    return 0.0, dc
+
+
+IND = register(CellSpec(name="indrnn_tutorial", gates=("a",), saved=("h",), forward=indrnn_forward,
+                        backward=indrnn_backward, recurrence="diagonal"))
+
+
+def step6_diagonal():
+    """One more field, `recurrence="diagonal"`: the params hold a vector u [H] where other cells hold R [H, H]
+    (numbarnn/contrib/indrnn.py ships haste's IndRNN and the paper's ReLU variant the same way)."""
+    from numbarnn.config import rnn_config
+    from numbarnn.params import param_regions
+    from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+    cfg = rnn_config(1, 8, 8, IND.name)
+    shapes = {r.kind: r.shape for r in param_regions(cfg)}
+    print(f"  params of one layer, H = I = 8: {ops.cudnn_rnn_params_size(1, 8, 8, IND.name)} "
+          f"(W {shapes['W']}, u {shapes['R']} in R's slot, bW, bR); an rnn_tanh has "
+          f"{ops.cudnn_rnn_params_size(1, 8, 8, 'rnn_tanh')}")
+    report = check_cell(IND, backends=("reference", "cpu"), max_examples=8 if QUICK else 25,
+                        network_examples=2 if QUICK else 6)
+    print(f"  {report}")
+    assert report.ok
+    cfg = rnn_config(2, 3, 2, IND.name, direction="bidirectional")
+    case = make_rnn_case(cfg, 4, 3, lengths=[4, 0, 2], seed=0)
+    ref, gpu = run_forward(case, "reference"), run_forward(case, "cuda")
+    worst = max(relative_error(b, a) for a, b in zip(ref[:2] + run_backward(case, ref, "reference")[:2],
+                                                     gpu[:2] + run_backward(case, gpu, "cuda")[:2]))
+    assert worst < 1e-12, worst
+    from numbarnn.kernels import driver
+    print(f"  cuda kernels equal the reference to {worst:.1e}; step kernels: "
+          f"{driver.last_launch_count()['backward'].note or 'v1 (the simulator default)'}")
+
+
 def main():
     for title, step in (("1. the cell as data", step1_spec), ("2. gradient checks", step2_check),
                         ("3. as an op, on every backend", step3_ops), ("4. the generated kernel", step4_kernel),
-                        ("5. timing", step5_time)):
+                        ("5. timing", step5_time), ("6. a diagonal recurrence (IndRNN)", step6_diagonal)):
         print(title)
         step()
     print("tutorial 06: all checks passed")

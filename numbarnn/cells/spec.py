@@ -3,7 +3,13 @@
 Everything that differs between cells is derived from a spec (as PyTorch's RNNBase derives it from the
 mode): the gate count G and gate names (so the params layout, the canonical lists and the converters),
 whether a cell state c is carried, the per-unit parameter vectors V (e.g. peepholes), what is saved for
-backward S (so the reserve layout), whether a projection is allowed, and the pointwise math.
+backward S (so the reserve layout), whether a projection is allowed, the kind of recurrence, and the pointwise math.
+
+The recurrence is a matrix product per gate (``recurrence="matrix"``: rh_g = R_g h + bR_g, R_g [H, P], cuDNN's
+cells) or a per-unit scale (``recurrence="diagonal"``: rh_g = u_g ⊙ h + bR_g, u_g [H], IndRNN): a diagonal cell
+has a vector where the params hold R_g, no recurrent product in the kernels, and no projection (u_g scales the
+unit's own h).  The pointwise functions are the same for both: the framework computes rh and turns drh into
+du_g = sum over t, b of drh_g * h and dh += drh_g * u_g.
 
 The pointwise functions are plain scalar Python, one hidden unit j of one batch row at one step; the
 network around them (input GEMM, recurrent product, lengths, directions, layers, dropout, projection) is the
@@ -39,6 +45,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
+#: the kinds of recurrence a cell may declare (CellSpec.recurrence)
+RECURRENCES = ("matrix", "diagonal")
 _FORWARD_ARGS = ("wx", "rh", "v", "h", "c", "saved")
 _BACKWARD_ARGS = ("dm", "dc", "saved", "v", "h", "c", "c_new", "dwx", "drh", "dv")
 
@@ -57,6 +65,7 @@ class CellSpec:
     split_recurrent: tuple = ()                 # gates whose R side gets its own gradient (drh)
     projection: bool = False                    # num_proj allowed (needs a cell state; h is never read)
     equations: str = ""                         # shown by `numbarnn explain` and the docs
+    recurrence: str = "matrix"                  # "matrix" (R_g h) or "diagonal" (u_g ⊙ h, IndRNN)
 
     def __post_init__(self):
         for attr in ("gates", "saved", "vectors", "split_recurrent"):
@@ -76,6 +85,11 @@ class CellSpec:
         unknown = [g for g in self.split_recurrent if g not in self.gates]
         if unknown:
             raise ValueError(f"CellSpec.split_recurrent: {unknown} are not gates of {self.name!r} {self.gates}")
+        if self.recurrence not in RECURRENCES:
+            raise ValueError(f"CellSpec.recurrence: expected one of {RECURRENCES}, got {self.recurrence!r}")
+        if self.recurrence == "diagonal" and self.projection:
+            raise ValueError("CellSpec.recurrence: a diagonal recurrence (u_g ⊙ h) cannot have a projection "
+                             "(projection=True): u_g scales the unit's own h, which a projection replaces")
         if self.projection and not self.cell_state:
             raise ValueError("CellSpec.projection: a projection needs a cell state (h' = W_proj m feeds only R)")
         for attr, expected in (("forward", _FORWARD_ARGS), ("backward", _BACKWARD_ARGS)):
@@ -106,6 +120,11 @@ class CellSpec:
         """Per gate: True where the R side has its own gradient."""
         return tuple(g in self.split_recurrent for g in self.gates)
 
+    @property
+    def diagonal(self) -> bool:
+        """The recurrent weight of each gate is a vector u_g [H] (rh_g = u_g ⊙ h + bR_g), not a matrix."""
+        return self.recurrence == "diagonal"
+
     def gate(self, name: str) -> int:
         """Index of a gate by name (the named gate offsets of the kernels and cells)."""
         return self.gates.index(name)
@@ -134,6 +153,7 @@ def _same(a: CellSpec, b: CellSpec) -> bool:
     return a == b or (a.name == b.name and a.gates == b.gates and a.saved == b.saved
                       and a.cell_state == b.cell_state and a.vectors == b.vectors
                       and a.split_recurrent == b.split_recurrent and a.projection == b.projection
+                      and a.recurrence == b.recurrence
                       and code(a.forward) == code(b.forward) and code(a.backward) == code(b.backward))
 
 

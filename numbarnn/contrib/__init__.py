@@ -4,5 +4,6 @@ Importing a module registers its cell; afterwards its name works as an rnn_mode 
 
     import numbarnn.contrib.peephole_lstm        # rnn_mode="peephole_lstm"
     import numbarnn.contrib.cifg_lstm            # rnn_mode="cifg_lstm"
+    import numbarnn.contrib.indrnn               # rnn_mode="indrnn" (haste's, tanh) and "indrnn_relu"
     numbarnn check --cells numbarnn.contrib.cifg_lstm --mode cifg_lstm
 """

@@ -16,7 +16,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
-from . import cells, fused, threads
+from . import cells, diagonal, fused, threads
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -221,7 +221,10 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
     c = c_state if c_state is not None else m_step
     vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
     for s in range(steps):
-        np.matmul(lp.R, hT_buf, out=ghT)
+        if cfg.cell.diagonal:                                # u_g ⊙ h per gate (diagonal.py)
+            diagonal.recurrent(lp.R, hT_buf, ghT)
+        else:
+            np.matmul(lp.R, hT_buf, out=ghT)
         step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
         if cfg.has_proj:
             np.matmul(m_step, lp.W_proj.T, out=h_new)
@@ -241,7 +244,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
     cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
     none3 = np.zeros((0, 0, 0), dtype=ct)
-    use_fused = FUSED and steps > 0
+    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal     # the fused loops multiply by a matrix R
 
     x_l = x
     for layer in range(cfg.L):
@@ -279,7 +282,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
     all_rows = np.arange(B, dtype=np.int64)
-    use_fused = FUSED and steps > 0
+    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal
     if use_fused:
         MV = fused.COLUMN_VECTORS
         NR = fused.rows_for(MV)
@@ -360,8 +363,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                     np.matmul(dht, lp.W_proj, out=dm)
                 step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
                      dv_acc)
-                np.matmul(dgh[s], lp.R, out=tmp)
-                np.add(dh, tmp, out=dh)
+                if cfg.cell.diagonal:                        # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
+                    diagonal.recurrent_backward(dgh[s], lp.R, dh)
+                else:
+                    np.matmul(dgh[s], lp.R, out=tmp)
+                    np.add(dh, tmp, out=dh)
         for d, (dgx, dgh, hp, dv_acc, dh_all) in enumerate(grads):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
@@ -375,7 +381,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 np.sum(dgx.reshape(T * B, G, H), axis=1, out=dx_part)
             if d > 0:
                 dx_l += dx_d.reshape(T, B, I_l)
-            np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
+            if cfg.cell.diagonal:                            # du_g = sum over t, b of dgh_g ⊙ h_prev
+                diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
+            else:
+                np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
             np.sum(gx2, axis=0, out=dlp.bW)
             np.sum(gh2, axis=0, out=dlp.bR)
             if cfg.has_proj:

@@ -8,12 +8,15 @@ t = s (forward) or len[b]-1-s (reverse: reversal within the sequence's length, n
 Forward step (1 launch per step; +1 `project` launch with a projection):
     wx[g] = gx[d, t, b, g*H+j] + bW[g, j]                  the input side of gate g (W x from the big GEMM)
     rh[g] = bR[g, j] + sum_k R[g*H+j, k] * h[d, b, k]      the recurrent side, fused matvec
+          (a diagonal recurrence: rh[g] = bR[g, j] + u[g*H+j] * h[d, b, j], R holds the vectors u_g)
     m, c' = cell.forward(wx, rh, v, h[j], c[j], saved)     the cell's own pointwise math
     saved -> reserve ; c' -> c ; m -> h', y (or -> the projection's input)
 Backward step (the pointwise half; `recurrent.py` then adds dgh @ R into dh_prev):
     dm = dy + dh_next (or W_proj^T (dy + dh_next))
     dh_direct, dc_prev = cell.backward(dm, dc, saved, v, h, c, c', dwx, drh, dv)
     dwx -> dgx ; drh (split gates) or dwx -> dgh ; dv -> dvec ; dh_direct -> dh_prev (recurrent adds R^T dgh)
+The step kernels v2 and v3 multiply by a matrix R; a cell with a diagonal recurrence runs these (the driver's
+step_plan says so in the launch log's note).
 
 How a template becomes a kernel: the body is written once with every array a cell could need; a cell's
 kernel is a two-line wrapper whose argument list is exactly the arrays that cell uses, calling the body with
@@ -88,7 +91,7 @@ FORWARD_ARGS = (
     ("lens", "i32", 1, "[B] sequence lengths", ALWAYS),
     ("gx", "s", 4, "[D, T, B, G*H] W x_t for every step (no bias)", ALWAYS),
     ("unit_params", "s", 3, "[D, 2G+V, H] bW, bR and the cell vectors", ALWAYS),
-    ("R_fwd", "s", 2, "[G*H, P] recurrent matrices, forward direction", ALWAYS),
+    ("R_fwd", "s", 2, "[G*H, P] recurrent matrices, forward direction ([G*H] vectors u_g: diagonal)", ALWAYS),
     ("R_rev", "s", 2, "[G*H, P] ... reverse direction (= R_fwd when D == 1)", ALWAYS),
     ("h_in", "a", 3, "[D, B, P] h entering the step", ALWAYS),
     ("h_out", "a", 3, "[D, B, P] h leaving it (with a projection the project kernel writes it)", NO_PROJ),
@@ -128,6 +131,11 @@ def used_args(table, cell, has_proj: bool) -> list[str]:
     return [name for name, _, _, _, used in table if used(cell, has_proj)]
 
 
+def arg_ndim(name: str, ndim: int, cell) -> int:
+    """A table's rank of argument `name` for `cell`: R is [G*H] (the vectors u_g) for a diagonal recurrence."""
+    return 1 if cell.diagonal and name in ("R_fwd", "R_rev") else ndim
+
+
 def signature(table, cell, dtype, has_proj: bool) -> tuple:
     """numba argument types of the kernel (for the kernel report's compiles)."""
     a = str(acc_dtype(dtype))
@@ -135,7 +143,7 @@ def signature(table, cell, dtype, has_proj: bool) -> tuple:
     out = []
     for name, kind, ndim, _, used in table:
         if used(cell, has_proj):
-            out.append(nb("int64") if kind == "i64" else arr(kinds[kind], ndim))
+            out.append(nb("int64") if kind == "i64" else arr(kinds[kind], arg_ndim(name, ndim, cell)))
     return tuple(out)
 
 
@@ -176,6 +184,21 @@ def make_forward_step(cell, dtype, has_proj: bool):
     pointwise = device_function(cell.forward, dtype)
 
     @device
+    def matrix_recurrence(rh, R, h_in, d, b, j, H, P):
+        for k in range(P):                      # the recurrent matvec, fused: R h for this unit's G rows
+            hk = h_in[d, b, k]
+            for g in range(G):
+                rh[g] += acc(R[g * H + j, k]) * hk
+
+    @device
+    def diagonal_recurrence(rh, R, h_in, d, b, j, H, P):
+        hj = h_in[d, b, j]                      # u_g ⊙ h: each unit sees only its own h (P == H)
+        for g in range(G):
+            rh[g] += acc(R[g * H + j]) * hj
+
+    recurrence = diagonal_recurrence if cell.diagonal else matrix_recurrence
+
+    @device
     def forward_body(s, lens, gx, unit_params, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         b = cuda.blockIdx.y
@@ -199,10 +222,7 @@ def make_forward_step(cell, dtype, has_proj: bool):
             rh[g] = acc(unit_params[d, G + g, j])
         for k in range(V):
             v[k] = acc(unit_params[d, 2 * G + k, j])
-        for k in range(P):                      # the recurrent matvec, fused: R h for this unit's G rows
-            hk = h_in[d, b, k]
-            for g in range(G):
-                rh[g] += acc(R[g * H + j, k]) * hk
+        recurrence(rh, R, h_in, d, b, j, H, P)
         h_unit = h_in[d, b, j] if h_out is not None else zero   # with a projection the cell never reads h
         c_prev = c[d, b, j] if c is not None else zero
         m, c_new = pointwise(wx, rh, v, h_unit, c_prev, saved)
@@ -336,16 +356,23 @@ def proj_variants(cell) -> tuple:
 
 
 #: the cells the kernel report compiles: the built-in ones and the shipped user cells (numbarnn.contrib)
-REPORTED_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm")
+REPORTED_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "indrnn", "indrnn_relu")
+
+
+def reported_cells(recurrence: str | None = None) -> list:
+    """The specs of REPORTED_CELLS (registering the shipped user cells), only those of one `recurrence` if given
+    (the v2 and v3 kernels take the "matrix" ones: a diagonal recurrence runs v1's)."""
+    import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the shipped user cells)
+    import numbarnn.contrib.indrnn  # noqa: F401
+    import numbarnn.contrib.peephole_lstm  # noqa: F401
+    return [cell for cell in map(get_cell, REPORTED_CELLS) if recurrence in (None, cell.recurrence)]
 
 
 def kernel_specs():
     """The step kernels of REPORTED_CELLS (the same list in every process, whatever else was registered)."""
-    import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the shipped user cells)
-    import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
     for dt in DTYPES:
-        for cell in map(get_cell, REPORTED_CELLS):
+        for cell in reported_cells():
             for proj in proj_variants(cell):
                 tag = "_proj" if proj else ""
                 specs.append((f"{cell.name}_forward_step{tag}", dt, make_forward_step(cell, dt, proj),

@@ -64,7 +64,7 @@ from .gemm import gemm
 from .launch import launch
 from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
-from .recurrent import make_recurrent_backward
+from .recurrent import make_diagonal_gradient, make_recurrent_backward
 from . import step_v2, step_v3
 
 #: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
@@ -289,12 +289,19 @@ def step_plan(call, phase: str, simulator: bool | None = None) -> StepPlan:
     blocks co-resident, else v2, saying why."""
     cfg, B, dt = call.config, call.B, np.dtype(call.dtype)
     version, slice_, note = step_version(simulator), None, ""
+    if version > 1 and cfg.cell.diagonal:                  # v2 and v3 multiply by a matrix R
+        version, note = 1, DIAGONAL_NOTE.format(cell=cfg.rnn_mode, version=version)
     if version == 3:
         slice_, note = step_v3.choose(cfg.cell, dt, cfg.H, cfg.P, cfg.D, cfg.has_proj, simulator=simulator,
                                       phase=phase, B=B)
         version = 3 if slice_ is not None else 2
     tiles = step_v2.tiles(dt, simulator=simulator, H=cfg.H, B=B, D=cfg.D)   # narrower where the grid is small
     return StepPlan(version, slice_, tiles, note)
+
+
+#: why a cell with a diagonal recurrence runs the v1 step kernels (the launch log's and `numbarnn explain`'s note)
+DIAGONAL_NOTE = ("v1: {cell!r} has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels tile a product by a "
+                 "matrix R, so v1 runs instead of v{version}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -420,7 +427,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
     else:
-        recurrent = jit(make_recurrent_backward, str(dt))
+        recurrent = jit(make_recurrent_backward, str(dt), cfg.cell.diagonal)
     if fused:
         cell_backward = jit(step_v2.make_backward_step_v2, cfg.cell, str(dt), tiles)
         backward_args = step_v2.backward_v2_args(cfg.cell)
@@ -513,7 +520,11 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             if lp.W is not None:
                 gemm(gx2, rows(x_l, TB, I_l), dlp.W, trans_a=True, log=log, scratch=scratch)
                 gemm(gx2, lp.W, dx_l.reshape(TB, I_l), beta=0.0 if d == 0 else 1.0, log=log, scratch=scratch)
-            gemm(gh2, rows(part(h_prev, d), TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
+            if cfg.cell.diagonal:                      # du_g = sum over t, b of dgh_g ⊙ h_prev (recurrent.py)
+                log(jit(make_diagonal_gradient, str(dt)), "diagonal_gradient", (blocks(GH, threads(GH)),),
+                    threads(GH), gh2, rows(part(h_prev, d), TB, P), dlp.R)
+            else:
+                gemm(gh2, rows(part(h_prev, d), TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
             if cfg.has_proj:
                 gemm(part(dh_total, d).reshape(TB, P), part(saved[f"m{layer}"], d).reshape(TB, H), dlp.W_proj,
                      trans_a=True, log=log, scratch=scratch)
@@ -659,7 +670,11 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
         if cfg.has_w(layer):
             gemm_row("backward", "dW = dgx^T x", D, GH, I_l, TB)
             gemm_row("backward", "dx += dgx W", D, TB, I_l, GH)
-        gemm_row("backward", "dR = dgh^T h_prev", D, GH, P, TB)
+        if cfg.cell.diagonal:
+            add("backward", "diagonal_gradient", D, (blocks(GH, threads(GH, simulator=sim)),),
+                threads(GH, simulator=sim), 2 * TB * GH, (2 * TB * GH + GH) * sz)
+        else:
+            gemm_row("backward", "dR = dgh^T h_prev", D, GH, P, TB)
         if cfg.has_proj:
             gemm_row("backward", "dW_proj = dh^T m", D, P, H, TB)
         for S, C, what, n in ((2, GH, "dbW, dbR", D), (1, cfg.V * H, "cell vectors", D if cfg.V and TB else 0)):

@@ -61,7 +61,7 @@ from numba import cuda, types
 from .. import settings
 from ..cells import get_cell
 from ..util import cdiv
-from .cell_steps import FORWARD_ARGS, REPORTED_CELLS, _wrap, signature, used_args
+from .cell_steps import FORWARD_ARGS, _wrap, reported_cells, signature, used_args
 from . import target
 from .common import DTYPES, U, acc_dtype, arr, device, nb
 from .epilogues import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
@@ -357,12 +357,10 @@ def recurrent_signature(dt) -> tuple:
 
 def kernel_specs():
     """The v2 kernels of REPORTED_CELLS at the GPU tiles (block = TJ * RG threads), and LSTM's at the narrow ones."""
-    import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
-    import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
     for dt in DTYPES:
         t = tiles(dt, simulator=False)
-        for cell in map(get_cell, REPORTED_CELLS):
+        for cell in reported_cells("matrix"):
             for proj in ((False, True) if cell.projection else (False,)):
                 tag = "_proj" if proj else ""
                 specs.append((f"{cell.name}_forward_step_v2{tag}", dt, make_forward_step_v2(cell, dt, proj, t),

@@ -60,7 +60,7 @@ from numba import cuda, types
 from .. import settings
 from ..cells import get_cell
 from ..util import cdiv
-from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, REPORTED_CELLS, _wrap, signature
+from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, _wrap, reported_cells, signature
 from . import target
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
 from .gpus import ARCH, GPU, GPUS, SM_LIMITS_EXTRA, resident_blocks
@@ -899,11 +899,9 @@ def kernel_specs():
     of H = P = 512 (block = 64 threads), the persistent pair with a projection (H = 512, P = 256),
     record_h_prev, and the LSTM's persistent pair at the wider blocks of H = 768, B = 16 (`_wide`).  The
     persistent ones link libcudadevrt.a (the report does that for every kernel with a grid barrier)."""
-    import numbarnn.contrib.cifg_lstm  # registers the shipped user cells
-    import numbarnn.contrib.peephole_lstm  # noqa: F401
     specs = []
     for dt in DTYPES:
-        for cell in map(get_cell, REPORTED_CELLS):
+        for cell in reported_cells("matrix"):
             sl = plan(cell.G, 512, 512, dt, simulator=False)
             specs.append((f"{cell.name}_forward_step_v3", dt, make_forward_step_v3(cell, dt, sl),
                           signature(FORWARD_ARGS, cell, dt, False), sl.threads))

@@ -12,6 +12,10 @@ Structured the way the kernels run, so that each kernel has a readable twin here
     backward mirrors it: per step the pointwise backward and dh_prev = dgh @ R, then after the time loop
     dW = dgx^T x_l, dR = dgh^T h_prev, dW_proj = dh^T m, biases = column sums, dx_l = dgx @ W.
 
+A cell with a diagonal recurrence (IndRNN) has a vector u_g [H] per gate instead of R_g:
+    gh = [u_g ⊙ h + bR_g]_g                        (`_recurrent`)
+    dh_prev += sum_g dgh_g ⊙ u_g ;  du_g = sum over t, b of dgh_g ⊙ h_prev     (`_recurrent_backward`, `_dR`)
+
 Everything is float64 here; `backend.py` casts at the boundary.  Rows past their length keep their state
 and write 0 outputs; `len[b] == 0` rows never become active (final state = initial state).
 """
@@ -57,6 +61,28 @@ def _steps(lens, s, d):
     return b, np.broadcast_to(t, b.shape)
 
 
+def _recurrent(cfg, lp, h):
+    """gh = h @ R^T + bR, or u_g ⊙ h + bR_g for every gate of a diagonal recurrence.  h [n, P] -> [n, G*H]"""
+    if cfg.cell.diagonal:
+        return np.tile(h, (1, cfg.G)) * lp.R + lp.bR          # R [G*H]: u_g stacked; P == H
+    return h @ lp.R.T + lp.bR
+
+
+def _recurrent_backward(cfg, lp, dgh):
+    """dL/dh through the recurrent side: dgh @ R, or sum_g dgh_g ⊙ u_g.  dgh [n, G*H] -> [n, P]"""
+    if cfg.cell.diagonal:
+        return (dgh * lp.R).reshape(dgh.shape[0], cfg.G, cfg.H).sum(axis=1)
+    return dgh @ lp.R
+
+
+def _dR(cfg, dgh, h_prev):
+    """The recurrent weights' gradient from all steps: dgh^T h_prev [G*H, P], or for a diagonal recurrence
+    du_g = sum over rows of dgh_g ⊙ h_prev [G*H].  dgh [n, G*H], h_prev [n, P]"""
+    if cfg.cell.diagonal:
+        return (dgh.reshape(-1, cfg.G, cfg.H) * h_prev[:, None, :]).sum(axis=0).reshape(-1)
+    return dgh.T @ h_prev
+
+
 def new_reserve(call: RNNCall) -> dict:
     return {e.name: np.zeros(e.shape) for e in reserve_entries(call)}
 
@@ -90,7 +116,7 @@ def forward(call: RNNCall, x, h0, c0, params):
                 b, t = _steps(lens, s, d)
                 if b.size == 0:
                     break
-                gh = h[b] @ lp.R.T + lp.bR                  # [n, G*H]
+                gh = _recurrent(cfg, lp, h[b])              # [n, G*H]
                 m, c_new, acts = cell_forward(gx[t, b], gh, h[b] if h_unit else None, c[b] if c is not None else None,
                                               lp.V)
                 h_new = m @ lp.W_proj.T if lp.W_proj is not None else m   # [n, P]
@@ -163,7 +189,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                 if dv is not None:
                     dv_all[t, b] = dv
                 dgx[t, b], dgh[t, b], h_prev_all[t, b], dh_all[t, b] = gx_b, gh_b, h_prev, dh_tot
-                dh[b] = dh_direct + gh_b @ lp.R
+                dh[b] = dh_direct + _recurrent_backward(cfg, lp, gh_b)
                 if dc is not None:
                     dc[b] = dc_prev
             # weight gradients as big matmuls after the time loop
@@ -173,7 +199,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                 dx_l += dgx @ lp.W
             else:
                 dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
-            dlp.R[...] = gh2.T @ h_prev_all.reshape(-1, P)
+            dlp.R[...] = _dR(cfg, gh2, h_prev_all.reshape(-1, P))
             dlp.bW[...] = gx2.sum(axis=0)
             dlp.bR[...] = gh2.sum(axis=0)
             if lp.W_proj is not None:

@@ -1,0 +1,269 @@
+"""IndRNN (numbarnn.contrib.indrnn): a cell with a diagonal recurrence, rh_g = u_g ⊙ h + bR_g, on every backend.
+
+The oracle is twofold: finite differences (`check_cell`), and an independent implementation in plain PyTorch
+operations written from the published equations (haste's IndRNN: h' = tanh(W x + u ⊙ h + b); the paper's ReLU
+variant), looping row by row over each sequence's own length, differentiated by autograd.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import numbarnn
+import numbarnn.contrib.indrnn as indrnn
+from numbarnn import cli, settings
+from numbarnn.cells import CellSpec, relu, tanh
+from numbarnn.config import RNNCall, params_size, rnn_config
+from numbarnn.kernels import common, driver
+from numbarnn.params import (canonical_weight_shapes, from_torch_state_dict, param_regions, params_to_canonical,
+                             to_torch_state_dict, unpack)
+from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+from conftest import planned_and_launched
+
+BACKENDS = ("reference", "cpu", "cuda")
+CELLS = ("indrnn", "indrnn_relu")
+
+
+# ----------------------------------------------------------------------------------------------
+# the description
+# ----------------------------------------------------------------------------------------------
+
+def test_the_shipped_cells_declare_a_diagonal_recurrence():
+    assert indrnn.SPEC.diagonal and indrnn.SPEC.recurrence == "diagonal" and not indrnn.SPEC.projection
+    assert indrnn.RELU_SPEC.diagonal
+    assert not numbarnn.cells.get_cell("lstm").diagonal and numbarnn.cells.get_cell("lstm").recurrence == "matrix"
+
+
+def _spec(**kw):
+    return CellSpec(**{**dict(name="bad_diag", gates=("a",), saved=("h",), forward=indrnn.forward,
+                              backward=indrnn.backward), **kw})
+
+
+def test_unknown_recurrence_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"CellSpec\.recurrence: expected one of \('matrix', 'diagonal'\), "
+                                         r"got 'diag'"):
+        _spec(recurrence="diag")
+
+
+def test_diagonal_recurrence_with_a_projection_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"CellSpec\.recurrence: a diagonal recurrence .* cannot have a projection"):
+        _spec(recurrence="diagonal", cell_state=True, projection=True)
+
+
+def test_num_proj_is_refused_for_a_diagonal_cell():
+    with pytest.raises(ValueError, match="num_proj"):
+        rnn_config(1, 3, 2, "indrnn", num_proj=2)
+
+
+def test_a_spec_that_differs_only_in_its_recurrence_is_a_different_cell():
+    numbarnn.cells.register(_spec(name="diag_or_not"))
+    with pytest.raises(ValueError, match="a different cell named 'diag_or_not'"):
+        numbarnn.cells.register(_spec(name="diag_or_not", recurrence="diagonal"))
+
+
+# ----------------------------------------------------------------------------------------------
+# parameters: vectors u_g [H] in the R slots
+# ----------------------------------------------------------------------------------------------
+
+def test_params_hold_a_vector_per_gate_where_others_hold_R():
+    cfg = rnn_config(2, 4, 3, "indrnn", direction="bidirectional")
+    H, I, D = 4, 3, 2
+    assert params_size(cfg) == D * (H * I + H) + D * (H * D * H + H) + 2 * D * 2 * H
+    regions = param_regions(cfg)
+    assert sum(r.size for r in regions) == params_size(cfg)
+    R = [r for r in regions if r.kind == "R"]
+    assert len(R) == 4 and all(r.shape == (H,) and r.linear_id == 1 for r in R)
+    assert "diagonal" in R[0].describe(cfg)
+    assert canonical_weight_shapes(cfg) == [(H, I), (H,), (H, I), (H,), (H, D * H), (H,), (H, D * H), (H,)]
+    params = np.arange(params_size(cfg), dtype=np.float64)
+    lp = unpack(cfg, params)[1]
+    assert lp.R.shape == (H,) and lp.W.shape == (H, I)
+    weights, biases = params_to_canonical(cfg, params)
+    assert np.array_equal(weights[3], lp.R)
+    sd = to_torch_state_dict(cfg, params)
+    assert sd["weight_hh_l0_reverse"].shape == (H,)
+    assert np.array_equal(from_torch_state_dict(cfg, sd), params)
+    sd["weight_hh_l1"] = np.zeros((H, H))
+    with pytest.raises(ValueError, match=r"weight_hh_l1.*\[G\*H\] \(a diagonal recurrence"):
+        from_torch_state_dict(cfg, sd)
+
+
+def test_explain_shows_the_vectors_and_the_step_kernel_fallback(capsys):
+    assert cli.main(["explain", "--cells", "numbarnn.contrib.indrnn", "--mode", "indrnn", "--units", "3",
+                     "--input-size", "2", "--time", "3", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "layer 0 fwd R gate a (diagonal: u, rh = u ⊙ h)" in out and "| [3]    |" in out
+    assert "diagonal recurrence: each R_g slot holds a vector u_g [H]" in out
+    assert "step kernels: v1: 'indrnn' has a diagonal recurrence" in out      # the GPU plan's v3 falls back
+    assert "indrnn_forward_step " in out and "diagonal_gradient" in out and "dR = dgh^T" not in out
+
+
+# ----------------------------------------------------------------------------------------------
+# finite differences on every backend
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cell", CELLS)
+def test_check_cell(cell, backend):
+    report = check_cell(cell, backends=(backend,), max_examples=12, network_examples=6)
+    assert report.ok, str(report)
+
+
+def test_check_cli_loads_the_cell_from_its_path():
+    path = os.path.abspath(indrnn.__file__)           # a second import of the same file: an equal spec again
+    assert cli.main(["check", "--cells", path, "--mode", "indrnn", "--layers", "2", "--direction", "bidirectional",
+                     "--units", "3", "--input-size", "2", "--time", "3", "--batch", "3"]) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# an independent implementation in plain torch operations (published equations)
+# ----------------------------------------------------------------------------------------------
+
+def torch_indrnn(act, x, h0, layers, lengths, L, D):
+    """x [T, B, I], h0 [L*D, B, H]; layers[p] = (W [H, I_l], u [H], bW [H], bR [H]); lengths: B ints.
+    Per row b and pseudo-layer p, over the row's own length (the reverse direction reads it backwards):
+        h_t = act(W x_t + bW + u ⊙ h_{t-1} + bR)
+    -> (y [T, B, D*H] with zeros past each length, hT [L*D, B, H])."""
+    T, B = x.shape[0], x.shape[1]
+    H = h0.shape[2]
+    hT = []
+    x_l = x
+    for layer in range(L):
+        outs = []
+        for d in range(D):
+            p = layer * D + d
+            W, u, bW, bR = layers[p]
+            rows, finals = [], []
+            for b in range(B):
+                n = lengths[b]
+                times = range(n) if d == 0 else range(n - 1, -1, -1)
+                h = h0[p, b]
+                ys = [None] * T
+                for t in times:
+                    h = act(W @ x_l[t, b] + bW + u * h + bR)
+                    ys[t] = h
+                rows.append(torch.stack([v if v is not None else torch.zeros(H, dtype=x.dtype) for v in ys]))
+                finals.append(h)
+            outs.append(torch.stack(rows, dim=1))           # [T, B, H]
+            hT.append(torch.stack(finals))                  # [B, H]
+        x_l = torch.cat(outs, dim=2)                        # [T, B, D*H]
+    return x_l, torch.stack(hT)
+
+
+ACT = {"indrnn": torch.tanh, "indrnn_relu": torch.relu}
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cell", CELLS)
+def test_agrees_with_plain_torch_to_1e10(cell, backend, time_major):
+    L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
+    lengths = [4, 0, 2]
+    cfg = rnn_config(L, H, I, cell, direction="bidirectional")
+    case = make_rnn_case(cfg, T, B, lengths, seed=3, time_major=time_major)
+    tm = (lambda a: a) if time_major else (lambda a: np.swapaxes(a, 0, 1))   # the call's layout <-> time-major
+    fwd = run_forward(case, backend)
+    dx, dh0, _, dparams = run_backward(case, fwd, backend)
+
+    x = torch.tensor(tm(case.x), requires_grad=True)
+    h0 = torch.tensor(tm(case.h0), requires_grad=True)
+    weights, biases = params_to_canonical(cfg, case.params)            # per p: W, u ; bW, bR
+    tw = [torch.tensor(w, requires_grad=True) for w in weights]
+    tb = [torch.tensor(b, requires_grad=True) for b in biases]
+    layers = [(tw[2 * p], tw[2 * p + 1], tb[2 * p], tb[2 * p + 1]) for p in range(L * D)]
+    y, hT = torch_indrnn(ACT[cell], x, h0, layers, lengths, L, D)
+    loss = (y * torch.tensor(tm(case.dy))).sum() + (hT * torch.tensor(tm(case.dhT))).sum()
+    loss.backward()
+
+    assert relative_error(tm(np.asarray(fwd[0])), y.detach().numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(fwd[1])), hT.detach().numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(dx)), x.grad.numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(dh0)), h0.grad.numpy()) < 1e-10
+    dw, db = params_to_canonical(cfg, np.asarray(dparams))
+    for got, want in zip(dw + db, tw + tb):
+        assert relative_error(got, want.grad.numpy()) < 1e-10
+
+
+def test_the_spec_functions_match_the_published_activations():
+    """The cells' pointwise forward is haste's tanh (and the paper's relu) of wx + rh."""
+    for spec, act in ((indrnn.SPEC, tanh), (indrnn.RELU_SPEC, relu)):
+        saved = np.zeros(1)
+        m, _ = spec.forward(np.array([0.3]), np.array([-1.1]), np.zeros(0), 0.5, 0.0, saved)
+        assert m == act(0.3 - 1.1) == saved[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# cuda: several blocks with a partial last one, the launch plan, the v1 fallback
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not common.SIMULATOR, reason="simulator launch sizes (several blocks of a few threads)")
+def test_cuda_several_blocks_with_a_partial_last_block():
+    cfg = rnn_config(2, 19, 5, "indrnn_relu", direction="bidirectional", dropout=0.4, seed=3, seed2=9)
+    case = make_rnn_case(cfg, 4, 3, [4, 0, 2], seed=5)
+    plan, log, got_f, got_b = planned_and_launched(case)      # the plan lists exactly the launches made
+    step = next(r for r in plan if r["kernel"] == "indrnn_relu_forward_step")
+    assert step["grid"][0] > 1 and 19 % step["block"] != 0     # several blocks, the last one partial
+    grad = next(r for r in plan if r["kernel"] == "diagonal_gradient")
+    assert grad["grid"][0] > 1 and 19 % grad["block"] != 0
+    assert log["backward"].by_kernel["recurrent_backward"] == 2 * 4 and "gemm" in log["backward"].by_kernel
+    want_f = run_forward(case, "reference")
+    want_b = run_backward(case, want_f, "reference")
+    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
+        if want is not None:
+            assert relative_error(got, want) < 1e-12
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
+    cfg = rnn_config(1, 5, 3, "indrnn", direction="bidirectional")
+    case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
+    want_f = run_forward(case, "reference")
+    want_b = run_backward(case, want_f, "reference")
+    with settings.override(step_version=version):
+        got_f = run_forward(case, "cuda")
+        got_b = run_backward(case, got_f, "cuda")
+        log = driver.last_launch_count()
+        call = RNNCall(cfg, 3, 2, np.dtype(np.float64), True, True, (3, 1))
+        plan = driver.step_plan(call, "backward")
+    for phase in ("forward", "backward"):
+        assert log[phase].step_version == 1
+        assert log[phase].note == (f"v1: 'indrnn' has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels "
+                                   f"tile a product by a matrix R, so v1 runs instead of v{version}")
+    assert plan.version == 1 and plan.slice is None
+    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
+        if want is not None:
+            assert relative_error(got, want) < 1e-12
+
+
+# ----------------------------------------------------------------------------------------------
+# cpu in float32 / float16, inference, and the layer
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float16, 1e-2)])
+def test_cpu_lower_precision_agrees_with_the_reference(dtype, tol):
+    cfg = rnn_config(2, 5, 3, "indrnn", direction="bidirectional")
+    case = make_rnn_case(cfg, 4, 3, [4, 0, 2], seed=4, dtype=dtype)
+    want_f = run_forward(case, "reference")
+    got_f = run_forward(case, "cpu")
+    for got, want in zip(got_f[:2], want_f[:2]):
+        assert relative_error(got, want) < tol
+    for got, want in zip(run_backward(case, got_f, "cpu"), run_backward(case, want_f, "reference")):
+        if want is not None:
+            assert relative_error(got, want) < 10 * tol
+
+
+def test_layer_of_the_cell():
+    """numbarnn.CudnnRNN(cell, ...) builds params with a vector u per R slot and runs like the reference."""
+    x = np.random.default_rng(0).standard_normal((5, 3, 2))
+    lengths = np.array([5, 0, 3], np.int32)
+    outs = {}
+    for backend in ("cpu", "reference"):
+        layer = numbarnn.CudnnRNN(indrnn.SPEC, 2, 4, direction="bidirectional", dtype="float64", seed=1,
+                                  backend=backend)
+        y, (h,) = layer(x, sequence_lengths=lengths)
+        assert y.shape == (5, 3, 8) and h.shape == (4, 3, 4)
+        assert [w.shape for w in layer.canonical_weights()[0]][:2] == [(4, 2), (4,)]
+        outs[backend] = (np.asarray(y), np.asarray(h))
+    for got, want in zip(outs["cpu"], outs["reference"]):
+        assert relative_error(got, want) < 1e-12
