@@ -569,6 +569,7 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
     steps = max(call.lengths, default=0)
     TB, GH = T * B, G * H
     proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)   # h' = W_proj m: per row, step; W_proj
+    KR = 1 if cfg.cell.diagonal else P            # a recurrent output's inputs: h's P columns, or its own unit
     rows = []
 
     layer = None
@@ -623,7 +624,7 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
                 D * (row_tiles * GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
         else:
             add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
-                D * B * (2 * GH * P + 12 * H), D * (GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+                D * B * (2 * GH * KR + 12 * H), D * (GH * KR + B * (GH + 2 * P + (G + 2) * H)) * sz)
         if cfg.has_proj and slice_ is None:
             grid, block = steps_grid(P)
             add("forward", "project", steps if B else 0, grid, block, 2 * D * B * P * H,
@@ -663,8 +664,8 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
             add("backward", "recurrent_backward_v2", steps if B else 0, step_v2.grid(P, B, D, tiles),
                 tiles.threads, 2 * D * B * GH * P, D * (row_tiles * GH * P + B * (GH + 2 * P)) * sz)
         elif version == 1:
-            add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * P,
-                D * (GH * P + B * (GH + 2 * P)) * sz)
+            add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * KR,
+                D * (GH * KR + B * (GH + 2 * P)) * sz)
         cast_rows("backward", "dh0 out", "dc0 out")
 
         if cfg.has_w(layer):
