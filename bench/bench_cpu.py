@@ -4,6 +4,7 @@
     python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
     python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
+    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN) beside the built-in LSTM
 
 For every shape: each implementation is validated first (its float32 outputs and gradients against the float64
 reference within SPEC 10: 1e-5 outputs, 1e-4 gradients), then timed: the first call (cold: includes numba's
@@ -61,6 +62,10 @@ QUICK = (Shape("LSTM T=8 B=4 I=H=16", "lstm", 8, 4, 16, 16), Shape("GRU T=6 B=3 
 #: per-call cost (`--tiny`, one thread): a step of a sampling loop, of a cell-sized network, of a short batch
 TINY = (Shape("LSTM T=1 B=1 I=8 H=16", "lstm", 1, 1, 16, 8), Shape("GRU T=1 B=1 I=8 H=16", "gru", 1, 1, 16, 8),
         Shape("LSTM T=10 B=4 I=32 H=64", "lstm", 10, 4, 64, 32))
+#: cells beyond cuDNN's (`--cells`, numbarnn.contrib): the cpu backend beside its built-in LSTM at the same shape
+CELLS = (Shape("LSTM T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256),
+         Shape("IndRNN (tanh) T=100 B=32 I=H=256", "indrnn", 100, 32, 256, 256),
+         Shape("IndRNN (relu) T=100 B=32 I=H=256", "indrnn_relu", 100, 32, 256, 256))
 FMA_PORTS = 2          # FMA units per core: Zen 3, Zen 4 and Intel's server cores (AVX2/AVX-512) have two
 
 
@@ -316,6 +321,13 @@ def peak_lines(rows, shapes, threads: int) -> list[str]:
     return lines
 
 
+def cell_lines(rows) -> list[str]:
+    """Each cell's cpu time as a multiple of the first row's (the built-in LSTM at the same shape)."""
+    lstm = rows[0]
+    return [f"{r['shape']}: forward {r['fwd_ms']:.1f} ms = {r['fwd_ms'] / lstm['fwd_ms']:.2f}x the LSTM's, "
+            f"forward+backward {r['fwdbwd_ms']:.1f} ms = {r['fwdbwd_ms'] / lstm['fwdbwd_ms']:.2f}x" for r in rows[1:]]
+
+
 def markdown(rows) -> str:
     lines = [("| shape | backend | cold first fwd+bwd (s) | fwd (ms) | fwd / torch | fwd+bwd (ms) | fwd+bwd / torch "
               "| best fwd (ms) | best fwd / torch | best fwd+bwd (ms) | best fwd+bwd / torch "
@@ -341,6 +353,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true",
                     help="per-call cost at tiny sizes instead (one thread; cpu, torch.nn and numbarnn.torch)")
     ap.add_argument("--calls", type=int, default=300, help="--tiny: calls per backend and round")
+    ap.add_argument("--cells", action="store_true",
+                    help="cells beyond cuDNN's (numbarnn.contrib) on the cpu backend, beside the built-in LSTM")
     args = ap.parse_args(argv)
     import numba
     if args.tiny:
@@ -356,6 +370,15 @@ def main(argv=None) -> int:
         print(f"one thread, float32, per call: median of {args.calls} calls, median of {args.reps} interleaved "
               "rounds (fwd: inference; fwd+bwd: training forward and backward)")
         print(tiny_markdown(rows))
+        return 0
+    if args.cells:
+        import numbarnn.contrib.indrnn  # noqa: F401  (registers indrnn, indrnn_relu)
+        shapes = tuple(Shape(s.label.replace("T=100 B=32 I=H=256", "T=8 B=4 I=H=16"), s.mode, 8, 4, 16, 16)
+                       for s in CELLS) if args.quick else CELLS
+        rows = cpu_rows(shapes, ("cpu",), args.reps, args.settle)
+        print(f"cpu backend, threads: {numba.get_num_threads()} (numba), float32, median of {args.reps} rounds")
+        print(markdown(rows))
+        print("\n".join(cell_lines(rows)))
         return 0
     shapes = QUICK if args.quick else SHAPES
     rows = cpu_rows(shapes, tuple(args.backends.split(",")), args.reps, args.settle)

@@ -570,3 +570,16 @@ def test_gpu_torch_script_validates_then_times(monkeypatch, capsys):
     monkeypatch.setattr(gpu_torch, "TOLERANCE", -1.0)
     assert "fwd" not in gpu_torch.compare(6, 2, 3, "cpu", rounds=3)
     assert "FAILED, not timed" in capsys.readouterr().out
+
+
+def test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm(monkeypatch, capsys):
+    """bench/bench_cpu.py --cells --quick: the contrib cells (IndRNN) on the cpu backend, validated against the
+    float64 reference, each stated as a multiple of the built-in LSTM's time at the same shape."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_cpu", root / "bench" / "bench_cpu.py")
+    bench_cpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_cpu", bench_cpu)
+    spec.loader.exec_module(bench_cpu)
+    assert bench_cpu.main(["--cells", "--quick", "--reps", "1", "--settle", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("x the LSTM's") == len(bench_cpu.CELLS) - 1 and "IndRNN (tanh)" in out
