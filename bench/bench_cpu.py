@@ -5,6 +5,8 @@
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
     python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
     python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN) beside the built-in LSTM
+    python bench/bench_cpu.py --train         # a training loop, numbarnn.torch beside torch.nn (bench_train_loop.py)
+    python bench/bench_cpu.py --memory        # peak memory of training, each in its own process (bench_memory.py)
 
 For every shape: each implementation is validated first (its float32 outputs and gradients against the float64
 reference within SPEC 10: 1e-5 outputs, 1e-4 gradients), then timed: the first call (cold: includes numba's
@@ -353,9 +355,24 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true",
                     help="per-call cost at tiny sizes instead (one thread; cpu, torch.nn and numbarnn.torch)")
     ap.add_argument("--calls", type=int, default=300, help="--tiny: calls per backend and round")
+    ap.add_argument("--train", action="store_true",
+                    help="the training-loop comparison instead (bench_train_loop.py; --quick: a small model)")
+    ap.add_argument("--memory", action="store_true",
+                    help="peak memory of training instead (bench_memory.py; --quick: a small model)")
     ap.add_argument("--cells", action="store_true",
                     help="cells beyond cuDNN's (numbarnn.contrib) on the cpu backend, beside the built-in LSTM")
     args = ap.parse_args(argv)
+    if args.train or args.memory:                 # the scripts beside this one, at their sizes or --quick's
+        import importlib
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        quick = ["--T", "8", "--B", "4", "--I", "16", "--H", "16"] if args.quick else []
+        rc = 0
+        if args.train:
+            rc |= importlib.import_module("bench_train_loop").main(quick + (["--steps", "3", "--warmup", "1"]
+                                                                            if args.quick else []))
+        if args.memory:
+            rc |= importlib.import_module("bench_memory").main(quick)
+        return rc
     import numba
     if args.tiny:
         numba.set_num_threads(1)

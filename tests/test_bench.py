@@ -583,3 +583,18 @@ def test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm(monkeypatch, capsy
     assert bench_cpu.main(["--cells", "--quick", "--reps", "1", "--settle", "0"]) == 0
     out = capsys.readouterr().out
     assert out.count("x the LSTM's") == len(bench_cpu.CELLS) - 1 and "IndRNN (tanh)" in out
+
+
+def test_bench_cpu_runs_the_training_loop_and_memory_comparisons(monkeypatch, capsys):
+    """bench/bench_cpu.py --train --memory --quick: one entry point for the training-loop comparison (losses
+    agree before anything is timed) and the peak memory of training, at a small size."""
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_cpu", root / "bench" / "bench_cpu.py")
+    bench_cpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_cpu", bench_cpu)
+    spec.loader.exec_module(bench_cpu)
+    monkeypatch.setattr(sys, "path", list(sys.path))                 # (it puts bench/ on the path)
+    assert bench_cpu.main(["--train", "--memory", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "losses agree" in out and "numbarnn.torch / torch.nn" in out and "peak RSS growth" in out
