@@ -479,6 +479,16 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
     [N], its outputs and reserve; the upstream gradients dy, dhT, dcT) -> (dx, dh0, dc0 (empty without a cell
     state), dparams [N] in the opaque layout).  No tensor-list argument, so torch's per-example fallback batches
     it where no batching rule applies (gradcheck's batched gradients)."""
+    dx, dh0, dc0, dparams = _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT,
+                                              cell, num_layers, hidden_size, input_size, bidirectional, proj_size,
+                                              bias, dropout, backend)
+    return dx, dh0, x.new_empty((0,)) if dc0 is None else dc0, dparams
+
+
+def _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
+                      hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend) -> tuple:
+    """`_rnn_backward_impl` with dc0 None without a cell state: the eager backward's way in (no empty tensor for
+    a gradient nobody reads)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     cfg = _call_config(layout, dropout, _seeds(seeds))
     lstm = layout.cell_state
@@ -494,9 +504,9 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
         dx, dh0, dc0, dparams = ops.cudnn_rnn_backprop_v3(
             _array(x_), _array(h0_), _array(c0_), _array(params), lens, _array(y_), _array(hT_), _array(cT_),
             _array(dy_), _array(dhT_), _array(dcT_), _array(reserve), host, **attrs)
-    out = x.dtype
-    return (_as(_tensor(dx, x.device), out), _as(_tensor(dh0, x.device), out),
-            _as(_tensor(dc0, x.device), out) if lstm else x.new_empty((0,)), _as(_tensor(dparams, x.device), out))
+    out, device = x.dtype, x.device
+    return (_as(_tensor(dx, device), out), _as(_tensor(dh0, device), out),
+            _as(_tensor(dc0, device), out) if lstm else None, _as(_tensor(dparams, device), out))
 
 
 rnn_backward_op = torch.library.custom_op("numbarnn::rnn_backward", _rnn_backward_impl, mutates_args=())
@@ -541,9 +551,11 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
     pieces = None if views is None else views.pieces(layout.spans, layout.size, weights)
     params = _opaque_params(layout.spans, weights, x, layout.size) if pieces is None else \
         _gathered(pieces, x.dtype, layout.size, x)                                      # [N]
-    backward = _rnn_backward_impl if _eager((x, h0, params, y, dy, dhT, dcT) if lstm else
-                                            (x, h0, params, y, dy, dhT)) else rnn_backward_op
-    dx, dh0, dc0, dparams = backward(
+    backward = _rnn_backward_run if _eager((x, h0, params, y, dy, dhT, dcT) if lstm else
+                                           (x, h0, params, y, dy, dhT)) else rnn_backward_op
+    if cT is None and backward is rnn_backward_op:   # (an eager forward without a cell state: the operator
+        cT = x.new_empty((0,))                        # takes tensors)
+    dx, dh0, dc0, dparams = backward(   # (rnn_backward_op takes tensors: cT, empty without a cell state, for dcT)
         x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
         cell, L, H, I, bidirectional, P, bias, dropout, backend)
     return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
@@ -653,9 +665,7 @@ class _EagerRNNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, h0, c0, seeds, lengths, net, views, *weights):
-        output = _eager_forward(x, h0, c0, weights, lengths, seeds, net, views)
-        y, hT, cT, reserve = output
-        output = (y, hT, x.new_empty((0,)) if cT is None else cT, reserve)
+        output = _eager_forward(x, h0, c0, weights, lengths, seeds, net, views)   # (c_n None: no cell state)
         _save(ctx, x, h0, c0, weights, lengths, seeds, net, output)
         ctx.views = views                 # backward gathers the weights through them again
         return output

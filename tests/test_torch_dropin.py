@@ -676,3 +676,19 @@ def test_weight_views_across_inference_mode_and_copies():
     assert not torch.equal(ours(x)[0], before)
     torch.testing.assert_close(twin(x)[0], before, **TOL)
     torch.testing.assert_close(loaded(x)[0], before, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_backward_under_a_dispatch_mode_after_an_eager_forward(kind):
+    """An eager forward (the operator's implementation called directly; no c_n tensor without a cell state) whose
+    backward runs under a dispatch mode (there the registered backward operator): torch.nn's gradients."""
+    from torch.utils.flop_counter import FlopCounterMode
+    ours, ref = make_pair(kind, num_layers=2)
+    x = torch.randn(3, 2, 2, dtype=F64, requires_grad=True)
+    grads = []
+    for module in (ours, ref):
+        y, final = module(x)
+        with FlopCounterMode(display=False):
+            grads.append(torch.autograd.grad(y.sum() + finals(final)[0].sum(), (x, *module.parameters())))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, **TOL)
