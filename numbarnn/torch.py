@@ -832,6 +832,12 @@ class _NumbaRNNBase(torch.nn.Module):
         self._weight_views = _WeightViews()
         self.reset_parameters()
 
+    def __setstate__(self, state):
+        """Modules pickled whole before the per-call helpers existed get them (state_dicts need nothing)."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("_weight_views", _WeightViews())
+        self.__dict__.setdefault("_cell_state", get_cell(self.rnn_mode).cell_state)
+
     # -- torch.nn.RNNBase compatibility ---------------------------------------------------------
     def reset_parameters(self) -> None:
         """PyTorch's init: every parameter uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in its order."""

@@ -98,6 +98,11 @@ class CellModule(torch.nn.Module):
         self._weight_views = _nt._WeightViews()                    # the gather's cached views of the weights
         self.reset_parameters()
 
+    def __setstate__(self, state):
+        """Cells pickled whole before the gather's cached views existed get them (state_dicts need nothing)."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("_weight_views", _nt._WeightViews())
+
     # -- torch.nn.RNNCellBase compatibility -----------------------------------------------------------
     def reset_parameters(self) -> None:
         """PyTorch's init: every parameter uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in its order."""

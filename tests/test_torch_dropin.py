@@ -692,3 +692,21 @@ def test_backward_under_a_dispatch_mode_after_an_eager_forward(kind):
             grads.append(torch.autograd.grad(y.sum() + finals(final)[0].sum(), (x, *module.parameters())))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, **TOL)
+
+
+def test_module_pickled_without_the_per_call_helpers_runs():
+    """A module pickled whole by a version without the cached weight views and cell-state flag (their state lacks
+    them) unpickles into a working module."""
+    import pickle
+
+    from numbarnn.torch_cells import GRUCell
+    for module, args in ((make_pair("lstm")[0], (torch.randn(3, 2, 2, dtype=F64),)),
+                         (GRUCell(2, 3, dtype=F64, backend=BACKEND), (torch.randn(4, 2, dtype=F64),))):
+        want = module(*args)
+        old = type(module).__new__(type(module))
+        old.__dict__.update(module.__dict__)
+        for name in ("_weight_views", "_cell_state"):
+            old.__dict__.pop(name, None)
+        got = pickle.loads(pickle.dumps(old))(*args)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            torch.testing.assert_close(a, b, **TOL)
