@@ -156,8 +156,7 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-@contextlib.contextmanager
-def _device_scope(device: torch.device):
+class _device_scope:
     """CPU: numbarnn's loops on torch's thread count, torch's setting untouched.  CUDA: numba's context on the
     tensor's GPU, ordered with torch's current stream.
 
@@ -166,22 +165,42 @@ def _device_scope(device: torch.device):
     libgomp, and the layer's start sets OpenMP's thread count to numba's (torch.set_num_threads(1) was undone by
     the first call).  CUDA: numbarnn's kernels run on the legacy default stream (torch.cuda.default_stream());
     events order it after the work already queued on torch's current stream, and that stream after the kernels.
+    (A class, not a generator context manager: it is entered at every call, and costs a third as much.)
     """
-    if device.type != "cuda":
-        import numba
-        threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
-        wanted = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
-        if wanted != numba_threads:         # (setting costs ~10 us: skipped when it would change nothing)
-            numba.set_num_threads(wanted)
-        try:
-            yield
-        finally:
-            if wanted != numba_threads:
-                numba.set_num_threads(numba_threads)
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-        return
-    from numba import cuda   # pragma: no cover - needs a GPU
+
+    __slots__ = ("device", "threads", "numba_threads", "wanted", "cuda")
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        if self.device.type != "cuda":
+            import numba
+            self.cuda = None
+            self.threads, self.numba_threads = torch.get_num_threads(), numba.get_num_threads()
+            self.wanted = max(1, min(self.threads, numba.config.NUMBA_NUM_THREADS))
+            if self.wanted != self.numba_threads:   # (setting costs ~10 us: skipped when it would change nothing)
+                numba.set_num_threads(self.wanted)
+            return self
+        self.cuda = _cuda_scope(self.device)      # pragma: no cover - needs a GPU
+        self.cuda.__enter__()                     # pragma: no cover
+        return self                               # pragma: no cover
+
+    def __exit__(self, *exc):
+        if self.cuda is not None:                 # pragma: no cover - needs a GPU
+            return self.cuda.__exit__(*exc)
+        if self.wanted != self.numba_threads:
+            import numba
+            numba.set_num_threads(self.numba_threads)
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        return False
+
+
+@contextlib.contextmanager
+def _cuda_scope(device: torch.device):  # pragma: no cover - needs a GPU
+    """`_device_scope` on a GPU: numba's context on `device`, the default stream ordered with torch's current one."""
+    from numba import cuda
     index = device.index if device.index is not None else torch.cuda.current_device()
     current, default = torch.cuda.current_stream(index), torch.cuda.default_stream(index)
     if current != default:
@@ -192,8 +211,10 @@ def _device_scope(device: torch.device):
         current.wait_stream(default)
 
 
+@functools.lru_cache(maxsize=256)
 def _op_attrs(cfg: RNNConfig, backend: str) -> dict:
-    """The op attributes of a call of the network `cfg` (time-major, linear input: torch.nn's RNNs)."""
+    """The op attributes of a call of the network `cfg` (time-major, linear input: torch.nn's RNNs); one dict per
+    network and backend, shared (callers pass it as **attrs: never written)."""
     return dict(rnn_mode=cfg.rnn_mode, input_mode="linear_input", direction=cfg.direction, dropout=cfg.dropout,
                 seed=cfg.seed, seed2=cfg.seed2, num_proj=cfg.num_proj, time_major=True, backend=backend or None)
 
@@ -232,17 +253,73 @@ def _gather_order(spans: tuple, n: int) -> tuple:
     return tuple(pieces)
 
 
-def _opaque_params(spans: tuple, weights, like: torch.Tensor, n: int) -> torch.Tensor:
-    """The weights gathered into numbarnn's opaque buffer [n] in `like`'s dtype (missing biases stay 0), by one
-    torch.cat in the buffer's order (a copy per weight into a zeroed buffer cost ~3x more at small sizes)."""
-    parts = [like.new_zeros(size) if k is None else _as(weights[k].detach().reshape(-1), like.dtype)
+def _opaque_params(spans: tuple, weights, like: torch.Tensor, n: int, dtype=None) -> torch.Tensor:
+    """The weights gathered into numbarnn's opaque buffer [n] in `dtype` (default: `like`'s; missing biases stay
+    0), by one torch.cat in the buffer's order (a copy per weight into a zeroed buffer cost ~3x more at small
+    sizes)."""
+    dtype = like.dtype if dtype is None else dtype
+    parts = [like.new_zeros(size, dtype=dtype) if k is None else _as(weights[k].detach().reshape(-1), dtype)
              for k, size in _gather_order(spans, n)]
-    return torch.cat(parts) if parts else like.new_zeros(n)                       # [N]
+    return torch.cat(parts) if parts else like.new_zeros(n, dtype=dtype)          # [N]
+
+
+class _WeightViews:
+    """A module's weights as the pieces of the opaque buffer: per piece a flat view of one weight (detached: the
+    same memory) or a zeros region where no weight is, in the buffer's order; `torch.cat(pieces)` is the buffer.
+
+    Made once and kept while every weight is the same tensor over the same memory (identity, data_ptr, shape,
+    dtype, device: `module.to`, `param.data = ...` and replaced parameters make new ones).  The views share the
+    weights' memory, so every change of their values shows through, those by optimizers (version counter) and
+    those through `.data` (none) alike: no gathered copy is kept, so none can go stale.  Saves the detach and
+    reshape per weight (two dispatches each) of every call; the gather is one torch.cat."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self):
+        self._entry = None            # (key, pieces), replaced whole: a reader never pairs one's key with another's
+
+    def pieces(self, spans: tuple, n: int, weights) -> Optional[list]:
+        """The pieces for `weights` (torch.nn's order), or None where one weight's flat form is no view of it
+        (not contiguous) or the weights differ in dtype or device (the generic gather handles those)."""
+        entry = self._entry
+        if entry is not None and len(entry[0]) == len(weights) and all(
+                w is k[0] and w.data_ptr() == k[1] and w.shape == k[2] for w, k in zip(weights, entry[0])):
+            return entry[1]
+        dtype, device = weights[0].dtype, weights[0].device
+        views = [w.detach().reshape(-1) for w in weights]
+        if any(w.dtype != dtype or w.device != device or v.data_ptr() != w.data_ptr()
+               for v, w in zip(views, weights)):
+            self._entry = None
+            return None
+        pieces = [weights[0].new_zeros(size) if k is None else views[k] for k, size in _gather_order(spans, n)]
+        self._entry = (tuple((w, w.data_ptr(), w.shape) for w in weights), pieces)
+        return pieces
+
+    def __reduce__(self):
+        return (_WeightViews, ())          # copies and pickles start empty (their weights are other tensors)
+
+
+def _gathered(pieces: list, dtype: torch.dtype, n: int, like: torch.Tensor) -> torch.Tensor:
+    """The opaque buffer [n] in `dtype` from `_WeightViews.pieces`: one torch.cat (then a cast for bfloat16)."""
+    return _as(torch.cat(pieces), dtype) if pieces else like.new_zeros(n, dtype=dtype)          # [N]
 
 
 def _weight_grads(spans: tuple, dparams: torch.Tensor) -> list:
-    """params_backprop [N] -> one view per weight tensor (shaped like it)."""
-    return [dparams[offset:offset + math.prod(shape)].view(shape) for offset, shape in spans]
+    """params_backprop [N] -> one view per weight tensor (shaped like it): as_strided views, one dispatch each
+    (a slice and a view cost two)."""
+    if dparams.stride() != (1,):
+        return [dparams[offset:offset + math.prod(shape)].view(shape) for offset, shape in spans]
+    base = dparams.storage_offset()
+    return [dparams.as_strided(shape, _contiguous_strides(shape), base + offset) for offset, shape in spans]
+
+
+@functools.lru_cache(maxsize=None)
+def _contiguous_strides(shape: tuple) -> tuple:
+    """The strides of a contiguous tensor of `shape`."""
+    return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+
+
+_dtype_name = functools.cache(lambda dtype: str(dtype).replace("torch.", ""))   # torch.float32 -> "float32"
 
 
 @functools.lru_cache(maxsize=256)
@@ -269,6 +346,7 @@ class _Layout:
     slots: tuple          # per weight: (pseudo-layer p, LayerParams field, or ("V", k) for cell vector k)
     spans: tuple          # per weight: (offset, shape) in the opaque buffer
     size: int             # N, the opaque buffer's length (params_size)
+    cell_state: bool      # the cell has a state c (config.has_cell_state, read at every call)
 
 
 @functools.lru_cache(maxsize=None)
@@ -297,7 +375,7 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
             slots.append((p, slot_of[prefix]))
         groups.append(tuple(group))
     return _Layout(cfg, tuple(names), tuple(groups), tuple(shapes), tuple(slots), _weight_spans(cfg, slots),
-                   params_size(cfg))
+                   params_size(cfg), cfg.has_cell_state)
 
 
 def _call_config(layout: _Layout, dropout: float, seeds) -> RNNConfig:
@@ -343,22 +421,35 @@ def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], wei
     None), weights in torch.nn's order -> (y [T, B, D*P], h_n [L*D, B, P], c_n [L*D, B, H] (empty without a
     cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
+    params = _opaque_params(layout.spans, weights, x, layout.size, _compute_dtype(x))                 # [N]
+    y, hT, cT, reserve = _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size,
+                                      bidirectional, proj_size, bias, dropout, is_training, backend)
+    return (y, hT, x.new_empty((0,)) if cT is None else cT,
+            params.new_empty((0,)) if reserve is None else reserve)
+
+
+def _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
+                 proj_size, bias, dropout, is_training, backend) -> tuple:
+    """`_rnn_impl` with the weights already gathered (params [N] in the compute dtype) -> (y, h_n, c_n or None
+    without a cell state, reserve or None unless is_training): the eager calls' way in, which makes no empty
+    tensors for outputs nobody reads."""
+    layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     cfg = _call_config(layout, dropout, _seeds(seeds))
-    lstm = cfg.has_cell_state
+    lstm = layout.cell_state
     dtype = _compute_dtype(x)
     x_, h0_ = _as(x, dtype), _as(h0, dtype)
     c0_ = _as(c0, dtype) if lstm else None
-    params = _opaque_params(layout.spans, weights, x_, layout.size)                             # [N]
-    with _device_scope(x.device):
+    device = x.device
+    with _device_scope(device):
         # a fixed reserve tag: the operator's outputs are a function of its inputs (torch.compile checks); the
         # backward operator rebuilds host_reserved
         y, hT, cT, reserve, _ = ops.cudnn_rnn_v3(
             _array(x_), _array(h0_), _array(c0_), _array(params), _lengths_array(lengths), is_training=is_training,
             _nonce=_NONCE, **_op_attrs(cfg, backend))
     out = x.dtype
-    return (_as(_tensor(y, x.device), out), _as(_tensor(hT, x.device), out),
-            _as(_tensor(cT, x.device), out) if lstm else x.new_empty((0,)),
-            _tensor(reserve, x.device) if is_training else x_.new_empty((0,)))
+    return (_as(_tensor(y, device), out), _as(_tensor(hT, device), out),
+            _as(_tensor(cT, device), out) if lstm else None,
+            _tensor(reserve, device) if is_training else None)
 
 
 rnn_op = torch.library.custom_op("numbarnn::rnn", _rnn_impl, mutates_args=())
@@ -388,24 +479,34 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
     [N], its outputs and reserve; the upstream gradients dy, dhT, dcT) -> (dx, dh0, dc0 (empty without a cell
     state), dparams [N] in the opaque layout).  No tensor-list argument, so torch's per-example fallback batches
     it where no batching rule applies (gradcheck's batched gradients)."""
+    dx, dh0, dc0, dparams = _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT,
+                                              cell, num_layers, hidden_size, input_size, bidirectional, proj_size,
+                                              bias, dropout, backend)
+    return dx, dh0, x.new_empty((0,)) if dc0 is None else dc0, dparams
+
+
+def _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
+                      hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend) -> tuple:
+    """`_rnn_backward_impl` with dc0 None without a cell state: the eager backward's way in (no empty tensor for
+    a gradient nobody reads)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     cfg = _call_config(layout, dropout, _seeds(seeds))
-    lstm = cfg.has_cell_state
+    lstm = layout.cell_state
     dtype = _compute_dtype(x)
     x_, h0_, y_, hT_, dy_, dhT_ = (_as(t, dtype) for t in (x, h0, y, hT, dy, dhT))
     c0_, cT_, dcT_ = (_as(t, dtype) for t in (c0, cT, dcT)) if lstm else (None, None, None)
     params = _as(params, dtype)                                                    # [N]
     lens = _lengths_array(lengths)
     attrs = _op_attrs(cfg, backend)
-    host = _host_reserved(cfg, x.shape[0], x.shape[1], str(dtype).replace("torch.", ""),
+    host = _host_reserved(cfg, x.shape[0], x.shape[1], _dtype_name(dtype),
                           None if lengths is None else tuple(lengths))
     with _device_scope(x.device):
         dx, dh0, dc0, dparams = ops.cudnn_rnn_backprop_v3(
             _array(x_), _array(h0_), _array(c0_), _array(params), lens, _array(y_), _array(hT_), _array(cT_),
             _array(dy_), _array(dhT_), _array(dcT_), _array(reserve), host, **attrs)
-    out = x.dtype
-    return (_as(_tensor(dx, x.device), out), _as(_tensor(dh0, x.device), out),
-            _as(_tensor(dc0, x.device), out) if lstm else x.new_empty((0,)), _as(_tensor(dparams, x.device), out))
+    out, device = x.dtype, x.device
+    return (_as(_tensor(dx, device), out), _as(_tensor(dh0, device), out),
+            _as(_tensor(dc0, device), out) if lstm else None, _as(_tensor(dparams, device), out))
 
 
 rnn_backward_op = torch.library.custom_op("numbarnn::rnn_backward", _rnn_backward_impl, mutates_args=())
@@ -438,15 +539,23 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
     x, h0, c0, seeds, *rest = ctx.saved_tensors
     weights, (y, hT, cT, reserve) = rest[:ctx.n_weights], rest[ctx.n_weights:]
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
-    lstm = layout.config.has_cell_state
-    dy, dhT, dcT = (torch.zeros_like(o) if g is None else g for g, o in ((dy, y), (dhT, hT), (dcT, cT)))
+    lstm = layout.cell_state
+    dy, dhT = (torch.zeros_like(o) if g is None else g for g, o in ((dy, y), (dhT, hT)))
+    if lstm and dcT is None:
+        dcT = torch.zeros_like(cT)                  # (without a cell state dcT is never read)
     if torch.is_grad_enabled():
         return _differentiable_grads(ctx.net, ctx.lengths, seeds, x, h0, c0, weights, dy, dhT, dcT)
     if not is_training:
         raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
-    params = _opaque_params(layout.spans, weights, x, layout.size)                        # [N]
-    backward = _rnn_backward_impl if _eager((x, h0, params, y, dy, dhT, dcT)) else rnn_backward_op
-    dx, dh0, dc0, dparams = backward(
+    views = getattr(ctx, "views", None)
+    pieces = None if views is None else views.pieces(layout.spans, layout.size, weights)
+    params = _opaque_params(layout.spans, weights, x, layout.size) if pieces is None else \
+        _gathered(pieces, x.dtype, layout.size, x)                                      # [N]
+    backward = _rnn_backward_run if _eager((x, h0, params, y, dy, dhT, dcT) if lstm else
+                                           (x, h0, params, y, dy, dhT)) else rnn_backward_op
+    if cT is None and backward is rnn_backward_op:   # (an eager forward without a cell state: the operator
+        cT = x.new_empty((0,))                        # takes tensors)
+    dx, dh0, dc0, dparams = backward(   # (rnn_backward_op takes tensors: cT, empty without a cell state, for dcT)
         x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
         cell, L, H, I, bidirectional, P, bias, dropout, backend)
     return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
@@ -555,12 +664,27 @@ class _EagerRNNFunction(torch.autograd.Function):
     inspect.signature (~40 us)."""
 
     @staticmethod
-    def forward(ctx, x, h0, c0, seeds, lengths, net, *weights):
-        output = _rnn_impl(x, h0, c0, list(weights), lengths, seeds, *net)
+    def forward(ctx, x, h0, c0, seeds, lengths, net, views, *weights):
+        output = _eager_forward(x, h0, c0, weights, lengths, seeds, net, views)   # (c_n None: no cell state)
         _save(ctx, x, h0, c0, weights, lengths, seeds, net, output)
+        ctx.views = views                 # backward gathers the weights through them again
         return output
 
-    backward = _RNNFunction.backward
+    @staticmethod
+    def backward(ctx, dy, dhT, dcT, _dreserve):
+        dx, dh0, dc0, dweights = _grads(ctx, dy, dhT, dcT)
+        return (dx, dh0, dc0, None, None, None, None, *dweights)
+
+
+def _eager_forward(x, h0, c0, weights, lengths, seeds, net, views) -> tuple:
+    """`_rnn_forward` of an eager call, the weights gathered through the module's `_WeightViews` (views: None
+    gathers them afresh) -> (y, h_n, c_n or None, reserve or None)."""
+    layout = _layout(*net[:7])
+    dtype = _compute_dtype(x)
+    pieces = None if views is None else views.pieces(layout.spans, layout.size, weights)
+    params = _opaque_params(layout.spans, weights, x, layout.size, dtype) if pieces is None else \
+        _gathered(pieces, dtype, layout.size, x)                                         # [N]
+    return _rnn_forward(x, h0, c0, params, lengths, seeds, *net)
 
 
 def _eager(tensors) -> bool:
@@ -574,23 +698,25 @@ def _eager(tensors) -> bool:
             and not torch._C._are_functorch_transforms_active() and torch._C._len_torch_dispatch_stack() == 0
             and torch.autograd.forward_ad._current_level < 0          # dual tensors: no forward-mode AD
             and not torch.overrides.has_torch_function(tensors)
-            and all(t.device.type in ("cpu", "cuda") and not torch._C._dispatch_isTensorSubclassLike(t)
+            and all((t.is_cpu or t.is_cuda) and not torch._C._dispatch_isTensorSubclassLike(t)
                     for t in tensors))         # (subclass-like: also the batched tensors of gradcheck's vmap)
 
 
-def _call(x, h0, c0, weights, lengths, seeds, net):
+def _call(x, h0, c0, weights, lengths, seeds, net, views: Optional[_WeightViews] = None):
     """The operator with its registered autograd (what torch.compile and torch.export keep as one node); under
     torch.func's transforms or forward-mode AD the same operator through `_RNNFunction` (its jvp: dynamo cannot
-    trace a custom jvp, and the generated autograd has none); in
-    plain eager code (`_eager`) its implementation, through `_EagerRNNFunction` when a gradient may be needed."""
+    trace a custom jvp, and the generated autograd has none); in plain eager code (`_eager`) its implementation,
+    through `_EagerRNNFunction` when a gradient may be needed, the weights gathered through `views` (the
+    module's, when the weights are its own).  -> (y, h_n, c_n, reserve); eager calls without gradients give None
+    for c_n without a cell state and for the reserve (nobody reads them)."""
     if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()
                                               or torch.autograd.forward_ad._current_level >= 0):
         return _RNNFunction.apply(x, h0, c0, seeds, lengths, net, *weights)
     tensors = (x, h0, *weights) if c0 is None else (x, h0, c0, *weights)
     if _eager(tensors):
         if _needs_reserve(x, h0, c0, weights):
-            return _EagerRNNFunction.apply(x, h0, c0, seeds, lengths, net, *weights)
-        return _rnn_impl(x, h0, c0, weights, lengths, seeds, *net)
+            return _EagerRNNFunction.apply(x, h0, c0, seeds, lengths, net, views, *weights)
+        return _eager_forward(x, h0, c0, weights, lengths, seeds, net, views)
     return rnn_op(x, h0, c0, weights, lengths, seeds, *net)
 
 
@@ -697,12 +823,20 @@ class _NumbaRNNBase(torch.nn.Module):
         self._layout = _layout(self.rnn_mode, num_layers, hidden_size, input_size, self.bidirectional, proj_size,
                                bias)                      # numbarnn's checks of the network (rnn_config)
         self._config = self._layout.config
+        self._cell_state = self._layout.cell_state
         factory = {"device": device, "dtype": dtype}
         for name, shape in zip(self._layout.names, self._layout.shapes):
             setattr(self, name, torch.nn.Parameter(torch.empty(shape, **factory)))
         self._flat_weights_names = list(self._layout.names)
         self._all_weights = [list(group) for group in self._layout.groups]
+        self._weight_views = _WeightViews()
         self.reset_parameters()
+
+    def __setstate__(self, state):
+        """Modules pickled whole before the per-call helpers existed get them (state_dicts need nothing)."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("_weight_views", _WeightViews())
+        self.__dict__.setdefault("_cell_state", get_cell(self.rnn_mode).cell_state)
 
     # -- torch.nn.RNNBase compatibility ---------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -714,7 +848,10 @@ class _NumbaRNNBase(torch.nn.Module):
 
     @property
     def _flat_weights(self) -> list:
-        return [getattr(self, name) for name in self._flat_weights_names]
+        # (registered parameters read from the dict: getattr goes through Module.__getattr__, ~1 us each; names
+        # not there, e.g. parametrized or weight-normed weights, through getattr)
+        params = self._parameters
+        return [params[name] if name in params else getattr(self, name) for name in self._flat_weights_names]
 
     @property
     def all_weights(self) -> list:
@@ -763,34 +900,33 @@ class _NumbaRNNBase(torch.nn.Module):
     def _initial_state(self, hx, x: torch.Tensor):
         """hx (None, a tensor, or (h_0, c_0) for LSTM), already batched -> h0 [L*D, B, P], c0 [L*D, B, H] or
         None, checked as torch.nn.RNNBase.check_hidden_size checks them (its messages)."""
-        cfg, B = self._config, x.shape[1]
+        cfg, B, lstm = self._config, x.shape[1], self._cell_state
         expected_h, expected_c = (cfg.L * cfg.D, B, cfg.P), (cfg.L * cfg.D, B, cfg.H)
         if hx is None:
             h0 = x.new_zeros(expected_h)                                                   # [L*D, B, P]
-            return h0, (x.new_zeros(expected_c) if cfg.has_cell_state else None)           # [L*D, B, H]
-        what_h = "[num_layers*num_directions, batch, proj_size or hidden_size]" if cfg.has_proj else \
-            "[num_layers*num_directions, batch, hidden_size]"
-        what_c = "[num_layers*num_directions, batch, hidden_size]"
-        states = ((hx[0], expected_h, "Expected hidden[0] size {}, got {} (h_0: " + what_h + ")"),
-                  (hx[1], expected_c, "Expected hidden[1] size {}, got {} (c_0: " + what_c + ")")) \
-            if cfg.has_cell_state else ((hx, expected_h, "Expected hidden size {}, got {} (hx: " + what_h + ")"),)
-        out = []
-        for t, expected, msg in states:
-            if tuple(t.size()) != expected:
+            return h0, (x.new_zeros(expected_c) if lstm else None)                         # [L*D, B, H]
+        states = (hx[0], hx[1]) if lstm else (hx,)
+        for k, (t, expected) in enumerate(zip(states, (expected_h, expected_c))):
+            if t.shape != expected:
+                what_h = "[num_layers*num_directions, batch, proj_size or hidden_size]" if cfg.has_proj else \
+                    "[num_layers*num_directions, batch, hidden_size]"
+                what_c = "[num_layers*num_directions, batch, hidden_size]"
+                msg = ("Expected hidden[0] size {}, got {} (h_0: " + what_h + ")",
+                       "Expected hidden[1] size {}, got {} (c_0: " + what_c + ")")[k] if lstm else \
+                    "Expected hidden size {}, got {} (hx: " + what_h + ")"
                 raise RNNShapeError(msg.format(expected, list(t.size())))
             if t.dtype != x.dtype:
                 raise RNNDtypeError(f"hx: expected dtype {x.dtype} (the input's), got {t.dtype}")
             if t.device != x.device:
                 raise RNNShapeError(f"Input and hidden tensors are not at the same device, found input tensor at "
                                     f"{x.device} and hidden tensor at {t.device}")
-            out.append(t)
-        return out[0], (out[1] if cfg.has_cell_state else None)
+        return states[0], (states[1] if lstm else None)
 
     def _batched_hx(self, hx, batched: bool):
         """torch.nn's rank checks of hx for padded input (its messages); unbatched hx gains the batch axis."""
         if hx is None:
             return None
-        lstm = self._config.has_cell_state
+        lstm = self._cell_state
         if lstm:
             if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                 raise TypeError(f"hx: expected a tuple (h_0, c_0) for LSTM, got {type(hx).__name__}")
@@ -825,7 +961,6 @@ class _NumbaRNNBase(torch.nn.Module):
 
     def forward(self, input, hx=None):
         weights = self._flat_weights
-        name = {"LSTM": "LSTM", "GRU": "GRU", "RNN_TANH": "RNN", "RNN_RELU": "RNN"}.get(self.mode, type(self).__name__)
         packed = isinstance(input, PackedSequence)
         if packed:
             autocast = _autocast_dtype(input.data)
@@ -837,6 +972,8 @@ class _NumbaRNNBase(torch.nn.Module):
             if not isinstance(input, torch.Tensor):
                 raise TypeError(f"input: expected a torch.Tensor or a PackedSequence, got {type(input).__name__}")
             if input.dim() not in (2, 3):
+                name = {"LSTM": "LSTM", "GRU": "GRU", "RNN_TANH": "RNN", "RNN_RELU": "RNN"}.get(self.mode,
+                                                                                          type(self).__name__)
                 raise RNNShapeError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D "
                                     f"{'tensor ' if name == 'RNN' else ''}instead")
             batched = input.dim() == 3
@@ -853,14 +990,15 @@ class _NumbaRNNBase(torch.nn.Module):
             x = x.to(autocast)
             weights = [w.to(autocast) for w in weights]
             if hx is not None:
-                hx = tuple(t.to(autocast) for t in hx) if self._config.has_cell_state else hx.to(autocast)
+                hx = tuple(t.to(autocast) for t in hx) if self._cell_state else hx.to(autocast)
         h0, c0 = self._initial_state(hx, x)
         seeds, dropout, is_training = self._call_args(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (self.rnn_mode, self.num_layers, self.hidden_size, self.input_size, self.bidirectional,
                self.proj_size, self.bias, dropout, is_training, backend)
-        y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net)   # [T, B, D*P], [L*D, B, P], [L*D, B, H]
-        cT = cT if self._config.has_cell_state else None
+        views = self._weight_views if autocast is None else None       # (autocast: cast copies, new each call)
+        y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net, views)   # [T, B, D*P], [L*D, B, P], [L*D, B, H]
+        cT = cT if self._cell_state else None
 
         if packed:
             output = _repack(y, lengths, input)
@@ -870,7 +1008,7 @@ class _NumbaRNNBase(torch.nn.Module):
                 output = output.squeeze(0 if self.batch_first else 1)
                 hT = hT.squeeze(1)
                 cT = None if cT is None else cT.squeeze(1)
-        return (output, (hT, cT)) if self._config.has_cell_state else (output, hT)
+        return (output, (hT, cT)) if self._cell_state else (output, hT)
 
 
 def _autocast_dtype(x: torch.Tensor):

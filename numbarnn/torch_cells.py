@@ -95,7 +95,13 @@ class CellModule(torch.nn.Module):
                 self.register_parameter("bias_ih", None)
                 self.register_parameter("bias_hh", None)
         self._weight_names = tuple(names)                          # the operator's weight order
+        self._weight_views = _nt._WeightViews()                    # the gather's cached views of the weights
         self.reset_parameters()
+
+    def __setstate__(self, state):
+        """Cells pickled whole before the gather's cached views existed get them (state_dicts need nothing)."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("_weight_views", _nt._WeightViews())
 
     # -- torch.nn.RNNCellBase compatibility -----------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -220,7 +226,8 @@ class CellModule(torch.nn.Module):
         net = (rnn_mode, 1, self.hidden_size, self.input_size, False, 0, bool(self.bias), 0.0, bool(is_training),
                backend)
         seeds = torch.zeros(2, dtype=torch.int64) if torch.compiler.is_compiling() else _nt._NO_SEEDS
-        _, hT, cT, _ = _nt._call(x, h0, c0, weights, None, seeds, net)                # [1, B, H] each
+        views = self._weight_views if autocast is None else None     # (autocast: cast copies, new each call)
+        _, hT, cT, _ = _nt._call(x, h0, c0, weights, None, seeds, net, views)         # [1, B, H] each
         h1 = hT[0] if batched else hT[0, 0]
         if not lstm:
             return h1

@@ -402,3 +402,31 @@ def test_empty_cells_as_torch_nn(cls, ref_cls, input_size, hidden_size):
         for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             assert a.shape == b.shape
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("how", ["optimizer", "data_inplace", "load_state_dict", "new_parameter"])
+@pytest.mark.parametrize("kind, bias", [("lstm", True), ("gru", False), ("rnn_tanh", True)])
+def test_weights_changed_between_steps_are_seen(kind, bias, how):
+    """A cell's weights gathered through its cached views: a step after the weights changed (an optimizer step,
+    an in-place write through `.data`, load_state_dict, new Parameters) computes with the new weights (outputs and
+    gradients: torch.nn's holding the same weights)."""
+    ours, ref = pair(kind, bias=bias)
+    x, hx = torch.randn(2, 3, dtype=F64, requires_grad=True), make_hx(kind, 2, 4)
+    with torch.no_grad():
+        ours(x, hx)                                           # fills the cache
+    ours(x, hx)
+    if how == "optimizer":
+        for p in ours.parameters():
+            p.grad = torch.ones_like(p)
+        torch.optim.SGD(ours.parameters(), lr=0.5).step()
+    elif how == "data_inplace":
+        for p in ours.parameters():
+            p.data.mul_(-1.5).add_(0.25)
+    elif how == "load_state_dict":
+        ours.load_state_dict({k: v * 2.0 - 0.5 for k, v in ours.state_dict().items()})
+    else:
+        for name in ours._weight_names:
+            setattr(ours, name, torch.nn.Parameter(getattr(ours, name).detach() * -1.0 + 0.5))
+    ref.load_state_dict(ours.state_dict())
+    ours.zero_grad(set_to_none=True)
+    assert_same_step(ours, ref, x, hx)

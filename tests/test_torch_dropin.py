@@ -562,3 +562,151 @@ def test_gradgradcheck_user_cells(cell, proj):
     weights = [w.detach().requires_grad_() for w in module._flat_weights]
     assert torch.autograd.gradcheck(f, (x, *weights), fast_mode=True)
     assert torch.autograd.gradgradcheck(f, (x, *weights), fast_mode=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the module's weight views (`_WeightViews`): the weights gathered through cached flat views of them
+# ---------------------------------------------------------------------------------------------------
+
+def _change_weights(module, how):
+    """Change every weight of `module` (after a call filled its cache) in one of the ways users do."""
+    if how == "optimizer":                                   # in place, version counter bumped
+        opt = torch.optim.SGD(module.parameters(), lr=0.5)
+        for p in module.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+    elif how == "data_inplace":                              # in place through .data: no version bump
+        for p in module.parameters():
+            p.data.mul_(-1.5).add_(0.25)
+    elif how == "data_assign":                               # new memory under the same Parameter
+        for p in module.parameters():
+            p.data = p.data * 0.5 + 0.125
+    elif how == "load_state_dict":
+        module.load_state_dict({k: v * 2.0 - 0.5 for k, v in module.state_dict().items()})
+    elif how == "new_parameter":                             # replaced Parameter objects
+        for name in module._flat_weights_names:
+            setattr(module, name, torch.nn.Parameter(getattr(module, name).detach() * -1.0 + 0.5))
+    elif how == "non_contiguous":                            # the generic gather (no view of it is flat)
+        for p in module.parameters():
+            if p.dim() == 2:
+                p.data = (p.data * 0.75).t().contiguous().t()
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+@pytest.mark.parametrize("how", ["optimizer", "data_inplace", "data_assign", "load_state_dict", "new_parameter",
+                                 "non_contiguous"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_weights_changed_between_calls_are_seen(kind, how, mode):
+    """A call after the weights changed (every way: optimizer steps, `.data` writes that bump no version counter,
+    new memory, load_state_dict, new Parameters, non-contiguous weights) computes with the new weights: outputs
+    and gradients equal torch.nn's holding the same weights."""
+    ours, ref = make_pair(kind, num_layers=2, bias=kind == "lstm")
+    x = torch.randn(3, 2, 2, dtype=F64)
+    context = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
+    with context():
+        ours(x)                                              # fills the cache
+    _change_weights(ours, how)
+    ref.load_state_dict(ours.state_dict())
+    with context():
+        got, want = ours(x), ref(x)
+    for a, b in zip((got[0], *finals(got[1])), (want[0], *finals(want[1]))):
+        torch.testing.assert_close(a, b, **TOL)
+    if mode == "grad":
+        ours.zero_grad(), ref.zero_grad()
+        (got[0].sum() + finals(got[1])[0].sum()).backward()
+        (want[0].sum() + finals(want[1])[0].sum()).backward()
+        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "lstm_proj"])
+def test_weight_views_hit_equals_miss(kind):
+    """Calls through the cached views (hits) give exactly what the generic gather gives (a miss) and what a fresh
+    module gives, in every dtype; the cache holds views of the weights (no copy) and is rebuilt only when a
+    weight's tensor or memory changes."""
+    import numbarnn.torch as nt
+    for dtype in (F64, torch.float32, torch.bfloat16):
+        ours, _ = make_pair(kind, dtype=dtype, bias=kind != "gru")
+        x = torch.randn(4, 3, 2, dtype=dtype)
+        first = ours(x)
+        entry = ours._weight_views._entry
+        assert entry is not None
+        pieces = [p for p in entry[1] if p.numel()]
+        assert any(p.data_ptr() == w.data_ptr() for p in pieces for w in ours.parameters())
+        second = ours(x)
+        assert ours._weight_views._entry is entry                       # a hit
+        with torch.no_grad():
+            h0 = torch.zeros(ours.num_layers, 3, ours.proj_size or ours.hidden_size, dtype=dtype)
+            c0 = torch.zeros(ours.num_layers, 3, ours.hidden_size, dtype=dtype) if kind != "gru" else None
+            net = (ours.rnn_mode, ours.num_layers, ours.hidden_size, ours.input_size, False, ours.proj_size,
+                   ours.bias, 0.0, False, BACKEND)
+            miss = nt._call(x, h0, c0, ours._flat_weights, None, nt._NO_SEEDS, net)        # no views: gathered
+        fresh, _ = make_pair(kind, dtype=dtype, bias=kind != "gru")
+        for a, b, c, d in zip((first[0], *finals(first[1])), (second[0], *finals(second[1])),
+                              (miss[0], miss[1], miss[2]), (fresh(x)[0], *finals(fresh(x)[1]))):
+            assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+
+
+def test_weight_views_across_inference_mode_and_copies():
+    """Views made under inference_mode serve later training calls (backward works, gradients are torch.nn's);
+    deepcopy and pickle give modules with their own weights (changing the original's leaves the copy's results)."""
+    import copy
+    import io
+    ours, ref = make_pair("lstm", num_layers=2)
+    x = torch.randn(3, 2, 2, dtype=F64)
+    with torch.inference_mode():
+        ours(x)
+    y, (h, c) = ours(x)
+    (y.sum() + c.sum()).backward()
+    y_ref, (_, c_ref) = ref(x)
+    (y_ref.sum() + c_ref.sum()).backward()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+    twin = copy.deepcopy(ours)
+    buf = io.BytesIO()
+    torch.save(ours, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    before = ours(x)[0].detach().clone()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.mul_(0.5)
+    assert not torch.equal(ours(x)[0], before)
+    torch.testing.assert_close(twin(x)[0], before, **TOL)
+    torch.testing.assert_close(loaded(x)[0], before, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_backward_under_a_dispatch_mode_after_an_eager_forward(kind):
+    """An eager forward (the operator's implementation called directly; no c_n tensor without a cell state) whose
+    backward runs under a dispatch mode (there the registered backward operator): torch.nn's gradients."""
+    from torch.utils.flop_counter import FlopCounterMode
+    ours, ref = make_pair(kind, num_layers=2)
+    x = torch.randn(3, 2, 2, dtype=F64, requires_grad=True)
+    grads = []
+    for module in (ours, ref):
+        y, final = module(x)
+        with FlopCounterMode(display=False):
+            grads.append(torch.autograd.grad(y.sum() + finals(final)[0].sum(), (x, *module.parameters())))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_module_pickled_without_the_per_call_helpers_runs():
+    """A module pickled whole by a version without the cached weight views and cell-state flag (their state lacks
+    them) unpickles into a working module."""
+    import pickle
+
+    from numbarnn.torch_cells import GRUCell
+    for module, args in ((make_pair("lstm")[0], (torch.randn(3, 2, 2, dtype=F64),)),
+                         (GRUCell(2, 3, dtype=F64, backend=BACKEND), (torch.randn(4, 2, dtype=F64),))):
+        want = module(*args)
+        old = type(module).__new__(type(module))
+        old.__dict__.update(module.__dict__)
+        for name in ("_weight_views", "_cell_state"):
+            old.__dict__.pop(name, None)
+        got = pickle.loads(pickle.dumps(old))(*args)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            torch.testing.assert_close(a, b, **TOL)
