@@ -358,7 +358,8 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
     for p, layer, d in cfg.pseudo_layers():
         suffix = f"_l{layer}" + ("_reverse" if d else "")
         shape_of = {"weight_ih": (cfg.G * cfg.H, cfg.layer_input_size(layer)),   # stacked W  [G*H, I_l]
-                    "weight_hh": (cfg.G * cfg.H, cfg.P)}                         # stacked R  [G*H, P]
+                    "weight_hh": (cfg.G * cfg.H,) + cfg.recurrent_shape[1:]}     # stacked R  [G*H, P]
+        #                                                         (a diagonal recurrence: the u_g stacked, [G*H])
         if bias:
             shape_of.update({"bias_ih": (cfg.G * cfg.H,), "bias_hh": (cfg.G * cfg.H,)})   # bW, bR [G*H]
         if cfg.has_proj:

@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 import numbarnn
 import numbarnn.contrib.indrnn as indrnn
@@ -121,6 +120,7 @@ def test_check_cli_loads_the_cell_from_its_path():
 # ----------------------------------------------------------------------------------------------
 
 def torch_indrnn(act, x, h0, layers, lengths, L, D):
+    import torch
     """x [T, B, I], h0 [L*D, B, H]; layers[p] = (W [H, I_l], u [H], bW [H], bR [H]); lengths: B ints.
     Per row b and pseudo-layer p, over the row's own length (the reverse direction reads it backwards):
         h_t = act(W x_t + bW + u ⊙ h_{t-1} + bR)
@@ -151,13 +151,14 @@ def torch_indrnn(act, x, h0, layers, lengths, L, D):
     return x_l, torch.stack(hT)
 
 
-ACT = {"indrnn": torch.tanh, "indrnn_relu": torch.relu}
+ACT = {"indrnn": "tanh", "indrnn_relu": "relu"}       # torch's functions of these names
 
 
 @pytest.mark.parametrize("time_major", [True, False])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", CELLS)
 def test_agrees_with_plain_torch_to_1e10(cell, backend, time_major):
+    torch = pytest.importorskip("torch")
     L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
     lengths = [4, 0, 2]
     cfg = rnn_config(L, H, I, cell, direction="bidirectional")
@@ -172,7 +173,7 @@ def test_agrees_with_plain_torch_to_1e10(cell, backend, time_major):
     tw = [torch.tensor(w, requires_grad=True) for w in weights]
     tb = [torch.tensor(b, requires_grad=True) for b in biases]
     layers = [(tw[2 * p], tw[2 * p + 1], tb[2 * p], tb[2 * p + 1]) for p in range(L * D)]
-    y, hT = torch_indrnn(ACT[cell], x, h0, layers, lengths, L, D)
+    y, hT = torch_indrnn(getattr(torch, ACT[cell]), x, h0, layers, lengths, L, D)
     loss = (y * torch.tensor(tm(case.dy))).sum() + (hT * torch.tensor(tm(case.dhT))).sum()
     loss.backward()
 
@@ -267,3 +268,28 @@ def test_layer_of_the_cell():
         outs[backend] = (np.asarray(y), np.asarray(h))
     for got, want in zip(outs["cpu"], outs["reference"]):
         assert relative_error(got, want) < 1e-12
+
+
+def test_numbarnn_torch_module_of_a_diagonal_cell():
+    """numbarnn.torch.RNNBase("indrnn", ...): weight_hh is the stacked u_g [G*H] (torch's state_dict and the
+    params converters agree), outputs equal the reference op's, gradients pass torch's gradcheck."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    from numbarnn import ops
+    from numbarnn.config import rnn_config
+    from numbarnn.params import from_torch_state_dict
+    torch.manual_seed(0)
+    m = nt.RNNBase("indrnn", 3, 5, num_layers=2, bidirectional=True, dtype=torch.float64)
+    assert tuple(m.weight_hh_l0.shape) == (5,) and tuple(m.weight_hh_l1_reverse.shape) == (5,)
+    x = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    y, h = m(x)
+    cfg = rnn_config(2, 5, 3, "indrnn", direction="bidirectional")
+    p = from_torch_state_dict(cfg, {k: v.detach().numpy() for k, v in m.state_dict().items()})
+    want, want_h, *_ = ops.cudnn_rnn_v3(x.detach().numpy(), np.zeros((4, 2, 5)), None, p, rnn_mode="indrnn",
+                                        direction="bidirectional", is_training=False, backend="reference")
+    np.testing.assert_allclose(y.detach().numpy(), want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h.detach().numpy(), want_h, rtol=0, atol=1e-12)
+    small = nt.RNNBase("indrnn", 2, 3, dtype=torch.float64)
+    xs = torch.randn(3, 2, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, u: torch.func.functional_call(small, {"weight_hh_l0": u}, (x,))[0],
+                                    (xs, small.weight_hh_l0.detach().clone().requires_grad_()))
