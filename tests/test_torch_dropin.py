@@ -547,9 +547,11 @@ def test_gradgradcheck_user_cells(cell, proj):
     from numbarnn.torch import RNNBase
     if cell == "readme":
         readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-        block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "CellSpec(" in b)
-        namespace = {"__name__": "__main__"}           # as tests/test_readme.py runs it: an equal spec again
-        exec(compile(block.split("print(check_cell")[0], "README cell", "exec"), namespace)
+        index, block = next((i, b) for i, b in enumerate(re.findall(r"```python\n(.*?)```", readme, re.S))
+                            if "CellSpec(" in b)
+        namespace = {"__name__": "__main__"}           # as tests/test_readme.py runs it (under its name for the
+        #                                                 text too): an equal spec again, in either order
+        exec(compile(block.split("print(check_cell")[0], f"README block {index}", "exec"), namespace)
         cell = namespace["cifg"].name
     torch.manual_seed(4)
     module = RNNBase(cell, 2, 3, num_layers=2, bidirectional=True, proj_size=proj, dtype=F64, backend=BACKEND)
