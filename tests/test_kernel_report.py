@@ -204,9 +204,10 @@ def test_a_device_function_compiles_without_a_gpu_and_is_inlined():
 
 @pytest.mark.compile
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
-    """The CI gate of the kernels issue: every registered specialisation of every module compiles for real
-    GPUs through NVVM + nvJitLink, with no spills and no device function left as a call (run without the
-    simulator, as `numbarnn kernels` does)."""
+    """The CI gate: every registered specialisation of every module compiles for real GPUs through NVVM +
+    nvJitLink, with no spills and no device function left as a call (run without the simulator, as `numbarnn
+    kernels` does).  The report is read from its stored copy when every source file the kernels import and every
+    compiler is unchanged since it was compiled (numbarnn.analysis.report_cache; tests/test_report_cache.py)."""
     proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.report", "--json"],
                           env=_env_without_simulator(), capture_output=True, text=True, timeout=1800)
     assert proc.stdout, proc.stderr

@@ -9,7 +9,9 @@ the linker's info log gives per kernel
 
 No GPU is needed, but numba must not be in simulator mode: ``main`` re-runs itself in a subprocess
 without NUMBA_ENABLE_CUDASIM when that variable is set (and ``collect`` does the same), so
-``numbarnn kernels`` / ``python -m numbarnn.analysis.report`` work from anywhere.  Nothing is cached on disk.
+``numbarnn kernels`` / ``python -m numbarnn.analysis.report`` work from anywhere.  A whole report is kept on disk
+with the hash of its sources and compilers and read back while they are unchanged (``report_cache``; --no-cache
+compiles anyway).
 
 Theoretical occupancy (resident warps / max warps per SM) for the spec's block size follows the CUDA
 occupancy calculator: warps (64 per SM, 32 blocks), registers (64K per SM, at most 255 per thread,
@@ -20,6 +22,7 @@ The ``shared`` column is the linker's static smem as printed: on sm_90 it includ
 whenever the kernel has any shared memory.  Dynamic shared memory is not counted.
 
 Usage: python -m numbarnn.analysis.report [--json] [--cc 80 90] [--block 256] [--only SUBSTRING] [--jobs N]
+                                          [--no-cache]
 Each row also lists the device functions NVVM left as calls (``not_inlined``: a ``.func`` defined in the PTX;
 numbarnn's are `common.device`, forceinline): the kernels are written to have none, and a call would cost a
 kernel its registers across the call and the loads it could have fused.
@@ -32,6 +35,7 @@ them: `numbarnn kernels` imports this module in whatever process it runs in, sim
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -42,6 +46,7 @@ import time
 
 from .. import settings
 from ..kernels import registry
+from . import report_cache
 from ..kernels.gpus import ARCH, GPUS, occupancy
 
 ROW_KEYS = ("kernel", "dtype", "cc", "registers", "spill_stores", "spill_loads", "stack", "shared", "not_inlined")
@@ -180,8 +185,10 @@ def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
             row["error"] = _error_text(exc)
         return rows
     left = functions_left(ptx)
+    digest = hashlib.sha256(ptx.encode()).hexdigest()       # the kernel's code, to compare two reports by
     for cc, row in zip(ccs, rows):
         row["not_inlined"] = left
+        row["ptx_sha256"] = digest
         try:
             row.update(parse_info_log(link_info_log(ptx, cc, spec.name)))
             row["occupancy"] = round(occupancy(cc, row["block"], row["registers"], row["shared"]), 4)
@@ -217,9 +224,13 @@ def default_jobs() -> int:
 _TASK_SPECS: list = []  # set before forking the workers, which inherit it (closures do not pickle)
 
 
-def _compile_task(task) -> list[dict]:
+def _compile_task(task) -> tuple[list[dict], list[str]]:
+    """One spec's rows, and the numbarnn source files its compilation imported that were not loaded before
+    (such a file is not in the stored report's key: the report is then not stored)."""
     index, ccs, block = task
-    return compile_spec(_TASK_SPECS[index], ccs, block)
+    before = set(report_cache.source_files())
+    rows = compile_spec(_TASK_SPECS[index], ccs, block)
+    return rows, sorted(set(report_cache.source_files()) - before)
 
 
 def toolkit_problem() -> str | None:
@@ -243,13 +254,15 @@ def toolkit_problem() -> str | None:
 
 
 def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None = None,
-            jobs: int | None = None, progress=None) -> list[dict]:
-    """Rows (dicts with ROW_KEYS, plus block, occupancy, module; error on failure) for every spec x cc.
+            jobs: int | None = None, progress=None, cache: bool = True, info: dict | None = None) -> list[dict]:
+    """Rows (dicts with ROW_KEYS, plus block, occupancy, module, ptx_sha256; error on failure) for every spec x cc.
 
     Broken kernel modules give a row with kernel "<module>" and the error.  ``only``: kernels whose
     name contains it.  ``jobs``: compiling processes (forked; default ``default_jobs()``, 1 = here).
     ``progress(done, total, spec_rows)``: called after each spec (in this process only, not in a subprocess).
     In a simulator process the work runs in a subprocess without the simulator.
+    ``cache``: a whole report (no ``only``) is read from ``report_cache`` when its sources and compilers are
+    unchanged, and stored after compiling.  ``info`` (a dict) receives ``cached`` and, on a miss, ``miss`` (why).
     """
     ccs = [tuple(cc) for cc in ccs]
     for cc in ccs:
@@ -260,20 +273,33 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
         argv = ["--json", "--cc", *[f"{a}{b}" for a, b in ccs], "--block", str(block), "--jobs", str(jobs)]
         if only:
             argv += ["--only", only]
+        if not cache:
+            argv += ["--no-cache"]
         proc = subprocess.run([sys.executable, "-m", "numbarnn.analysis.report", *argv],
                               env=_env_without_simulator(), capture_output=True, text=True)
         try:
-            return json.loads(proc.stdout)["rows"]
+            result = json.loads(proc.stdout)
+            if info is not None:
+                info.update(cached=result.get("cached", False), miss=result.get("miss", []))
+            return result["rows"]
         except (ValueError, KeyError) as exc:
             raise RuntimeError(f"kernel report subprocess failed (exit {proc.returncode}):\n"
                                f"{proc.stdout}\n{proc.stderr}") from exc
 
     specs, broken = registry.load_specs()
+    key = report_cache.source_key({"ccs": [list(cc) for cc in ccs], "block": block}) if cache and not only else None
+    if key is not None:
+        stored = report_cache.load(key)
+        if info is not None:
+            info.update(cached=stored is not None, miss=[] if stored is not None else report_cache.differences(key))
+        if stored is not None:
+            return stored
     rows = [{"kernel": "<module>", "dtype": "-", "cc": "-", "registers": None, "spill_stores": None,
              "spill_loads": None, "stack": None, "shared": None, "not_inlined": None, "error": p} for p in broken]
     specs = [spec for spec in specs if not only or only in spec.name]
     tasks = [(i, ccs, block) for i in range(len(specs))]
     _TASK_SPECS[:] = specs
+    unkeyed: set = set()
     try:
         results = []
         if jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods():
@@ -282,18 +308,24 @@ def collect(ccs=((8, 0), (9, 0)), block: int = DEFAULT_BLOCK, only: str | None =
             # The whole report on 2 cores: 338 s one spec at a time, 314 s in runs of 24
             chunk = max(1, len(tasks) // (8 * jobs))
             with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
-                for spec_rows in pool.imap(_compile_task, tasks, chunksize=chunk):
+                for spec_rows, new_files in pool.imap(_compile_task, tasks, chunksize=chunk):
                     results.append(spec_rows)
+                    unkeyed.update(new_files)
                     if progress:
                         progress(len(results), len(tasks), spec_rows)
         else:
             for task in tasks:
-                results.append(_compile_task(task))
+                spec_rows, new_files = _compile_task(task)
+                results.append(spec_rows)
+                unkeyed.update(new_files)
                 if progress:
-                    progress(len(results), len(tasks), results[-1])
+                    progress(len(results), len(tasks), spec_rows)
     finally:
         _TASK_SPECS.clear()
     rows += [row for spec_rows in results for row in spec_rows]
+    # stored only when compiling imported no numbarnn module the key did not hash (one the kernels might read)
+    if key is not None and not unkeyed:
+        report_cache.store(key, rows)
     return rows
 
 
@@ -389,6 +421,8 @@ def _parse_args(argv):
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
                    help="threads per block for the occupancy of kernels that declare none")
     p.add_argument("--only", default=None, help="only kernels whose name contains this")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile even when the stored report's sources and compilers are unchanged")
     p.add_argument("--jobs", type=int, default=None,
                    help=f"compiling processes (default: usable CPUs, at most 8; here {default_jobs()})")
     return p.parse_args(argv)
@@ -429,8 +463,13 @@ def main(argv=None) -> int:
         if sys.stderr.isatty():
             progress = _progress_line
     start = time.perf_counter()
-    rows = collect(ccs, block=args.block, only=args.only, jobs=args.jobs, progress=progress)
+    info: dict = {}
+    rows = collect(ccs, block=args.block, only=args.only, jobs=args.jobs, progress=progress,
+                   cache=not args.no_cache, info=info)
     seconds = time.perf_counter() - start
+    if info.get("cached") and not args.json:
+        print(f"numbarnn kernels: read from {report_cache.PATH}: sources and compilers unchanged since it was "
+              f"compiled (--no-cache compiles again)", file=sys.stderr)
     if args.only and not any(r["kernel"] != "<module>" for r in rows):
         print(f"numbarnn kernels: no kernel name contains {args.only!r} (--only matches a substring of the kernel "
               f"names in the table of a plain `numbarnn kernels`)", file=sys.stderr)
@@ -439,7 +478,8 @@ def main(argv=None) -> int:
     co_residency = persistent_co_residency(rows)
     if args.json:
         print(json.dumps({"rows": rows, "problems": found, "seconds": round(seconds, 2),
-                          "co_residency": co_residency}, indent=1))
+                          "co_residency": co_residency, "cached": bool(info.get("cached")),
+                          "miss": info.get("miss", [])}, indent=1))
         sys.stdout.flush()
     else:
         print(format_table(rows))
