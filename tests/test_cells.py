@@ -443,3 +443,36 @@ def test_a_reimported_cell_module_registers_an_equal_spec_again(tmp_path):
         for module_name in ("test_reimport_a", "test_reimport_b"):
             sys.modules.pop(module_name, None)
 
+
+
+def test_a_definition_run_again_elsewhere_is_the_same_cell_unless_its_globals_differ():
+    """A notebook runs the same cell definition again in another cell (another code file name, new function
+    objects): an equal spec, accepted.  The same code reading different globals (another activation bound to the
+    name, another gate offset) is a different cell: refused without replace=True."""
+    from numbarnn.cells import functions
+    from numbarnn.cells import spec as cell_spec
+
+    name = "test_notebook_cell"
+    source = USER_CELL_FILE.format(name=name)
+    try:
+        for cell_number in (1, 2):                          # IPython names each cell's code differently
+            namespace = {"__name__": "__main__"}
+            exec(compile(source, f"<ipython-input-{cell_number}-0123456789ab>", "exec"), namespace)
+        assert get_cell(name) is namespace["SPEC"]
+        for change in ({"tanh": functions.sigmoid}, {"dtanh": functions.dsigmoid}):
+            namespace = {"__name__": "__main__"}
+            with pytest.raises(ValueError, match=r"^spec: a different cell named 'test_notebook_cell'"):
+                exec(compile(source.replace("from numbarnn.cells import CellSpec, dtanh, register, tanh",
+                                            "from numbarnn.cells import CellSpec, dtanh, register, tanh\n"
+                                            + "\n".join(f"{k} = _changed_{k}" for k in change)),
+                             "<ipython-input-3-0123456789ab>", "exec"),
+                     {**namespace, **{f"_changed_{k}": v for k, v in change.items()}})
+        offsets = source.replace("saved[0] = m", "saved[A] = m").replace("def forward", "A = 0\n\n\ndef forward")
+        cell_spec._CELLS.pop(name)
+        for cell_number in (4, 6):                          # a global number: the same value, the same cell
+            exec(compile(offsets, f"<ipython-input-{cell_number}-0123456789ab>", "exec"), {"__name__": "__main__"})
+        with pytest.raises(ValueError, match=r"^spec: a different cell named 'test_notebook_cell'"):
+            exec(compile(offsets.replace("A = 0", "A = 1"), "<ipython-input-5-0123456789ab>", "exec"),
+                 {"__name__": "__main__"})
+    finally:
+        cell_spec._CELLS.pop(name, None)

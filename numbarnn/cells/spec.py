@@ -41,6 +41,7 @@ Register a spec with `register(spec)`; afterwards `rnn_mode=spec.name` works in 
 """
 from __future__ import annotations
 
+import builtins
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable
@@ -147,14 +148,44 @@ def register(spec: CellSpec, *, replace: bool = False) -> CellSpec:
 
 
 def _same(a: CellSpec, b: CellSpec) -> bool:
-    """Equal cells: the same fields and functions of the same code from the same file (a module imported again,
-    also under another module name: `--cells path.py` beside the user's own `import`, a notebook's reload)."""
-    code = (lambda f: (f.__code__.co_code, f.__code__.co_consts, f.__qualname__, f.__code__.co_filename))
+    """Equal cells: the same fields and functions of the same code reading the same globals (a module imported
+    again, also under another module name: `--cells path.py` beside the user's own `import`, a notebook's reload,
+    the same definition run again in another notebook cell)."""
     return a == b or (a.name == b.name and a.gates == b.gates and a.saved == b.saved
                       and a.cell_state == b.cell_state and a.vectors == b.vectors
                       and a.split_recurrent == b.split_recurrent and a.projection == b.projection
                       and a.recurrence == b.recurrence
-                      and code(a.forward) == code(b.forward) and code(a.backward) == code(b.backward))
+                      and _code(a.forward) == _code(b.forward) and _code(a.backward) == _code(b.backward))
+
+
+def _code(fn, depth: int = 0):
+    """What a pointwise function computes, comparable across re-imports: its bytecode and constants, and what each
+    global name and closure variable it reads stands for (a number by value, a function by its own `_code`, a
+    module or anything else by identity).  Not the file name: re-running a definition elsewhere is the same cell."""
+    def meaning(value):
+        if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
+            return (type(value).__name__, value)
+        if inspect.isfunction(value) and depth < 4:
+            return _code(value, depth + 1)
+        if isinstance(value, tuple):
+            return tuple(meaning(v) for v in value)
+        return ("id", id(value))
+
+    code = fn.__code__
+    names = tuple((name, meaning(fn.__globals__.get(name, getattr(builtins, name, _UNBOUND))))
+                  for name in code.co_names)         # attribute names too: then both sides read _UNBOUND
+    cells = tuple(meaning(_contents(cell)) for cell in (fn.__closure__ or ()))
+    return code.co_code, code.co_consts, fn.__qualname__, names, cells
+
+
+_UNBOUND = object()          # a name that is neither a global nor a builtin (an attribute: `math.exp`'s exp)
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:       # a closure variable not yet assigned
+        return _UNBOUND
 
 
 def get_cell(name: str) -> CellSpec:
