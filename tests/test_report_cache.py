@@ -124,3 +124,13 @@ def test_the_key_covers_the_kernel_modules_and_the_cells():
     for path in ("numbarnn/kernels/step_v3.py", "numbarnn/kernels/gemm.py", "numbarnn/cells/lstm.py",
                  "numbarnn/cells/spec.py", "numbarnn/contrib/peephole_lstm.py", "numbarnn/config.py"):
         assert path in sources, path
+
+
+def test_the_ptx_digest_ignores_where_a_kernel_lives_not_what_it_does():
+    ptx = (".visible .entry _ZN8numbarnn7kernels7step_v34stepB2v1E5ArrayIfLi1E(\n"
+           "\tcall.uni _ZN8numbarnn7kernels6common3addEff, (%r1);\n\tadd.f32 %f1, %f2, %f3;\n")
+    moved = ptx.replace("7step_v3", "8step_v3b").replace("6common", "5cells")
+    assert report.ptx_digest(moved) == report.ptx_digest(ptx)
+    assert report.ptx_digest(ptx.replace("add.f32", "sub.f32")) != report.ptx_digest(ptx)
+    swapped = ptx.replace("_ZN8numbarnn7kernels6common3addEff", "_ZN8numbarnn7kernels7step_v34stepB2v1E5ArrayIfLi1E", 1)
+    assert report.ptx_digest(swapped) != report.ptx_digest(ptx)     # which symbol is called where still counts

@@ -165,6 +165,17 @@ def functions_left(ptx: str) -> list:
     return re.findall(r"^(?:\.visible\s+|\.weak\s+)?\.func\s+(?:\([^)]*\)\s*)?([\w$]+)", ptx, re.M)
 
 
+_MANGLED = re.compile(r"_ZN[\w$]+")
+
+
+def ptx_digest(ptx: str) -> str:
+    """sha256 of a kernel's PTX with its mangled symbol names numbered in order of appearance: the code itself,
+    unchanged when a kernel or device function only moves to another module or is renamed."""
+    names: dict = {}
+    text = _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"_sym{len(names)}"), ptx)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
     """Rows for one spec, one per compute capability (``error`` key set when it does not compile).
 
@@ -185,7 +196,7 @@ def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
             row["error"] = _error_text(exc)
         return rows
     left = functions_left(ptx)
-    digest = hashlib.sha256(ptx.encode()).hexdigest()       # the kernel's code, to compare two reports by
+    digest = ptx_digest(ptx)                                # the kernel's code, to compare two reports by
     for cc, row in zip(ccs, rows):
         row["not_inlined"] = left
         row["ptx_sha256"] = digest
