@@ -1,6 +1,7 @@
 """The kernel report's stored copy (numbarnn.analysis.report_cache): read back only under the same key (every
 source file the kernels import, the compilers, the options), stored only when that key covers the compile."""
 import json
+import os
 import sys
 import types
 
@@ -103,7 +104,7 @@ def test_store_is_atomic_and_refuses_quietly(tmp_path):
     assert report_cache.differences({**key, "sources": {"numbarnn/b.py": "2"}}, str(target)) == \
         ["new numbarnn/b.py", "gone numbarnn/a.py"]
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]                  # no temporary file left
-    assert report_cache.store(key, [], str(tmp_path / "no" / "such" / "dir.json")) is False
+    assert report_cache.store(key, [], str(target / "under" / "a" / "file.json")) is False      # not a folder
     target.write_text("{not json")
     assert report_cache.load(key, str(target)) is None
 
@@ -134,3 +135,16 @@ def test_the_ptx_digest_ignores_where_a_kernel_lives_not_what_it_does():
     assert report.ptx_digest(ptx.replace("add.f32", "sub.f32")) != report.ptx_digest(ptx)
     swapped = ptx.replace("_ZN8numbarnn7kernels6common3addEff", "_ZN8numbarnn7kernels7step_v34stepB2v1E5ArrayIfLi1E", 1)
     assert report.ptx_digest(swapped) != report.ptx_digest(ptx)     # which symbol is called where still counts
+
+
+def test_remembered_computes_once_per_key(tmp_path):
+    path = str(tmp_path / "analysis.json")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"rows": len(calls)}
+    assert report_cache.remembered(path, {"what": 1}, compute) == {"rows": 1}
+    assert report_cache.remembered(path, {"what": 1}, compute) == {"rows": 1} and len(calls) == 1
+    assert report_cache.remembered(path, {"what": 2}, compute) == {"rows": 2}          # other options: computed
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"

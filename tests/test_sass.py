@@ -68,19 +68,28 @@ def _env_without_simulator():
 
 
 MEASURE = """
-import json
-from numbarnn.analysis import sass
+import hashlib, json, sys
+from numbarnn.analysis import report_cache, sass
 from numbarnn.kernels import registry
 from numba import cuda
 names = ("lstm_forward_persistent_v3", "lstm_backward_persistent_v3", "lstm_forward_step_v2", "lstm_backward_step_v2")
 specs = [s for s in registry.all_specs() if s.name in names and s.dtype == "float32"]
-rows = {s.name: sass.kernel_summary(s, (9, 0)) for s in specs}
-for s in specs:
-    if s.name.endswith("_v2"):
-        rows[s.name]["loops"] = sass.loop_rows(sass.disassemble(cuda.compile_ptx(s.pyfunc, s.signature, cc=(9, 0))[0]))
-rows["per_step_768x16"] = sass.per_step_v3(768, 16)
-print(json.dumps(rows))
+
+def measure():
+    rows = {s.name: sass.kernel_summary(s, (9, 0)) for s in specs}
+    for s in specs:
+        if s.name.endswith("_v2"):
+            rows[s.name]["loops"] = sass.loop_rows(sass.disassemble(cuda.compile_ptx(s.pyfunc, s.signature, cc=(9, 0))[0]))
+    rows["per_step_768x16"] = sass.per_step_v3(768, 16)
+    return rows
+
+program = hashlib.sha256(sys.argv[1].encode()).hexdigest()[:16]          # this program's text
+print(json.dumps(report_cache.remembered(sys.argv[2], {"program": program}, measure)))
 """
+
+#: the measured rows, kept with the key of the kernels' sources and the compilers (numbarnn.analysis.report_cache):
+#: read back while both are unchanged; commit it with a change to the kernels
+STORED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stored", "sass_loops.json")
 
 
 # nvdisasm comes with the cuda extra, but an environment can lack it (with `.[test,torch]`, torch's CUDA build can
@@ -98,8 +107,8 @@ def test_v3_product_loops_issue_few_instructions_per_fma():
     is 8 ks unrolled with constant offsets (forward 85 for 32: 2.7, the floor being 2.25 = 5 loads per 4 FMAs),
     and the backward's whole round, staging and barriers included, 268 for 33 (8.1); with 16-byte vector loads
     (4 ks a load) the forward's k loop takes 56 for 32 (1.75)."""
-    proc = subprocess.run([sys.executable, "-c", MEASURE], env=_env_without_simulator(), capture_output=True,
-                          text=True, timeout=600, check=False)
+    proc = subprocess.run([sys.executable, "-c", MEASURE, MEASURE, STORED], env=_env_without_simulator(),
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     fwd, bwd = rows["lstm_forward_persistent_v3"], rows["lstm_backward_persistent_v3"]

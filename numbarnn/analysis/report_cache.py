@@ -36,7 +36,7 @@ def _compiler_versions() -> dict:
 
     versions = {"python": "%d.%d" % sys.version_info[:2], "numpy": numpy.__version__, "numba": numba.__version__,
                 "llvmlite": llvmlite.__version__}
-    for dist in ("numba-cuda", "cuda-bindings", "nvidia-nvvm", "nvidia-nvjitlink"):   # wheels; a toolkit has none
+    for dist in ("numba-cuda", "cuda-bindings", "nvidia-nvvm", "nvidia-nvjitlink", "nvidia-cuda-nvdisasm"):   # wheels
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -78,14 +78,27 @@ def source_key(options: dict) -> dict:
     return {"format": FORMAT, "options": options, "compilers": _compiler_versions(), "sources": sources}
 
 
-def load(key: dict, path: str | None = None) -> list[dict] | None:
+def remembered(path: str, options: dict, compute):
+    """compute() -- any analysis of the kernels that is a pure function of their sources and compilers (JSON
+    rows) -- read from `path` while the key of `options`, the sources and the compilers is unchanged, else
+    computed and stored there (when computing imported no numbarnn module the key did not cover)."""
+    key = source_key(options)
+    rows = load(key, path)
+    if rows is None:
+        rows = compute()
+        if source_key(options) == key:
+            store(key, rows, path)
+    return rows
+
+
+def load(key: dict, path: str | None = None) -> list[dict] | dict | None:
     """The stored rows when the stored key equals `key`, else None."""
     try:
         with open(path or PATH) as f:
             stored = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("rows"), list):
+    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("rows"), (list, dict)):
         return None
     return stored["rows"]
 
@@ -108,15 +121,17 @@ def differences(key: dict, path: str | None = None) -> list[str]:
     return out
 
 
-def store(key: dict, rows: list[dict], path: str | None = None) -> bool:
+def store(key: dict, rows: list[dict] | dict, path: str | None = None) -> bool:
     """Write the report atomically (a temporary file renamed over the old one: concurrent writers leave one
     whole file).  False when the folder is not writable (an installed package): the report still stands."""
     path = path or PATH
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".kernel_report.", suffix=".json", dir=os.path.dirname(path))
         with os.fdopen(fd, "w") as f:
             json.dump({"key": key, "rows": rows}, f, indent=0, sort_keys=True)
             f.write("\n")
+        os.chmod(tmp, 0o644)                    # mkstemp makes it private; it is a shared, committed file
         os.replace(tmp, path)
         return True
     except OSError:
