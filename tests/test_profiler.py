@@ -322,13 +322,13 @@ def test_run_profile_of_the_v2_step_kernels():
         profiler.run_profile(step_version=4)
 
 
-@pytest.mark.parametrize("proj", [0, 16])
+@pytest.mark.parametrize("proj", [0, 8])
 def test_run_profile_of_the_persistent_v3_kernels(proj):
     """v3 in the profiler (the GPU's slices, every block at once: numbarnn's simulator fix): one launch per layer
     and phase, R read once per layer (1/T x |R| per step; v2 reads it every step), coalesced; with a projection
     W_proj once per layer too, and record_h_prev after the backward."""
     T = 3
-    result = profiler.run_profile(units=32, input_size=2, batch=5, time=T, step_version=3, proj=proj)
+    result = profiler.run_profile(units=16, input_size=2, batch=3, time=T, step_version=3, proj=proj)
     assert result["step_version"] == 3
     for phase in ("forward", "backward"):
         s = result["phases"][phase]
