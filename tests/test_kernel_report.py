@@ -10,7 +10,7 @@ import pytest
 
 from numbarnn.kernels import gemm as G
 from numbarnn.analysis import report
-from numbarnn.kernels import registry, step_v3
+from numbarnn.kernels import registry, v3_slices
 
 # one real nvJitLink -verbose info log (sm_80), with spills edited in
 CANNED_LOG = """\
@@ -241,8 +241,8 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills():
     # v4: 2 operands x 2 buffers x BK=4 rows of 128 + 8 (padding) float32
     assert by_key[("gemm_v4_nn", "float32", "80")]["shared"] == 2 * 2 * 4 * (128 + 8) * 4
     # the roofline model's v3 co-residency uses this register count: it must follow the kernel
-    assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == step_v3.V3_REGISTERS
-    assert by_key[("lstm_backward_persistent_v3", "float32", "90")]["registers"] == step_v3.V3_BACKWARD_REGISTERS
+    assert by_key[("lstm_forward_persistent_v3", "float32", "90")]["registers"] == v3_slices.V3_REGISTERS
+    assert by_key[("lstm_backward_persistent_v3", "float32", "90")]["registers"] == v3_slices.V3_BACKWARD_REGISTERS
     # the report states the persistent kernels' co-residency at H = 256, 512, 1024 (issue 8 item 3)
     co = result["co_residency"]
     assert {(e["kernel"], e["cc"], e["H"], e["D"]) for e in co} == {

@@ -12,7 +12,7 @@ from numba import cuda
 
 from numbarnn.cells import get_cell
 from numbarnn.analysis import profiler, roofline
-from numbarnn.kernels import common, step_v2, step_v3
+from numbarnn.kernels import common, step_v2, v3_slices
 from numbarnn.kernels.cell_steps import make_forward_step
 from numbarnn.kernels.recurrent import make_recurrent_backward
 
@@ -407,8 +407,8 @@ def test_measured_v3_step_is_the_models():
     padded to KC + 4 words, put the warp's 16 row groups' vectors in two wavefronts (256 bytes), the R slice's
     2 rows in one.  (Unpadded, rows 32 words apart, the model gives the 16-way conflict the first v3 had.)"""
     f = profiler.measure_v3_figures(H=4, P=32, B=2, TJ=2)
-    sl = step_v3.Slice(TJ=2, RG=32, RB=1, KC=32, KMAX=32)
-    assert step_v3.h_pitch(sl, "float32") == 36 and step_v3.h_pitch(sl, "float64") == 34
+    sl = v3_slices.Slice(TJ=2, RG=32, RB=1, KC=32, KMAX=32)
+    assert v3_slices.h_pitch(sl, "float32") == 36 and v3_slices.h_pitch(sl, "float64") == 34
     t = roofline.v3_traffic(4, 4, 2, sl, P=32)
     assert f["R_l2"] == t["slice"]["l2"] == 4 * 4 * 32 * 4 and f["R_sectors_per_request"] == 4
     assert f["h_l2"] == t["step"]["h_l2"] == 2 * 2 * 32 * 4 and f["h_sectors_per_request"] == 4

@@ -22,13 +22,13 @@ import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the contrib cells)
 import numbarnn.contrib.peephole_lstm  # noqa: F401
 from numbarnn.cells import get_cell
 from numbarnn.config import rnn_config
-from numbarnn.kernels import driver, step_v2, step_v3, target
+from numbarnn.kernels import driver, step_v2, step_v3, target, v3_slices
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
 from numbarnn.kernels.common import acc_dtype, jit
 from numbarnn.testing import make_rnn_case
 
 numba_cuda = pytest.importorskip("numba.cuda")
-SL = step_v3.SIM_SLICE
+SL = v3_slices.SIM_SLICE
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm")
 TOL = {"float64": 1e-13, "float32": 1e-5, "float16": 1e-3}
 
@@ -136,8 +136,8 @@ def test_step_bodies_on_other_slices(name, dtype, sl, B, lens):
     """The forward and backward bodies on many blocks against v1 and v2 (as above) with other slices: without
     prefetching, and with the splits of K a small batch leaves to idle row groups (`make_split_k`)."""
     cell = get_cell(name)
-    assert not step_v3.prefetches("float64", step_v3.Slice(TJ=1, RG=64, RB=1, KC=32, KMAX=512))
-    assert step_v3.prefetches("float32", step_v3.plan(4, 768, 768, "float32", simulator=False))
+    assert not v3_slices.prefetches("float64", v3_slices.Slice(TJ=1, RG=64, RB=1, KC=32, KMAX=512))
+    assert v3_slices.prefetches("float32", v3_slices.plan(4, 768, 768, "float32", simulator=False))
     H, D, T = 5, 2, 3
     for run, version in ((_run_steps, 1), (_run_backward_steps, 2)):
         want = run(version, cell, dtype, H, B, D, T, lens)
@@ -218,7 +218,7 @@ def test_persistent_on_many_blocks(mode, direction, H, monkeypatch):
     fwd, bwd = driver.last_launch_count()["forward"], driver.last_launch_count()["backward"]
     assert fwd.step_version == 3 and fwd.by_kernel["forward_persistent_v3"] == cfg.L, fwd
     assert bwd.step_version == 3 and bwd.by_kernel["backward_persistent_v3"] == cfg.L, bwd
-    assert step_v3.blocks_needed(H, cfg.D, step_v3.plan(get_cell(mode).G, H, H, "float64")) > 1
+    assert v3_slices.blocks_needed(H, cfg.D, v3_slices.plan(get_cell(mode).G, H, H, "float64")) > 1
 
 
 #: (mode, dtype, direction, H, P, lengths): in the simulator 2 blocks per direction (TJ = 3), TQ = 1 or 2
@@ -253,23 +253,23 @@ def test_persistent_with_projection(mode, dtype, direction, H, P, lengths, monke
     assert bwd.step_version == 3 and "2 grid barriers" in bwd.note, bwd
     assert bwd.by_kernel["backward_persistent_v3"] == cfg.L, bwd
     assert not any("step" in name or "recurrent" in name for name in bwd.by_kernel), bwd
-    sl = step_v3.plan(get_cell(mode).G, H, P, dtype, has_proj=True)
-    assert step_v3.blocks_needed(H, cfg.D, sl) > cfg.D and sl.TQ * -(-H // sl.TJ) >= P
+    sl = v3_slices.plan(get_cell(mode).G, H, P, dtype, has_proj=True)
+    assert v3_slices.blocks_needed(H, cfg.D, sl) > cfg.D and sl.TQ * -(-H // sl.TJ) >= P
 
 
 def test_gpu_slices_and_plan():
     """The slice fits the shared-memory budget; H = 256/512/1024 float32 LSTM slices (TJ 8/4/2)."""
-    slices = step_v3.gpu_slices(4, "float32")
+    slices = v3_slices.gpu_slices(4, "float32")
     assert {H: sl.TJ for H, sl in slices.items()} == {256: 8, 512: 4, 1024: 2}
     for H, sl in slices.items():
-        assert sl.KMAX >= H and step_v3.slice_bytes(4, sl, "float32") <= step_v3.SMEM_BUDGET
-        assert sl.threads == step_v3.THREADS
-    assert step_v3.plan(4, 8, 7, "float64", simulator=True) is None       # P > the simulator's KMAX
+        assert sl.KMAX >= H and v3_slices.slice_bytes(4, sl, "float32") <= v3_slices.SMEM_BUDGET
+        assert sl.threads == v3_slices.THREADS
+    assert v3_slices.plan(4, 8, 7, "float64", simulator=True) is None       # P > the simulator's KMAX
     # with a projection: TQ projected outputs per block cover P (TQ <= TJ), both phases' slices fit
     for H, P in ((1024, 512), (1024, 256), (512, 512), (768, 200), (256, 1)):
-        sl = step_v3.plan(4, H, P, "float32", simulator=False, has_proj=True)
+        sl = v3_slices.plan(4, H, P, "float32", simulator=False, has_proj=True)
         assert sl is not None and 1 <= sl.TQ <= sl.TJ and sl.TQ * -(-H // sl.TJ) >= P, (H, P, sl)
-        assert sl.KMAX >= P and sl.HMAX >= H and step_v3.slice_bytes(4, sl, "float32") <= step_v3.SMEM_BUDGET
+        assert sl.KMAX >= P and sl.HMAX >= H and v3_slices.slice_bytes(4, sl, "float32") <= v3_slices.SMEM_BUDGET
 
 
 @pytest.mark.parametrize("mode,proj,H,lengths", [("lstm", 0, SL.TJ, [3, 1, 0, 2, 3]),
@@ -292,7 +292,7 @@ def test_launch_plan_matches_v3(mode, proj, H, lengths, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------
-# wider blocks: the same slice run by more row groups (step_v3.widen / widths / choose)
+# wider blocks: the same slice run by more row groups (v3_slices.widen / widths / choose)
 # ---------------------------------------------------------------------------------------------------
 
 def test_widths_cut_the_rounds_a_thread_runs():
@@ -300,24 +300,24 @@ def test_widths_cut_the_rounds_a_thread_runs():
     rounds a thread) 96 threads split K 3 ways (8 rounds), 128 threads 4 ways (6); the same R slice, so the
     same blocks.  A width whose larger h tile does not fit the budget is left out (H = 1024: TJ = 2 at 128
     threads), as is one that cuts no round (H = 512, B = 16: 96 threads hold 24 rows, one split)."""
-    from numbarnn.kernels.step_v3 import v3_rounds
-    base = step_v3.plan(4, 768, 768, "float32", simulator=False)
-    assert base.threads == step_v3.THREADS and base.TJ == 2 and v3_rounds(16, base) == 12
-    got = step_v3.widths(4, base, 16, "float32")
+    from numbarnn.kernels.v3_slices import v3_rounds
+    base = v3_slices.plan(4, 768, 768, "float32", simulator=False)
+    assert base.threads == v3_slices.THREADS and base.TJ == 2 and v3_rounds(16, base) == 12
+    got = v3_slices.widths(4, base, 16, "float32")
     assert [(w.threads, v3_rounds(16, w)) for w in got] == [(128, 6), (96, 8), (64, 12)]
     assert all(w._replace(RG=base.RG) == base for w in got)                 # only the row groups differ
-    assert {step_v3.blocks_needed(768, 1, w) for w in got} == {384}
+    assert {v3_slices.blocks_needed(768, 1, w) for w in got} == {384}
     for w in got:
-        assert step_v3.slice_bytes(4, w, "float32") <= step_v3.SMEM_BUDGET
-    big = step_v3.plan(4, 1024, 1024, "float32", simulator=False)
-    assert step_v3.widen(4, big, "float32", 128) is None                  # 44 KB > the budget
-    assert step_v3.widths(4, big, 64, "float32") == [big]
-    assert step_v3.widen(4, base, "float32", 80) is None                  # not a multiple of KC = 32
-    assert step_v3.widen(4, base._replace(RB=2), "float32", 128) is None  # GPU slices have RB = 1
-    mid = step_v3.plan(4, 512, 512, "float32", simulator=False)            # TJ = 4: 16 rows of 64 threads
-    assert [w.threads for w in step_v3.widths(4, mid, 64, "float32")] == [128, 96, 64]
+        assert v3_slices.slice_bytes(4, w, "float32") <= v3_slices.SMEM_BUDGET
+    big = v3_slices.plan(4, 1024, 1024, "float32", simulator=False)
+    assert v3_slices.widen(4, big, "float32", 128) is None                  # 44 KB > the budget
+    assert v3_slices.widths(4, big, 64, "float32") == [big]
+    assert v3_slices.widen(4, base, "float32", 80) is None                  # not a multiple of KC = 32
+    assert v3_slices.widen(4, base._replace(RB=2), "float32", 128) is None  # GPU slices have RB = 1
+    mid = v3_slices.plan(4, 512, 512, "float32", simulator=False)            # TJ = 4: 16 rows of 64 threads
+    assert [w.threads for w in v3_slices.widths(4, mid, 64, "float32")] == [128, 96, 64]
     # B = 16: 128 threads split K 2 ways; 96 (24 rows) would not split it at all, so they help nothing
-    assert [w.threads for w in step_v3.widths(4, mid, 16, "float32")] == [128, 64]
+    assert [w.threads for w in v3_slices.widths(4, mid, 16, "float32")] == [128, 64]
 
 
 class FakeDevice:
@@ -329,7 +329,7 @@ class FakeDevice:
 
         def limit(phase, cell, dtype, sl, has_proj):
             self.asked.append(sl.threads)
-            return step_v3.v3_limit(cc, sms, cell.G, sl, dtype, registers)
+            return v3_slices.v3_limit(cc, sms, cell.G, sl, dtype, registers)
 
         monkeypatch.setattr(target, "device_geometry", lambda: (cc, sms))
         monkeypatch.setattr(step_v3, "device_cooperative_limit", limit)
@@ -357,7 +357,7 @@ def test_choose_without_a_device_geometry_keeps_the_plan(monkeypatch):
     FakeDevice(monkeypatch, 172)
     monkeypatch.setenv("NUMBARNN_V3_WIDE", "0")                   # switched off: plan's block
     sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 1, False, simulator=False, B=16)
-    assert sl.threads == step_v3.THREADS, why
+    assert sl.threads == v3_slices.THREADS, why
     monkeypatch.delenv("NUMBARNN_V3_WIDE")
 
     def no_gpu():
@@ -365,7 +365,7 @@ def test_choose_without_a_device_geometry_keeps_the_plan(monkeypatch):
 
     monkeypatch.setattr(target, "device_geometry", no_gpu)
     sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 1, False, simulator=False, B=16)
-    assert sl.threads == step_v3.THREADS, why
+    assert sl.threads == v3_slices.THREADS, why
     # bidirectional at 768 (768 blocks): no width is co-resident, nor plan's (5 an SM with 172 registers)
     FakeDevice(monkeypatch, 172)
     sl, why = step_v3.choose(get_cell("lstm"), "float32", 768, 768, 2, False, simulator=False, B=16)
@@ -388,8 +388,8 @@ def test_persistent_with_a_wider_block(mode, proj, monkeypatch):
             return sl, why
         if SIMULATOR:
             return sl._replace(RG=4, RB=1), why
-        base = step_v3.plan(cell.G, H, P, dtype, simulator=False, has_proj=has_proj)
-        wide = max((w for w in (step_v3.widen(cell.G, base, dtype, t) for t in step_v3.WIDTHS) if w is not None),
+        base = v3_slices.plan(cell.G, H, P, dtype, simulator=False, has_proj=has_proj)
+        wide = max((w for w in (v3_slices.widen(cell.G, base, dtype, t) for t in v3_slices.WIDTHS) if w is not None),
                    key=lambda w: w.threads)
         return wide, why
 

@@ -45,7 +45,7 @@ from numba import cuda  # noqa: E402
 
 from numbarnn.cells import get_cell  # noqa: E402
 from numbarnn.config import rnn_config  # noqa: E402
-from numbarnn.kernels import driver, step_v2, step_v3  # noqa: E402
+from numbarnn.kernels import driver, step_v2, step_v3, v3_slices  # noqa: E402
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args  # noqa: E402
 from numbarnn.kernels.common import acc_dtype, jit  # noqa: E402
 from numbarnn.kernels.simulator import CountingMatrix  # noqa: E402  (R as an object that records each read)
@@ -103,7 +103,7 @@ def layer_arrays(H, B, T, rng):
 def count_forward_reads(H, B, T, rng):
     """R reads of T forward steps at each version; the h each leaves behind, to compare."""
     names = used_args(FORWARD_ARGS, LSTM, False)
-    t2, sl = step_v2.SIM_TILES, step_v3.SIM_SLICE
+    t2, sl = step_v2.SIM_TILES, v3_slices.SIM_SLICE
     versions = {
         "v1": (jit(make_forward_step, LSTM, "float64", False), (1, B, 1), H),
         "v2": (jit(step_v2.make_forward_step_v2, LSTM, "float64", False, t2), step_v2.grid(H, B, 1, t2), t2.threads),
@@ -134,7 +134,7 @@ def count_backward_reads(H, B, T, rng):
     """R reads of a layer's backward time loop (T steps + the pass that finishes dh0): v2's fused step kernel,
     one launch per step, and v3's persistent kernel, one launch; and the dh0 each leaves."""
     G, S, acc = LSTM.G, LSTM.S, acc_dtype("float64")
-    t2, sl = step_v2.SIM_TILES, step_v3.SIM_SLICE
+    t2, sl = step_v2.SIM_TILES, v3_slices.SIM_SLICE
     to = cuda.to_device
     out = {}
     for name in ("v2", "v3 persistent"):
@@ -166,7 +166,7 @@ def count_reads(quick: bool, rng_seed: int):
         print("  (counting needs the simulator, which hands the kernels a Python object for R: run with "
               "NUMBARNN_REAL_GPU=0; on a GPU `numbarnn profile --step-version 1|2` measures the same)")
         return
-    sl, t2 = step_v3.SIM_SLICE, step_v2.SIM_TILES
+    sl, t2 = v3_slices.SIM_SLICE, step_v2.SIM_TILES
     H, B, T = sl.TJ, 5, 3                     # H = TJ: one block of units, the whole R in one slice
     size = LSTM.G * H * H
     got = count_forward_reads(H, B, T, rng_seed)
@@ -202,28 +202,28 @@ def wider_blocks(rng):
     """v3's block of THREADS threads holds TJ units x THREADS // TJ rows.  A batch smaller than that leaves row
     groups idle, which split K instead (each sums a share of the chunks, then the shares are added); a wider
     block of the same slice has more row groups, so more splits and fewer rounds of products a thread, and an SM
-    more warps to hide their latency.  step_v3.widths lists the widths that help; step_v3.choose runs the widest
+    more warps to hide their latency.  v3_slices.widths lists the widths that help; step_v3.choose runs the widest
     that is co-resident on the device.  Here: what it picks on an H100 (from the register estimate, as choose
     does before compiling), then the persistent forward run both ways, which must leave the same h."""
     from numbarnn.kernels.gpus import GPUS
     gpu = GPUS["H100 SXM"]
     print(f"  on an {gpu.name} ({gpu.sms} SMs), LSTM float32 forward: rounds of products a thread runs per step")
     for H, B in ((768, 16), (256, 4), (512, 32), (1024, 64)):
-        base = step_v3.plan(LSTM.G, H, H, "float32", simulator=False)
-        wide = step_v3.v3_co_residency(gpu, H, H, LSTM.G, 1, "float32", B=B)[0]
-        print(f"    H = {H:<4} B = {B:<3} TJ = {base.TJ}: {base.threads} threads {step_v3.v3_rounds(B, base):>3} "
-              f"rounds -> {wide.threads} threads {step_v3.v3_rounds(B, wide):>3} rounds")
+        base = v3_slices.plan(LSTM.G, H, H, "float32", simulator=False)
+        wide = v3_slices.v3_co_residency(gpu, H, H, LSTM.G, 1, "float32", B=B)[0]
+        print(f"    H = {H:<4} B = {B:<3} TJ = {base.TJ}: {base.threads} threads {v3_slices.v3_rounds(B, base):>3} "
+              f"rounds -> {wide.threads} threads {v3_slices.v3_rounds(B, wide):>3} rounds")
     # in the simulator: one block of TJ = 3 units, B = 2 rows; 2 row groups of 1 row (6 threads, no idle row
     # group: 3 rounds of chunks) against 4 (12 threads: 2 splits, 2 rounds)
-    narrow = step_v3.SIM_SLICE._replace(RG=2, RB=1)
+    narrow = v3_slices.SIM_SLICE._replace(RG=2, RB=1)
     wide = narrow._replace(RG=4)
     H, B, T = narrow.TJ, 2, 3
     h = {}
     for sl in (narrow, wide):
         h[sl.threads] = run_persistent_forward(H, B, T, rng, sl)[1]
-        splits = step_v3.v3_splits(B, sl)[0][1]
+        splits = v3_slices.v3_splits(B, sl)[0][1]
         print(f"    simulator, H = {H}, B = {B}: {sl.threads} threads, {splits} split(s) of K, "
-              f"{step_v3.v3_rounds(B, sl)} rounds a thread")
+              f"{v3_slices.v3_rounds(B, sl)} rounds a thread")
     assert relative_error(h[wide.threads], h[narrow.threads]) < 1e-13, "the wider block's h differs"
     print("    both leave the same h (to 1e-13)")
 
@@ -235,7 +235,7 @@ def wider_blocks(rng):
 def check_versions(quick: bool):
     """Forward + backward of a 2-layer LSTM with ragged lengths (one of them 0) at each step version, against
     the float64 NumPy reference; the launches per layer each version makes."""
-    H = step_v3.SIM_SLICE.TJ + 2 if SIM else 96      # simulator: 2 blocks of TJ = 3 units per direction
+    H = v3_slices.SIM_SLICE.TJ + 2 if SIM else 96      # simulator: 2 blocks of TJ = 3 units per direction
     T, B = (4, 5) if SIM else (20, 7)
     lengths = [T, 1, 0, T - 1, 2][:B] + [T] * max(0, B - 5)
     direction = "bidirectional"
@@ -281,7 +281,7 @@ def check_versions(quick: bool):
     print(f"    v3 with a projection (num_proj = 2): y, dx, dparams equal the reference; {lf.note}")
     # where v3 cannot run, the driver says so and runs v2: here the R slice does not fit in shared memory
     # (the simulator's slices hold 6 columns; a GPU's 40 KiB); also when the blocks cannot all be co-resident
-    H3 = step_v3.SIM_SLICE.KMAX + 1 if SIM else 4096
+    H3 = v3_slices.SIM_SLICE.KMAX + 1 if SIM else 4096
     case3 = make_rnn_case(rnn_config(1, H3, 4, "lstm"), 2, 3, [2, 1, 0], seed=8)
     with driver.pinned_step_version(3):
         run_forward(case3, "cuda")
@@ -296,7 +296,7 @@ def check_versions(quick: bool):
 
 def benchmark(quick: bool):
     if SIM:
-        shapes, reps = [(step_v3.SIM_SLICE.TJ, 2, 4 if quick else 8)], 1
+        shapes, reps = [(v3_slices.SIM_SLICE.TJ, 2, 4 if quick else 8)], 1
     else:
         shapes = [(256, 8, 100)] if quick else [(512, 32, 100), (256, 4, 1000), (768, 16, 256)]
         reps = 3 if quick else 5

@@ -977,9 +977,9 @@ def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2, backwar
         return _measure_in_subprocess("--measure-v3")
     from numba import cuda
 
-    from ..kernels import step_v2, step_v3
+    from ..kernels import step_v2, step_v3, v3_slices
     from ..kernels.cell_steps import FORWARD_ARGS, used_args
-    sl = step_v3.Slice(TJ=TJ, RG=step_v3.THREADS // TJ, RB=1, KC=32, KMAX=P)
+    sl = v3_slices.Slice(TJ=TJ, RG=v3_slices.THREADS // TJ, RB=1, KC=32, KMAX=P)
     a = _lstm_step_arrays(H, P, B)
     cell = a["cell"]
     with recording() as rec:

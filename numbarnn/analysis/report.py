@@ -387,11 +387,11 @@ def persistent_co_residency(rows: list[dict]) -> list[dict]:
     """Whether every block of the persistent v3 kernels (step_v3: one cooperative launch per layer, which
     fails unless all its blocks are resident at once) fits on the reference GPU of each compiled compute
     capability (gpus.GPUS: A100 for sm_80, H100 for sm_90), LSTM float32 at H = P = CO_RESIDENCY_H, one
-    and two directions: the slice step_v3.plan picks (its shared memory) and the registers compiled here (the
+    and two directions: the slice v3_slices.plan picks (its shared memory) and the registers compiled here (the
     kernels are compiled at the H = 512 slice; the TJ = 2 slices of H = 768 and 1024 stage twice the rows a
-    thread and take more: step_v3.V3_REGISTERS).  The driver asks the device itself
+    thread and take more: v3_slices.V3_REGISTERS).  The driver asks the device itself
     (max_cooperative_grid_blocks) and runs v2 where this says no."""
-    from ..kernels.step_v3 import v3_co_residency
+    from ..kernels.v3_slices import v3_co_residency
     gpus = {tuple(g.cc): g for g in reversed(list(GPUS.values()))}     # the first GPU listed per cc
     out = []
     for r in rows:

@@ -23,7 +23,7 @@ measurement there: `v1_step_traffic` against measure_v1_figures, `v2_step_traffi
         staged through shared memory (which shares the L1 pipe: counted in the L1 term)
     v3  persistent: the R slices loaded into shared memory once per layer; per step every block stages all of h,
         runs v2's epilogue, and waits at one grid barrier (GPU.grid_sync_us, approximate); when the blocks
-        cannot all be co-resident on the GPU (step_v3.v3_co_residency, step_v3.plan's slice) v2 runs instead.
+        cannot all be co-resident on the GPU (v3_slices.v3_co_residency, v3_slices.plan's slice) v2 runs instead.
         The backward the same way with R's columns (`v3_backward_traffic`: it stages all of dgh, G times h)
 `format_deepbench_model` prints the three side by side with the GPU targets' comparison points (cuDNN's and
 haste's published times; at H = 256, B = 4, which has none, cuDNN's fastest forward measured on an H100,
@@ -272,23 +272,23 @@ def v3_rows_by_k(B: int, sl) -> int:
     """The (row, k) pairs a v3 block's products run per gate and step (its units' FMAs per unit): each row
     tile's RN rows (TB without a split: the padded rows too) x the KMAX columns of the slice's capacity (zeros
     past P included), each chunk run by one split (`v3_splits`)."""
-    from ..kernels.step_v3 import v3_splits
+    from ..kernels.v3_slices import v3_splits
     return sum(RN * sl.KMAX for RN, _ in v3_splits(B, sl))
 
 
 def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None) -> tuple:
     """What the v3 forward and backward share, for slice `sl`: (blocks, warps per block, row tiles,
     wavefronts of a warp's R-slice load R_slice[g*TJ + jj, k .. k+VW-1] (rows staging.pitch(KMAX) words apart),
-    of its staged-tile load tile[rg*RB + r, kk .. kk+VW-1] (rows h_pitch words apart, default step_v3.h_pitch),
+    of its staged-tile load tile[rg*RB + r, kk .. kk+VW-1] (rows h_pitch words apart, default v3_slices.h_pitch),
     VW (words a load: the k loop's loads are LDS.128, VW = 4 fp32 words, staging.pitch), how much more than its
     useful bytes an epilogue row's sector carries (TJ consecutive units per row), the h load's bank conflict
     (its wavefronts over the fewest its bytes need: 1 = conflict-free)."""
-    from ..kernels import step_v3
+    from ..kernels import v3_slices
     from ..kernels.staging import pitch, vector_words
     TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
     VW = vector_words("float32")
     if h_pitch is None:
-        h_pitch = step_v3.h_pitch(sl, "float32")
+        h_pitch = v3_slices.h_pitch(sl, "float32")
     lanes = range(min(WARP, NT))
     R_pitch = pitch(KMAX, "float32")
     wf_R = bank_wavefronts((lane % TJ) * R_pitch + v for lane in lanes for v in range(VW))
@@ -306,7 +306,7 @@ def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, re
     chunk in that round; with
     KS > 1 the reduction through `red` (rows red_pitch words apart): each live thread stores its NV x RB partial
     sums, split 0's threads load the other splits' (`bank_wavefronts` of the lanes' words)."""
-    from ..kernels.step_v3 import v3_splits
+    from ..kernels.v3_slices import v3_splits
     TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
     total = 0
     for RN, KS in v3_splits(B, sl):
@@ -348,7 +348,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
            32/TJ row groups of a warp read 32/TJ distinct vectors, all in the same banks when h_pitch*s is a
            multiple of 128 (`bank_wavefronts` of the kernel's addresses); + one grid barrier (not traffic:
            GPU.grid_sync_us).
-    h_pitch: words between h tile rows (default step_v3.h_pitch(sl, "float32") = KC + 4, as the kernel lays it out: the
+    h_pitch: words between h tile rows (default v3_slices.h_pitch(sl, "float32") = KC + 4, as the kernel lays it out: the
     model of an earlier layout with KC found the 16-way conflict that padding removed; h_pitch=KC shows it).
     """
     TJ, RB, KC = sl.TJ, sl.RB, sl.KC
@@ -361,7 +361,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
                   flops=0, blocks=nb)
     h_l2 = nb * B * P * s
     other = D * _other_forward(B, H, P, G, s) * spread
-    from ..kernels.step_v3 import red_pitch
+    from ..kernels.v3_slices import red_pitch
     step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl), VW)
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h, h_conflict=conflict,
@@ -399,7 +399,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
                   sectors_per_request=(WARP // TJ) * run)
     dgh_l2 = nb * B * GH * s
     other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
-    from ..kernels.step_v3 import red_pitch
+    from ..kernels.v3_slices import red_pitch
     step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl), VW)
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
@@ -421,11 +421,11 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
 
     version 1: cell_steps.py + recurrent.py (2 launches per backward step); 2: step_v2.py (1 launch per
     forward step, T + 1 fused backward launches); 3: the persistent forward (1 launch per layer: the R slices
-    once, then per step the traffic of `v3_traffic` + one grid barrier) when step_v3.v3_co_residency says it can
+    once, then per step the traffic of `v3_traffic` + one grid barrier) when v3_slices.v3_co_residency says it can
     run, else v2's forward (row["runs"] says which); its backward likewise (`v3_backward_traffic`, one launch:
     the columns of R once, then T + 1 steps of traffic + a grid barrier each; row["backward_runs"]).
     """
-    from ..kernels import step_v2, step_v3
+    from ..kernels import step_v2, v3_slices
     gpu = GPUS[gpu_name]
     out = []
     G, s = 4, 4
@@ -456,7 +456,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
             bwd_ms = (T + 1) * b_us / 1e3 + gemm_b
             row.update(R_bytes_per_step_forward=f2["R_l2"], backward_bound=b_bound, runs=2, v2_TJ=t2.TJ)
             if version == 3:
-                sl, n, limit, why = step_v3.v3_co_residency(gpu, H, H, G, B=B)
+                sl, n, limit, why = v3_slices.v3_co_residency(gpu, H, H, G, B=B)
                 row.update(note=why, v3_blocks=n, v3_limit=limit)
                 if sl is not None:
                     tr3 = v3_traffic(H, I, B, sl, G, s)
@@ -467,7 +467,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
                     row.update(runs=3, R_bytes_per_step_forward=tr3["slice"]["l2"] / T, slice_TJ=sl.TJ,
                                v3_threads=sl.threads,
                                v3_bank_conflict=tr3["step"]["h_conflict"])
-                bsl, bn, _, bwhy = step_v3.v3_co_residency(gpu, H, H, G, B=B, phase="backward")
+                bsl, bn, _, bwhy = v3_slices.v3_co_residency(gpu, H, H, G, B=B, phase="backward")
                 row.update(backward_note=bwhy)
                 if bsl is not None:
                     tb3 = v3_backward_traffic(H, I, B, bsl, G, s)

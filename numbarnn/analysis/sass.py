@@ -183,20 +183,20 @@ def kernel_summary(spec, cc: tuple = (9, 0)) -> dict:
 def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell: str = "lstm",
                 widen: bool = True, gpu_name: str = "H100 SXM") -> dict:
     """Instructions one thread of the persistent v3 kernels issues per step in its products, at the slice
-    step_v3.choose would run on `gpu_name` for H = P (no projection) and a batch of B (step_v3.v3_co_residency:
-    the widest block that helps and is co-resident; widen False: step_v3.plan's block of THREADS):
+    step_v3.choose would run on `gpu_name` for H = P (no projection) and a batch of B (v3_slices.v3_co_residency:
+    the widest block that helps and is co-resident; widen False: v3_slices.plan's block of THREADS):
     {"forward": {...}, "backward": {...}}, each with its TJ and threads, the rounds a
-    thread runs per step (step_v3.v3_splits: splits of K for a small batch), the SASS instructions of one round
+    thread runs per step (v3_slices.v3_splits: splits of K for a small batch), the SASS instructions of one round
     (its hot loops: the round loop's body once, plus the k loop's body for its other trips) and their product.
     An estimate from static counts (the epilogue and the grid barrier are not in it), as the H100 measured these
     kernels latency bound, with about one warp per scheduler (bench/results/gpu_h100.md)."""
     from numba import cuda
 
-    from ..kernels import step_v3
+    from ..kernels import step_v3, v3_slices
     from ..kernels.cell_steps import signature
 
     c = get_cell(cell)
-    base = step_v3.plan(c.G, H, H, dtype, simulator=False)
+    base = v3_slices.plan(c.G, H, H, dtype, simulator=False)
     if base is None:
         raise ValueError(f"H={H}: no v3 slice fits ({dtype})")
     gpu = GPUS[gpu_name]
@@ -206,8 +206,8 @@ def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell
                                        step_v3.PERSISTENT_BACKWARD_ARGS, c.G)):
         sl = base
         if widen:                                       # the block step_v3.choose would run on `gpu`
-            sl = step_v3.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or base
-        rounds = step_v3.v3_rounds(B, sl)
+            sl = v3_slices.v3_co_residency(gpu, H, H, c.G, 1, dtype, B=B, phase=phase)[0] or base
+        rounds = v3_slices.v3_rounds(B, sl)
         fma_round = sl.KC * sl.RB * (c.G if phase == "forward" else 1)
         ptx, _ = cuda.compile_ptx(factory(c, dtype, sl), signature(table, c, dtype, False), cc=cc)
         inner, outer = hot_loops(disassemble(ptx, cc))
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     p.add_argument("--per-step", action="store_true",
                    help="instructions per step and thread of v3's products at the DeepBench shapes (per_step_v3)")
     p.add_argument("--narrow", action="store_true",
-                   help="with --per-step: step_v3.plan's blocks (THREADS threads), not the widest co-resident")
+                   help="with --per-step: v3_slices.plan's blocks (THREADS threads), not the widest co-resident")
     args = p.parse_args(argv)
     from numba import config
     if config.ENABLE_CUDASIM:
@@ -278,8 +278,8 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            from ..kernels import step_v3
-            block = f"{step_v3.THREADS} threads a block" if args.narrow else "the blocks step_v3.choose runs on an H100"
+            from ..kernels import v3_slices
+            block = f"{v3_slices.THREADS} threads a block" if args.narrow else "the blocks step_v3.choose runs on an H100"
             print(f"v3 products, instructions per step and thread ({args.dtype}, sm_{args.cc}, {block}; SASS loop "
                   f"counts x trips, an estimate):")
             for r in rows:

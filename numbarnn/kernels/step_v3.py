@@ -51,23 +51,22 @@ Each revision's instruction counts and timings: bench/results/gpu_h100.md.
 from __future__ import annotations
 
 import functools
-import math
-from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, types
 
 from .. import settings
 from ..cells import get_cell
-from ..util import cdiv
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, _wrap, reported_cells, signature
 from . import target
 from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
-from .gpus import ARCH, GPU, GPUS, SM_LIMITS_EXTRA, resident_blocks
+from .gpus import GPUS
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
-                      make_stage_steps, make_step_offsets, make_tile_rows, pitch, rows_per_thread, unroll,
-                      vector_ks)
+                      make_tile_rows, rows_per_thread, unroll, vector_ks)
 from .epilogues import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
+from .v3_slices import (SIM_SLICE, SMEM_BUDGET, Slice, blocks_needed, plan, shared_dims, v3_co_residency, v3_limit,
+                        v3_registers, widths)
+from .v3_parts import make_load_columns, make_load_rows, make_reduce_splits, make_split_k, make_staged_product
 
 
 if SIMULATOR:
@@ -89,130 +88,6 @@ def _cooperative(kernel):
     fix (numbarnn/kernels/simulator.py), then runs all its blocks at once.  Nothing changes on a GPU."""
     kernel.cooperative = True
     return kernel
-
-
-class Slice(NamedTuple):
-    """A v3 block: TJ units x all gates, rows TB = RG*RB at a time, h staged KC columns at a time, R slice
-    capacity KMAX columns (>= P).  With a projection also TQ projected outputs (<= TJ: P <= H) and HMAX (>= H)
-    columns for the W_proj rows (forward) and R's columns (backward); 0 without.  PF: whether the products
-    prefetch (`prefetches`)."""
-
-    TJ: int
-    RG: int
-    RB: int
-    KC: int
-    KMAX: int
-    TQ: int = 0
-    HMAX: int = 0
-    PF: bool = True     # fetch the next chunk into registers during this chunk's products (`prefetches`)
-
-    @property
-    def TB(self) -> int:
-        return self.RG * self.RB
-
-    @property
-    def threads(self) -> int:
-        return self.TJ * self.RG
-
-
-def prefetches(dtype, sl: Slice) -> bool:
-    """Whether a slice's products fetch the next chunk during this one's products: a thread's staged values
-    (ceil(TB / RS) rows) and their rows' time indexes stay live in registers meanwhile, so only where they are
-    few (at most 16 words: float64 at TJ = 1 stages 32 rows a thread, and its backward spilled 180 bytes on
-    sm_80 with them); else each chunk is staged just before it is stored, as in v2."""
-    RS = sl.threads // sl.KC
-    return cdiv(sl.TB, RS) * max(1, acc_dtype(dtype).itemsize // 4) <= 16
-
-SIM_SLICE = Slice(TJ=3, RG=2, RB=2, KC=2, KMAX=6)
-SMEM_BUDGET = 40 * 1024          # bytes of static shared memory for the R slice (the limit is 48 KiB)
-THREADS = 64                     # the block `plan` sizes the slices for (TJ units x THREADS // TJ row groups)
-#: the blocks `choose` considers (multiples of the warp and of KC = 32): more row groups for the same slice
-WIDTHS = (64, 96, 128, 192, 256)
-
-
-def shared_dims(G: int, sl: Slice, dtype) -> tuple:
-    """(GJ, KP, HMP, HP, RP), in words of the compute dtype: the R slice's G*TJ rows and their pitch (KMAX padded:
-    `staging.pitch`, rows 16-byte aligned), the pitch of the rows of HMAX (W_proj's rows, R's columns: with a
-    projection), the h tile's (`h_pitch`) and red's (`red_pitch`).  What the kernels declare and `slice_bytes`
-    counts."""
-    return G * sl.TJ, pitch(sl.KMAX, dtype), pitch(sl.HMAX, dtype), h_pitch(sl, dtype), red_pitch(G, sl)
-
-
-def slice_bytes(G: int, sl: Slice, dtype) -> int:
-    """Shared memory of a block: the R slice (padded rows), the h tile and the splits' partial sums (TB x G*TJ),
-    in the compute dtype; with a projection the larger phase pair: forward R rows + W_proj rows, backward
-    W_proj columns + R columns."""
-    GJ, KP, HMP, HP, RP = shared_dims(G, sl, dtype)
-    words = GJ * KP
-    if sl.TQ:
-        words = max(words + sl.TQ * HMP, sl.TJ * KP + G * sl.TQ * HMP)
-    return (words + sl.TB * HP + sl.TB * RP) * acc_dtype(dtype).itemsize   # + `red`: the splits' partial sums
-
-
-def projected_per_block(H: int, P: int, TJ: int) -> int:
-    """TQ: the projected outputs a block owns when ceil(H / TJ) blocks share P (<= TJ since P <= H)."""
-    return max(1, cdiv(P, cdiv(H, TJ)))
-
-
-def h_pitch(sl: Slice, dtype) -> int:
-    """Words between rows of the h tile: `pitch(KC)`, KC + 4 in float32."""
-    return pitch(sl.KC, dtype)
-
-
-def red_pitch(G: int, sl: Slice) -> int:
-    """Words between rows of `red`, the splits' partial sums (a thread's G gates x TJ units per row): G*TJ + 1,
-    padded by one word like the h tile, so the 32 / TJ row groups of a warp spread over the banks (G*TJ words
-    apart, 8 at TJ = 2, they would fall on 4 banks; the profiler's model counts the wavefronts,
-    roofline.v3_product_wavefronts)."""
-    return G * sl.TJ + 1
-
-
-def plan(G: int, H: int, P: int, dtype, simulator: bool | None = None, has_proj: bool = False) -> Slice | None:
-    """The slice for a layer: the largest TJ (16, 8, 4, 2, 1) whose slices fit SMEM_BUDGET, or None.
-    In the simulator: SIM_SLICE when P (and with a projection H) fits its KMAX."""
-    if target.simulator(simulator):
-        if P > SIM_SLICE.KMAX or (has_proj and H > SIM_SLICE.KMAX):
-            return None
-        return SIM_SLICE._replace(TQ=projected_per_block(H, P, SIM_SLICE.TJ),
-                                  HMAX=SIM_SLICE.KMAX) if has_proj else SIM_SLICE
-    kmax = cdiv(P, 32) * 32
-    for TJ in (16, 8, 4, 2, 1):
-        sl = Slice(TJ=TJ, RG=THREADS // TJ, RB=1, KC=32, KMAX=kmax)
-        if has_proj:
-            sl = sl._replace(TQ=projected_per_block(H, P, TJ), HMAX=cdiv(H, 32) * 32)
-        if slice_bytes(G, sl, dtype) <= SMEM_BUDGET and TJ <= max(H, 1):
-            return sl._replace(PF=prefetches(dtype, sl))
-    return None
-
-
-def blocks_needed(H: int, D: int, sl: Slice) -> int:
-    return cdiv(H, sl.TJ) * D
-
-
-def widen(G: int, sl: Slice, dtype, threads: int) -> Slice | None:
-    """`sl` run by a block of `threads` threads: the same TJ units and R slice (so the same blocks, and a
-    thread's work the same: about the same registers), RG = threads // TJ row groups, a row tile of TB = RG
-    rows.  A batch smaller than TB splits its chunks of K over the row groups it leaves idle (`make_split_k`),
-    a larger one needs fewer row tiles: either way a thread runs fewer rounds of products per step, and an SM
-    holds more warps to hide their latency (the H100 measured v3 latency bound, at about one warp per
-    scheduler: bench/results/gpu_h100.md).  None where the larger h tile and `red` would not fit
-    SMEM_BUDGET, or where threads is not a multiple of TJ and KC."""
-    if threads % sl.TJ or threads % sl.KC or sl.RB != 1:
-        return None
-    wide = sl._replace(RG=threads // sl.TJ)
-    if slice_bytes(G, wide, dtype) > SMEM_BUDGET:
-        return None
-    return wide._replace(PF=prefetches(dtype, wide))
-
-
-def widths(G: int, sl: Slice, B: int, dtype) -> list:
-    """The slices `choose` tries for a batch of B rows, best first: the widths of WIDTHS `widen` allows that cut
-    the rounds of products a thread runs per step (`v3_rounds`), fewest rounds first, then fewest
-    threads (less to sum through `red`, fewer warps at each barrier); `sl` itself, the fallback, last."""
-    base = v3_rounds(B, sl)
-    wide = [w for w in (widen(G, sl, dtype, t) for t in WIDTHS if t != sl.threads)
-            if w is not None and v3_rounds(B, w) < base]
-    return sorted(wide, key=lambda w: (v3_rounds(B, w), w.threads)) + [sl]
 
 
 #: v1's rows for the projection's arrays (used by (cell, has_proj): with a projection only)
@@ -246,208 +121,8 @@ PERSISTENT_ARGS = _persistent_forward_table()
 
 
 # ---------------------------------------------------------------------------------------------------
-# the pieces: slices loaded once, one staged product, the phases
+# the kernels: the step body and its phases, per step and persistent
 # ---------------------------------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def make_load_rows(dtype, G: int, TJ: int, NT: int, KCAP: int):
-    """Device function load_rows(R, R_slice, j0, H, K): R_slice[g*TJ + jj, k] = R[g*H + j0+jj, k] for k < K,
-    zeros for k in K .. KCAP-1 (the products run whole chunks up to the capacity KCAP) and for units
-    j0+jj >= H: consecutive threads read consecutive k (coalesced).  R's rows of the block's units (G gates),
-    or W_proj's rows of its projected outputs (G = 1, TQ rows, H = P)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    GJ, U = G * TJ, LOADS_IN_FLIGHT
-
-    @device
-    def load_rows(R, R_slice, j0, H, K):
-        tid = cuda.threadIdx.x
-        buf = cuda.local.array(U, acc)
-        for e0 in range(tid, GJ * KCAP, NT * U):        # U loads in flight, then U stores
-            for u in range(U):
-                e = e0 + u * NT
-                row = e // KCAP
-                k = e % KCAP
-                j = j0 + row % TJ
-                buf[u] = acc(R[row // TJ * H + j, k]) if e < GJ * KCAP and j < H and k < K else zero
-            for u in range(U):
-                e = e0 + u * NT
-                if e < GJ * KCAP:
-                    R_slice[e // KCAP, e % KCAP] = buf[u]
-        cuda.syncthreads()
-
-    return load_rows
-
-
-@functools.lru_cache(maxsize=None)
-def make_load_columns(dtype, G: int, TJ: int, NT: int, KCAP: int):
-    """Device function load_columns(R, R_slice, j0, H): R_slice[g*TJ + jj, k] = R[g*H + k, j0+jj] for k < H,
-    zeros for columns j0+jj >= R's width and for k in H .. KCAP-1 (the capacity the products run to).
-    R's columns of the block's units (backward, no projection), R's columns of its projected outputs (G gates,
-    TQ columns), or W_proj's columns of its units (G = 1, H = P).  Consecutive threads read runs of TJ
-    consecutive columns (a one-off per launch: sector efficiency TJ*size/32 at worst, against T steps that read
-    no R at all)."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    U = LOADS_IN_FLIGHT
-
-    @device
-    def load_columns(R, R_slice, j0, H):
-        tid = cuda.threadIdx.x
-        buf = cuda.local.array(U, acc)
-        n = G * H * TJ
-        W = R.shape[1]
-        for e0 in range(tid, n, NT * U):                # U loads in flight, then U stores
-            for u in range(U):
-                e = e0 + u * NT
-                j = j0 + e % TJ
-                buf[u] = acc(R[e // TJ, j]) if e < n and j < W else zero
-            for u in range(U):
-                e = e0 + u * NT
-                if e < n:
-                    gk = e // TJ                        # the row of R: gate gk // H, k = gk % H
-                    R_slice[gk // H * TJ + e % TJ, gk % H] = buf[u]
-        for e in range(tid, G * TJ * KCAP, NT):         # the padding columns H .. KCAP-1
-            if e % KCAP >= H:
-                R_slice[e // KCAP, e % KCAP] = zero
-        cuda.syncthreads()
-
-    return load_columns
-
-
-@functools.lru_cache(maxsize=None)
-def make_split_k(RG: int, RB: int, TB: int, RS: int):
-    """Device function split_k(b0, B, NCH, pf) -> (RGN, KS, NR): a tile of rows b0 .. with fewer rows than the
-    TB a block holds splits its NCH chunks of K over the row groups the rows leave idle.  Split s works on tile
-    rows s*RN .. s*RN + RN-1 (the batch rows b0 ..; RN = the rows rounded up to a multiple of lcm(RH, RB), so
-    a staging thread's rows and a row group's rows lie in one split) and on chunks s, s + KS, ...: RGN = RN / RB
-    row groups per split, KS = TB // RN splits, NR = ceil(NCH / KS) rounds of KS chunks.  A batch smaller than
-    the tile (B = 16 on the 32 rows of H = 768's slice, B = 4 on H = 256's 8) would otherwise leave half the row
-    groups idle while the others run every chunk.  Without prefetching (pf False): one split."""
-    RH = rows_per_thread(TB, RS)
-    L = RH * RB // math.gcd(RH, RB)
-
-    @device
-    def split_k(b0, B, NCH, pf):
-        RN = (min(TB, B - b0) + L - 1) // L * L if pf else TB
-        KS = max(1, TB // RN)
-        return RN // RB, KS, (NCH + KS - 1) // KS
-
-    return split_k
-
-
-@functools.lru_cache(maxsize=None)
-def make_reduce_splits(dtype, RB: int, NV: int, TX: int):
-    """Device function reduce(vals, red, rg, x, RGN, KS, live): the NV x RB partial sums vals[v, r] of the KS splits
-    summed into split 0's threads (rg < RGN) through shared memory red[rg*RB + r, v*TX + x]; a no-op with one
-    split.  Every thread of the block calls it (two barriers)."""
-
-    @device
-    def reduce(vals, red, rg, x, RGN, KS, live):
-        if KS > 1:                                      # the same for the whole block
-            if live:
-                for v in range(NV):
-                    for r in range(RB):
-                        red[U(rg * RB + r), U(v * TX + x)] = vals[v, r]
-            cuda.syncthreads()
-            if rg < RGN:
-                for sp in range(1, KS):
-                    for v in range(NV):
-                        for r in range(RB):
-                            vals[v, r] += red[U((sp * RGN + rg) * RB + r), U(v * TX + x)]
-            cuda.syncthreads()
-
-    return reduce
-
-
-@functools.lru_cache(maxsize=None)
-def make_staged_product(dtype, sl: Slice, NG: int, TX: int, KCAP: int):
-    """Device function: out[r] = sum_{g < NG} sum_{k < K} slice_[g*TX + x, k] * src[d, t_b, b, g*K + k] for the
-    thread's RB rows b = b0 + rg*RB + r, where t_b is row b's time index at step s_src (rows not active then
-    give 0) and x = threadIdx % TJ (clamped below TX: with TX < TJ the extra threads compute a copy and discard
-    it).  slice_ holds KCAP columns, zeros from K on (`make_load_rows`, `make_load_columns`).  A tile with fewer
-    rows than row groups splits each gate's KCAP/KC chunks over them (`make_split_k`) and sums the splits through
-    shared memory `red` into split 0 (rg < RGN): the other row groups' rows b lie past the batch, as before.
-
-    src is staged KC columns at a time through `tile` (coalesced), a round of KS chunks (one per split) at a
-    time; rows, time indexes and offsets are looked up once per row tile (`make_tile_rows`, `make_step_offsets`), and the
-    next round's loads are issued before this round's products (they land while it runs).  The k loop has a
-    constant trip count KC (unrolled: shared loads at constant offsets, no index arithmetic per k); even and
-    odd k accumulate apart (two chains of dependent FMAs instead of one: with RB = 1 a thread has no other
-    independent work).  The slice_ reads are a broadcast per row group.  Without prefetching (sl.PF False) each
-    chunk is staged by `staging.make_stage_steps` just before it is stored, one split."""
-    acc = acc_dtype(dtype).type
-    zero = acc(0.0)
-    TJ, RG, RB, KC, TB, NT = sl.TJ, sl.RG, sl.RB, sl.KC, sl.TB, sl.threads
-    RS = NT // KC                                       # staging: rows apart of one thread's elements
-    RH = rows_per_thread(TB, RS)                        # a thread's rows of the tile
-    NCH = KCAP // KC                                    # chunks per gate
-    KU = unroll(KC, RB)                                 # ks per trip of the k loop: RB FMAs each
-    PREFETCH = sl.PF
-    NBUF = max(RH, LOADS_IN_FLIGHT)
-    assert NT % KC == 0, "staging needs whole rows of KC columns per pass"
-    assert KCAP % KC == 0, "the slice's capacity is whole chunks"
-    split_k = make_split_k(RG, RB, TB, RS)
-    tile_rows = make_tile_rows(TB, RS)
-    step_offsets = make_step_offsets(TB, RS)
-    fetch = make_fetch(dtype, TB, RS)
-    put = make_put_rows(TB, RS)
-    stage = make_stage_steps(dtype, TB, RS)
-    reduce = make_reduce_splits(dtype, RB, 1, TJ)
-
-    @device
-    def product(s_src, lens, src, slice_, tile, red, out, d, b0, K):
-        tid = cuda.threadIdx.x
-        x = min(tid % TJ, TX - 1)
-        rg = tid // TJ
-        kc = tid % KC                                   # this thread's column of each staged chunk
-        r0 = tid // KC                                  # and its block of staged rows
-        RGN, KS, NR = split_k(b0, lens.shape[0], NCH, PREFETCH)   # NR rounds per gate
-        sp = rg // RGN                                  # this thread's split: chunks sp, sp + KS, ... of a gate
-        live = sp < KS                                  # a row group past the batch and the splits only stages
-        buf = cuda.local.array(NBUF, acc)               # the next round, in flight
-        rb = cuda.local.array(RH, types.int32)          # the batch row of each staged row, -1: none
-        off = cuda.local.array(RH, types.int64)         # the flat index of src[d, its time at s_src, row, 0], -1
-        part = cuda.local.array((2, RB), acc)           # even and odd k: two chains of FMAs, not one
-        for r in range(RB):
-            part[0, r] = zero
-            part[1, r] = zero
-        kq = kc                                         # the column this thread stages of a round's first chunk
-        if PREFETCH:                                    # its rows and their time indexes, once
-            kq += tile_rows(rb, b0, lens.shape[0], RGN * RB, KS, r0) * KC
-            step_offsets(s_src, lens, src, rb, off, d)
-            fetch(src, off, buf, kq, kq < K)            # gate 0, round 0
-        for g in range(NG):
-            for c in range(NR):
-                k0 = (c * KS + sp) * KC                 # this thread's chunk: columns k0 .. of gate g
-                if PREFETCH:
-                    put(tile, buf, kc, r0)
-                else:                                   # this chunk's loads, now (nothing kept between chunks)
-                    stage(s_src, lens, src, tile, buf, d, b0, g * K + k0 + kc, k0 + kc < K, kc, r0)
-                cuda.syncthreads()
-                gn = g                                  # the next round: (g, c + 1), or the next gate's first
-                kn = (c + 1) * KS * KC + kq
-                if c + 1 == NR:
-                    gn = g + 1
-                    kn = kq
-                if PREFETCH and gn < NG:                # its loads, in flight during this round's products
-                    fetch(src, off, buf, gn * K + kn, kn < K)
-                if live and k0 < KCAP:
-                    for k8 in range(0, KC, KU):
-                        for k1 in range(KU):            # unrolled: constant offsets, no loop code
-                            kk = k8 + k1
-                            w = slice_[U(g * TX + x), U(k0 + kk)]
-                            for r in range(RB):         # tile: a broadcast within the row group
-                                part[k1 % 2, r] += w * tile[U(rg * RB + r), U(kk)]
-                cuda.syncthreads()
-        for r in range(RB):
-            part[0, r] += part[1, r]
-        reduce(part, red, rg, tid % TJ, RGN, KS, live)
-        for r in range(RB):
-            out[r] = part[0, r]
-
-    return product
-
 
 @functools.lru_cache(maxsize=None)
 def make_step_body(cell, dtype, sl: Slice):
@@ -889,11 +564,6 @@ def make_record_h_prev(dtype):
     return record_h_prev
 
 
-def gpu_slices(G: int, dtype) -> dict:
-    """{H: Slice} of the report's shapes (H = P = 256, 512, 1024)."""
-    return {H: plan(G, H, H, dtype, simulator=False) for H in (256, 512, 1024)}
-
-
 def kernel_specs():
     """The persistent kernels (forward, backward) and their per-step variants for REPORTED_CELLS at the slice
     of H = P = 512 (block = 64 threads), the persistent pair with a projection (H = 512, P = 256),
@@ -928,11 +598,8 @@ def kernel_specs():
     return specs
 
 
-__all__ = ["Slice", "SIM_SLICE", "plan", "widen", "widths", "blocks_needed", "slice_bytes", "make_forward_step_v3",
-           "make_forward_persistent_v3", "make_backward_step_v3", "make_backward_persistent_v3", "PERSISTENT_ARGS",
-           "PERSISTENT_BACKWARD_ARGS", "gpu_slices", "kernel_specs", "choose", "make_record_h_prev",
-           "projected_per_block", "make_staged_product", "v3_splits", "v3_rounds", "v3_registers", "v3_limit",
-           "v3_co_residency"]
+__all__ = ["make_forward_step_v3", "make_forward_persistent_v3", "make_backward_step_v3", "make_backward_persistent_v3",
+           "PERSISTENT_ARGS", "PERSISTENT_BACKWARD_ARGS", "kernel_specs", "choose", "make_record_h_prev"]
 
 
 #: the persistent kernel of each phase and its argument table
@@ -1011,92 +678,3 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
             return c, (f"{n} block{'s' if n != 1 else ''} of {c.threads} threads, TJ={c.TJ} units each{proj}, all "
                        f"co-resident (limit {limit})")
     return None, f"{n} blocks of {sl.threads} threads needed, only {limit} can be co-resident"
-
-
-# ---------------------------------------------------------------------------------------------------
-# without a device: the rounds of products a block runs (what `widths` ranks), and the blocks a GPU of
-# gpus.GPUS holds at once (the estimate `choose` makes before it compiles a wider block; the `_wide` kernel
-# specs; the compile report and the roofline model)
-# ---------------------------------------------------------------------------------------------------
-
-def v3_splits(B: int, sl) -> list[tuple[int, int]]:
-    """(RN, KS) of each row tile of a v3 block (`make_split_k`): a tile of fewer rows than TB splits its
-    chunks of K over KS = TB // RN splits of RN rows (the rows rounded up to a multiple of lcm(RH, RB)); one split
-    without prefetching."""
-    RS = sl.threads // sl.KC
-    RH = -(-sl.TB // RS)
-    L = RH * sl.RB // math.gcd(RH, sl.RB)
-    out = []
-    for b0 in range(0, B, sl.TB):
-        RN = -(-min(sl.TB, B - b0) // L) * L if sl.PF else sl.TB
-        out.append((RN, max(1, sl.TB // RN)))
-    return out
-
-
-def v3_rounds(B: int, sl) -> int:
-    """Rounds of staged products one thread of a v3 block runs per gate and step for a batch of B rows: over
-    its row tiles, the KMAX / KC chunks of K shared by each tile's KS splits (`v3_splits`)."""
-    nch = sl.KMAX // sl.KC
-    return sum(-(-nch // KS) for _, KS in v3_splits(B, sl))
-
-
-#: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
-#: `numbarnn kernels --cc 90 --only persistent_v3` (compiled at the H = 512 slice, TJ = 4).  The co-residency
-#: estimate below (`v3_registers`) uses it for every GPU and slice of TJ > 2; the TJ = 2 slices take
-#: V3_REGISTERS_TJ2.  The driver on a GPU asks the device with the compiled kernel
-#: (`device_cooperative_limit`).
-#: 138 before the k loop's vector loads (4 words of every gate's row and of h live at once), 168 with them.
-V3_REGISTERS = 168
-#: the same for lstm_backward_persistent_v3 (`numbarnn kernels --cc 90 --only backward_persistent_v3`; 163
-#: before the vector loads)
-V3_BACKWARD_REGISTERS = 168
-#: the TJ = 2 slices (H = 768, 1024: 16 staged rows a thread), sm_90, forward and backward, at 64 and at 128
-#: threads alike (a thread's work does not depend on the block's width, `widen`; ptxas gave the forward
-#: 168 at 96 threads); sm_80 takes 222 / 225 there.  Measured with the compile report's link_info_log of the
-#: H = 768 slice's kernels.
-V3_REGISTERS_TJ2 = {"forward": 172, "backward": 168}
-
-
-def v3_registers(TJ: int, phase: str = "forward") -> int:
-    """The registers a thread of the persistent v3 kernel of `phase` is estimated to take at a slice of TJ
-    units (sm_90 figures, the estimate for every GPU: the device decides on a GPU)."""
-    if TJ <= 2:
-        return V3_REGISTERS_TJ2[phase]
-    return V3_REGISTERS if phase == "forward" else V3_BACKWARD_REGISTERS
-
-
-def v3_limit(cc, sms: int, G: int, sl, dtype="float32", registers: int = V3_REGISTERS) -> int | None:
-    """Blocks of a v3 slice `sl` co-resident on a GPU of compute capability cc with `sms` SMs (SMs x resident
-    blocks per SM, from the per-SM limits of gpus.ARCH / gpus.SM_LIMITS_EXTRA, the slice's shared memory and
-    `registers` a thread); None for a compute capability neither table has."""
-    arch = ARCH.get(tuple(cc)) or SM_LIMITS_EXTRA.get(tuple(cc))
-    if arch is None:
-        return None
-    shared = slice_bytes(G, sl, dtype)
-    if tuple(cc) >= (9, 0):
-        shared += arch["smem_reserved"]        # gpus.resident_blocks takes the linker's count (reserve in)
-    return resident_blocks(tuple(cc), sl.threads, registers, shared, arch=arch) * sms
-
-
-def v3_co_residency(gpu: GPU, H: int, P: int, G: int = 4, D: int = 1, dtype="float32",
-                    registers: int | None = None, B: int | None = None, phase: str = "forward") -> tuple:
-    """(Slice or None, blocks needed, co-resident limit, why) of the persistent v3 kernel of `phase` on `gpu`,
-    as `choose` decides on a device: the slice from `plan` (the largest TJ whose R slice fits), all
-    `blocks_needed` blocks co-resident, and given the batch B the first of `widths` (wider blocks)
-    that is.  choose asks the device (max_cooperative_grid_blocks); here the limit is `v3_limit`, with
-    `registers` a thread (default `v3_registers`)."""
-    base = plan(G, H, P, dtype, simulator=False)
-    if base is None:
-        return None, 0, 0, f"the R slice for P={P} does not fit {SMEM_BUDGET} bytes of shared memory"
-    n = blocks_needed(H, D, base)
-    fallback = None
-    for sl in ([base] if B is None else widths(G, base, B, dtype)):
-        regs = v3_registers(sl.TJ, phase) if registers is None else registers
-        limit = v3_limit(gpu.cc, gpu.sms, G, sl, dtype, regs)
-        per_sm = limit // gpu.sms
-        if n <= limit:
-            return sl, n, limit, (f"v3: {n} blocks (TJ={sl.TJ}, {sl.threads} threads) co-resident, limit "
-                                  f"{per_sm} per SM x {gpu.sms} = {limit}")
-        fallback = (f"v3 not co-resident: {n} blocks of {sl.threads} threads needed, {per_sm} per SM "
-                    f"x {gpu.sms} SMs = {limit}: v2 runs")
-    return None, n, limit, fallback
