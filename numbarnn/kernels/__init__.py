@@ -1,4 +1,29 @@
-"""numba.cuda kernels (see docs and each module's docstring)."""
+"""numba.cuda kernels and their runtime: the cuda backend.
+
+A call goes ops -> backend.py (device arrays, layouts) -> driver.py, which sequences the launches of a whole
+network in the order of reference/network.py's loops; launch.py makes each launch (numba's, typed and packed once
+per argument kind).  What the kernels are planned for is explicit: target.py (the simulator or a GPU, scoped
+with `planning_for`), gpus.py (the GPUs' figures and per-SM limits), settings (NUMBARNN_* read in one place).
+
+    per call           gemm.py (v1..v4 side by side, split-K), layer_ops.py (dropout, column sums, tiling),
+                       philox.py (dropout masks), cast and fill helpers in common.py
+    per step, v1       cell_steps.py (one thread per row and unit) + recurrent.py (dh = dgh R)
+    per step, v2       step_v2.py: a tiled product reads R once per step for all rows, the cell in its epilogue
+    per layer, v3      step_v3.py: one persistent cooperative launch per layer, R's slice in shared memory for
+                       all steps, a grid barrier per step (v3_slices.py: what a block holds; v3_parts.py: its
+                       device functions)
+    shared             epilogues.py (the cell's pointwise math after a product), staging.py (shared-memory
+                       staging), common.py (dtypes, `device`, `jit`), simulator.py (fixes to numba's simulator)
+    block_lstm.py      TensorFlow's BlockLSTM ops
+    registry.py        every kernel specialisation, for the compile report (numbarnn.analysis.report)
+
+How to add a step version v4 today: a module step_v4.py with its kernel factories (`make_forward_step_v4`, ...;
+specialised per cell and dtype, the cell's math from epilogues.py) and `kernel_specs()` for the compile report;
+in driver.py, `step_plan` decides when v4 runs (and says why in its note, with its fallback), `forward` and
+`backward` launch it, and `launch_plan` lists the same launches with their estimates (tests/test_launch_plan.py
+compares the two, so a missing row fails); `STEP_VERSIONS` and the profiler's `PROFILED_STEP_VERSIONS` name it;
+tests run it in the simulator on grids of several blocks with a partial last block.
+"""
 import numpy as np
 
 # numba-cuda 0.30.4 registers an overload of np.row_stack for every NumPy >= 2.0 (numba itself stops at 2.5),
