@@ -13,14 +13,16 @@ import pytest
 import numbarnn
 import numbarnn.contrib.gru_v1 as gru_v1
 import numbarnn.contrib.mgu as mgu
-from numbarnn import cli
+from numbarnn import cli, settings
 from numbarnn.cells import CellSpec, dsigmoid, sigmoid
 from numbarnn.config import RNNCall, params_size, rnn_config
+from numbarnn.kernels import common, driver
 from numbarnn.params import params_to_canonical, param_regions
 from numbarnn.reserve import reserve_entries
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+from conftest import planned_and_launched
 
-BACKENDS = ("reference", "cpu")
+BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("gru_v1", "mgu")
 
 
@@ -83,6 +85,16 @@ def test_params_are_the_grus_and_the_reserve_saves_m():
     assert entries["mod0"] == entries["mod1"] == (2, 5, 2, 4)
     assert "mod0" not in {e.name for e in reserve_entries(RNNCall(gru, 5, 2, np.dtype(np.float64), True, True,
                                                                   (5, 3)))}
+
+
+def test_explain_shows_the_modulation_and_the_step_kernel_fallback(capsys):
+    assert cli.main(["explain", "--cells", "numbarnn.contrib.mgu", "--mode", "mgu", "--units", "3",
+                     "--input-size", "2", "--time", "3", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "modulated state: gates n take rh_g = R_g (m ⊙ h) + bR_g" in out and "mod0" in out
+    assert "step kernels: v1: 'mgu' modulates the state before a recurrent product" in out
+    assert "mgu_modulate " in out and "mgu_modulated_step" in out and "mgu_modulate_backward" in out
+    assert "2 per step per layer" in out                 # forward: modulate + modulated_step
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,6 +289,65 @@ def test_cpu_inference_and_the_layer():
         outs[backend] = (np.asarray(y), np.asarray(h))
     for got, want in zip(outs["cpu"], outs["reference"]):
         assert relative_error(got, want) < 1e-12
+
+
+# ----------------------------------------------------------------------------------------------
+# cuda: several blocks with a partial last block, the launch plan, the v1 fallback
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not common.SIMULATOR, reason="simulator launch sizes (several blocks of a few threads)")
+@pytest.mark.parametrize("cell", CELLS)
+def test_cuda_several_blocks_with_a_partial_last_block(cell):
+    cfg = rnn_config(2, 11, 5, cell, direction="bidirectional", dropout=0.4, seed=3, seed2=9)
+    case = make_rnn_case(cfg, 3, 3, [3, 0, 2], seed=5)
+    plan, log, got_f, got_b = planned_and_launched(case)      # the plan lists exactly the launches made
+    for name in (f"{cell}_modulate", f"{cell}_modulated_step", f"{cell}_modulate_backward",
+                 f"{cell}_recurrent_backward"):
+        row = next(r for r in plan if r["kernel"] == name)
+        assert row["grid"][0] > 1 and 11 % row["block"] != 0   # several blocks, the last one partial
+        assert row["launches"] == 3
+    for name in ("modulate", "modulated_step", "modulate_backward", "recurrent_backward"):
+        assert log["forward" if "backward" not in name else "backward"].by_kernel[name] == 2 * 3
+    want_f = run_forward(case, "reference")
+    want_b = run_backward(case, want_f, "reference")
+    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
+        if want is not None:
+            assert relative_error(got, want) < 1e-12
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
+    cfg = rnn_config(1, 5, 3, "gru_v1", direction="bidirectional")
+    case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
+    want_f = run_forward(case, "reference")
+    want_b = run_backward(case, want_f, "reference")
+    with settings.override(step_version=version):
+        got_f = run_forward(case, "cuda")
+        got_b = run_backward(case, got_f, "cuda")
+        log = driver.last_launch_count()
+        call = RNNCall(cfg, 3, 2, np.dtype(np.float64), True, True, (3, 1))
+        plan = driver.step_plan(call, "backward")
+    for phase in ("forward", "backward"):
+        assert log[phase].step_version == 1
+        assert log[phase].note == (f"v1: 'gru_v1' modulates the state before a recurrent product (R_g (m ⊙ h)); "
+                                   f"the v2/v3 step kernels make one product per step, so v1 runs instead of "
+                                   f"v{version}")
+    assert plan.version == 1 and plan.slice is None
+    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
+        if want is not None:
+            assert relative_error(got, want) < 1e-12
+
+
+def test_the_kernel_report_lists_the_modulated_kernels():
+    from numbarnn.kernels import modulated
+    names = {(name, dt) for name, dt, *_ in modulated.kernel_specs()}
+    for cell in CELLS:
+        for kernel in modulated.KERNELS:
+            assert (f"{cell}_{kernel}", "float32") in names
+    from numbarnn.kernels import cell_steps, step_v2
+    assert ("mgu_forward_step", "float32") not in {(n, d) for n, d, *_ in cell_steps.kernel_specs()}
+    assert ("mgu_backward_step", "float32") in {(n, d) for n, d, *_ in cell_steps.kernel_specs()}
+    assert not [n for n, *_ in step_v2.kernel_specs() if n.startswith(("mgu", "gru_v1"))]
 
 
 # ----------------------------------------------------------------------------------------------
