@@ -47,6 +47,7 @@ rh_g = R_g (m ⊙ h) + bR_g; then `forward` sees every rh as above.  Two more po
     modulation_backward(dmod, mod, saved, v, h, dwx, drh)
         dmod     dL/dm                   the framework's: (sum over the modulated gates of R_g^T drh_g)_j * h
         mod      m                       as `modulation` returned it (saved by the framework, per step)
+        saved    forward's saved values ; v, h as in forward
         dwx[g]   out: dL/d(wx_g)         through m only, for the unmodulated gates (the framework adds them to
         drh[g]   out: dL/d(rh_g)         backward's own; drh read for `split_recurrent` gates only, as above)
 `backward` gives the gradients through the cell's own output (its drh of a modulated gate is dL/d(R_g (m ⊙ h));
@@ -119,7 +120,7 @@ class CellSpec:
             _check_function(f"CellSpec.{attr}", getattr(self, attr), expected)
 
     def _check_modulation(self):
-        """A modulated cell: known distinct gates, not every gate, both functions; a matrix recurrence, no projection."""
+        """Modulated gates: known, distinct, not all of them; both functions; a matrix recurrence; no projection."""
         has_fn = (self.modulation is not None, self.modulation_backward is not None)
         if not self.modulated:
             if any(has_fn):

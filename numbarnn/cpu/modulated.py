@@ -3,7 +3,7 @@
 Some gates' recurrent input is R_g (m ⊙ h), m computed per unit from the other gates of the same step, so a step
 makes two BLAS products with a pointwise loop between them (network.py's `blas_forward` and backward loop):
 
-    forward    gh_1 = R_1 h                       BLAS, the unmodulated gates' rows R_1 of R
+    forward    gh_1 = R_1 h                       BLAS, the unmodulated gates' rows R_1 of R (`product`)
                m = cell.modulation(wx, gh_1 + bR_1, v, h) ; q = m ⊙ h        (`modulate`, saves m)
                gh_2 = R_2 q                       BLAS, the modulated gates' rows; then the cell's step loop
     backward   the cell's step loop (dgx, dgh of every gate, dh bypassing R)
@@ -24,10 +24,30 @@ from numba import njit
 from .cells import njit_function
 
 
+@functools.lru_cache(maxsize=256)
 def gate_rows(cell, H: int, modulated: bool) -> np.ndarray:
-    """The [G*H] rows of R (columns of gh) of the gates that are (modulated=True) or are not modulated."""
+    """The [G*H] rows of R (columns of gh) of the gates that are (modulated=True) or are not modulated (read-only:
+    cached)."""
     rows = [np.arange(g * H, (g + 1) * H) for g, mask in enumerate(cell.modulated_mask) if mask == modulated]
-    return np.concatenate(rows).astype(np.int64)
+    out = np.concatenate(rows).astype(np.int64)
+    out.flags.writeable = False
+    return out
+
+
+def product(R_rows, srcT, ghT, rows, tmp):
+    """ghT[rows] = R_rows @ srcT: straight into ghT when `rows` are one contiguous run (the gates of either kind
+    side by side, as in gru_v1 and mgu: a C-contiguous row block), else through `tmp` [len(rows), B]."""
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi - lo == rows.size:
+        np.matmul(R_rows, srcT, out=ghT[lo:hi])
+    else:
+        ghT[rows] = np.matmul(R_rows, srcT, out=tmp)
+
+
+def columns(a, rows):
+    """a[:, rows]: a view when `rows` are one contiguous run, else a copy."""
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    return a[:, lo:hi] if hi - lo == rows.size else a[:, rows]
 
 
 @functools.cache

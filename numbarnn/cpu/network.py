@@ -6,6 +6,7 @@ NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -228,22 +229,21 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
         qT_buf = scratch("qT", (H, B), ct)                   # [H, B] m ⊙ h, transposed like h
         gh1T = scratch("gh1T", (rows1.size, B), ct)          # [G1*H, B] R_1 h
         gh2T = scratch("gh2T", (rows2.size, B), ct)          # [G2*H, B] R_2 (m ⊙ h)
-        ghT.fill(0)
-    for s in range(steps):
-        if cfg.cell.modulated:
-            ghT[rows1] = np.matmul(R1, hT_buf, out=gh1T)     # the modulated rows are 0 here
-            modulate(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, qT_buf.T, acts_mod)
-            ghT[rows2] = np.matmul(R2, qT_buf, out=gh2T)
-        elif cfg.cell.diagonal:                              # u_g ⊙ h per gate (diagonal.py)
-            diagonal.recurrent(lp.R, hT_buf, ghT)
-        else:
-            np.matmul(lp.R, hT_buf, out=ghT)
-        step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
-        if cfg.cell.modulated:
-            ghT[rows2] = 0                                   # the next modulation reads these as 0
-        if cfg.has_proj:
-            np.matmul(m_step, lp.W_proj.T, out=h_new)
-            commit_projection(s, d, lens, h_new, h, y)
+    # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
+    with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
+        for s in range(steps):
+            if cfg.cell.modulated:                           # (modulate reads only the unmodulated rows)
+                modulated.product(R1, hT_buf, ghT, rows1, gh1T)
+                modulate(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, qT_buf.T, acts_mod)
+                modulated.product(R2, qT_buf, ghT, rows2, gh2T)
+            elif cfg.cell.diagonal:                          # u_g ⊙ h per gate (diagonal.py)
+                diagonal.recurrent(lp.R, hT_buf, ghT)
+            else:
+                np.matmul(lp.R, hT_buf, out=ghT)
+            step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
+            if cfg.has_proj:
+                np.matmul(m_step, lp.W_proj.T, out=h_new)
+                commit_projection(s, d, lens, h_new, h, y)
     h_state[...] = h
 
 
@@ -385,23 +385,25 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 continue
             if cfg.cell.modulated:
                 R1, R2 = lp.R[rows1], lp.R[rows2]            # [G1*H, P], [G2*H, P] the two products' rows
-            for s in reversed(range(steps)):
-                if cfg.has_proj:
-                    total_dh(s, d, lens, dy_l, dh, dht, dh_all)
-                    np.matmul(dht, lp.W_proj, out=dm)
-                step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
-                     dv_acc)
-                if cfg.cell.modulated:                       # through R_2 (m ⊙ h), then R_1 h (modulated.py)
-                    np.matmul(dgh[s][:, rows2], R2, out=dq)
-                    modulate_backward(s, d, lens, dq, saved[f"mod{layer}"][d], acts, vec, hp[s], dh, dgx, dgh[s],
-                                      qs[s])
-                    np.matmul(dgh[s][:, rows1], R1, out=tmp)
-                    np.add(dh, tmp, out=dh)
-                elif cfg.cell.diagonal:                      # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
-                    diagonal.recurrent_backward(dgh[s], lp.R, dh)
-                else:
-                    np.matmul(dgh[s], lp.R, out=tmp)
-                    np.add(dh, tmp, out=dh)
+            # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
+            with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
+                for s in reversed(range(steps)):
+                    if cfg.has_proj:
+                        total_dh(s, d, lens, dy_l, dh, dht, dh_all)
+                        np.matmul(dht, lp.W_proj, out=dm)
+                    step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
+                         dv_acc)
+                    if cfg.cell.modulated:                   # through R_2 (m ⊙ h), then R_1 h (modulated.py)
+                        np.matmul(modulated.columns(dgh[s], rows2), R2, out=dq)
+                        modulate_backward(s, d, lens, dq, saved[f"mod{layer}"][d], acts, vec, hp[s], dh, dgx, dgh[s],
+                                          qs[s])
+                        np.matmul(modulated.columns(dgh[s], rows1), R1, out=tmp)
+                        np.add(dh, tmp, out=dh)
+                    elif cfg.cell.diagonal:                  # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
+                        diagonal.recurrent_backward(dgh[s], lp.R, dh)
+                    else:
+                        np.matmul(dgh[s], lp.R, out=tmp)
+                        np.add(dh, tmp, out=dh)
         for d, (dgx, dgh, hp, dv_acc, dh_all, qs) in enumerate(grads):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
@@ -416,8 +418,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             if d > 0:
                 dx_l += dx_d.reshape(T, B, I_l)
             if cfg.cell.modulated:                           # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
-                dlp.R[rows1] = gh2[:, rows1].T @ hp.reshape(T * B, P)
-                dlp.R[rows2] = gh2[:, rows2].T @ qs.reshape(T * B, H)
+                dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
+                dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
             elif cfg.cell.diagonal:                          # du_g = sum over t, b of dgh_g ⊙ h_prev
                 diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
             else:

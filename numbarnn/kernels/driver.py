@@ -560,8 +560,9 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             else:
                 gemm(gh2, rows(part(h_prev, d), TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
             for i, g in enumerate(cfg.cell.gate(name) for name in cfg.cell.modulated):   # their rows again:
-                gemm(rows(part(part(dgm, d), i), TB, H), rows(part(qs, d), TB, H), part(dlp.R, slice(g * H, (g + 1) * H)),
-                     trans_a=True, log=log, scratch=scratch)                          # dgh_g^T (m ⊙ h_prev)
+                dR_g = part(dlp.R, slice(g * H, (g + 1) * H))                            # dgh_g^T (m ⊙ h_prev)
+                gemm(rows(part(part(dgm, d), i), TB, H), rows(part(qs, d), TB, H), dR_g, trans_a=True, log=log,
+                     scratch=scratch)
             if cfg.has_proj:
                 gemm(part(dh_total, d).reshape(TB, P), part(saved[f"m{layer}"], d).reshape(TB, H), dlp.W_proj,
                      trans_a=True, log=log, scratch=scratch)
