@@ -4,7 +4,7 @@
     python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
     python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
-    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN) beside the built-in LSTM
+    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN, classic GRU, MGU) beside the LSTM
     python bench/bench_cpu.py --train         # a training loop, numbarnn.torch beside torch.nn (bench_train_loop.py)
     python bench/bench_cpu.py --memory        # peak memory of training, each in its own process (bench_memory.py)
 
@@ -67,7 +67,9 @@ TINY = (Shape("LSTM T=1 B=1 I=8 H=16", "lstm", 1, 1, 16, 8), Shape("GRU T=1 B=1 
 #: cells beyond cuDNN's (`--cells`, numbarnn.contrib): the cpu backend beside its built-in LSTM at the same shape
 CELLS = (Shape("LSTM T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256),
          Shape("IndRNN (tanh) T=100 B=32 I=H=256", "indrnn", 100, 32, 256, 256),
-         Shape("IndRNN (relu) T=100 B=32 I=H=256", "indrnn_relu", 100, 32, 256, 256))
+         Shape("IndRNN (relu) T=100 B=32 I=H=256", "indrnn_relu", 100, 32, 256, 256),
+         Shape("classic GRU (gru_v1) T=100 B=32 I=H=256", "gru_v1", 100, 32, 256, 256),
+         Shape("MGU T=100 B=32 I=H=256", "mgu", 100, 32, 256, 256))
 FMA_PORTS = 2          # FMA units per core: Zen 3, Zen 4 and Intel's server cores (AVX2/AVX-512) have two
 
 
@@ -389,7 +391,9 @@ def main(argv=None) -> int:
         print(tiny_markdown(rows))
         return 0
     if args.cells:
+        import numbarnn.contrib.gru_v1  # noqa: F401  (registers gru_v1)
         import numbarnn.contrib.indrnn  # noqa: F401  (registers indrnn, indrnn_relu)
+        import numbarnn.contrib.mgu  # noqa: F401  (registers mgu)
         shapes = tuple(Shape(s.label.replace("T=100 B=32 I=H=256", "T=8 B=4 I=H=16"), s.mode, 8, 4, 16, 16)
                        for s in CELLS) if args.quick else CELLS
         rows = cpu_rows(shapes, ("cpu",), args.reps, args.settle)

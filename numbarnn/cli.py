@@ -342,6 +342,9 @@ def cmd_explain(args) -> int:
     if cfg.cell.diagonal:
         print("  (diagonal recurrence: each R_g slot holds a vector u_g [H], rh_g = u_g ⊙ h + bR_g; no "
               "recurrent product)")
+    if cfg.cell.modulated:
+        print(f"  (modulated state: gates {', '.join(cfg.cell.modulated)} take rh_g = R_g (m ⊙ h) + bR_g, m from the "
+              f"other gates of the same step: two recurrent products per step)")
     print(f"\nreserve_space: {reserve_size(call)} elements for a training call (time-major, original time "
           f"indices, 0 past each sequence's length)")
     rows = [(e.name, str(e.offset), _shape(e.shape), e.meaning) for e in reserve_entries(call)]
@@ -357,7 +360,7 @@ def cmd_explain(args) -> int:
     else:
         plan = module.launch_plan(call)
         print(plan if isinstance(plan, str) else plan_table(plan, call))
-        if cfg.cell.diagonal:                   # the step kernels it falls back to, and why
+        if cfg.cell.diagonal or cfg.cell.modulated:   # the step kernels it falls back to, and why
             note = module.driver.step_plan(call, "forward", simulator=False).note
             if note:
                 print(f"  step kernels: {note}")

@@ -8,6 +8,7 @@ Entries at t >= len[b] are 0.  In the input's dtype::
     for l in 0..L-1:     acts_l  [D, T, B, S*H]   gate activations of both directions (S per cell, below)
                          c_l     [D, T, B, H]     LSTM: the cell state c' after step t
                          m_l     [D, T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
+                         mod_l   [D, T, B, H]     a modulated cell (CellSpec.modulated): the modulation m
                          y_l     [T, B, D*P]      layer l's output h' (before dropout; y_{L-1} is `output`)
     for l in 1..L-1:     keep_l  [T, B, D*P]      dropout keep flags 0/1 of layer l's input (training, p > 0)
     last:                nonce   [4]              this forward call's random tag, also recorded in host_reserved
@@ -79,6 +80,9 @@ def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
             add(f"c{layer}", (D, T, B, H), f"layer {layer}: cell state c' after each step")
         if cfg.has_proj:
             add(f"m{layer}", (D, T, B, H), f"layer {layer}: o*tanh(c'), the input of the projection")
+        if cell.modulated:
+            add(f"mod{layer}", (D, T, B, H), f"layer {layer}: the modulation m of the state (R_g (m ⊙ h) for "
+                                             f"gates {', '.join(cell.modulated)})")
         add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")
     if call.dropout_active:
         for layer in range(1, cfg.L):

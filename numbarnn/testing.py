@@ -261,6 +261,32 @@ def pointwise_gradient_error(cell, wx, rh, v, h, c, dm, dc, eps: float = 1e-6) -
         e[k] = eps
         fd[k] = (loss(x + e) - loss(x - e)) / (2 * eps)
     scale = max(np.max(np.abs(analytic)), np.max(np.abs(fd)), 1e-12)
+    error = float(np.max(np.abs(analytic - fd)) / scale)
+    if cell.modulated:
+        error = max(error, _modulation_gradient_error(cell, x[:G], x[G:2 * G], x[2 * G:2 * G + V], x[-2], dm, saved,
+                                                      eps))
+    return error
+
+
+def _modulation_gradient_error(cell, wx, rh, v, h, dmod, saved, eps: float) -> float:
+    """max |analytic - FD| / max |gradient| of the loss dmod*m over the unmodulated gates' wx, rh (a modulated
+    cell: `modulation_backward` against central differences of `modulation`; the modulated gates' rh are 0)."""
+    G = cell.G
+    keep = np.array([not m for m in cell.modulated_mask] * 2, dtype=np.float64)   # [2G] wx, rh of free gates
+    x = np.concatenate([wx, rh]) * keep
+
+    def loss(x):
+        return dmod * cell.modulation(x[:G], x[G:], v, h)
+
+    dwx, drh = np.zeros(G), np.zeros(G)
+    cell.modulation_backward(dmod, cell.modulation(x[:G], x[G:], v, h), saved, v, h, dwx, drh)
+    analytic = np.concatenate([dwx, np.where(cell.split_mask, drh, dwx)]) * keep
+    fd = np.zeros_like(x)
+    for k in np.flatnonzero(keep):
+        e = np.zeros_like(x)
+        e[k] = eps
+        fd[k] = (loss(x + e) - loss(x - e)) / (2 * eps)
+    scale = max(np.max(np.abs(analytic)), np.max(np.abs(fd)), 1e-12)
     return float(np.max(np.abs(analytic - fd)) / scale)
 
 

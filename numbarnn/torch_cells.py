@@ -244,8 +244,14 @@ class CellModule(torch.nn.Module):
         h = states[0].to(dtype) if states else x.new_zeros((B, H), dtype=dtype)
         c = (states[1].to(dtype) if states else x.new_zeros((B, H), dtype=dtype)) if self._has_cell_state else None
         gx = x.to(dtype) @ w["weight_ih"].to(dtype).T + (w["bias_ih"].to(dtype) if self.bias else 0.0)
-        gh = h @ w["weight_hh"].to(dtype).T + (w["bias_hh"].to(dtype) if self.bias else 0.0)
         vectors = [w[name].to(dtype) for name in get_cell(self._rnn_mode()).vectors]
+        cell = get_cell(self._rnn_mode())
+        if cell.modulated:                                         # R_g (m ⊙ h) for its modulated gates
+            from .torch_network import _modulated_gh, torch_cell_modulation
+            lp = {"R": w["weight_hh"].to(dtype), "bR": w["bias_hh"].to(dtype) if self.bias else None, "V": vectors}
+            gh = _modulated_gh(cell, torch_cell_modulation(cell.name), lp, gx, h, H)
+        else:
+            gh = h @ w["weight_hh"].to(dtype).T + (w["bias_hh"].to(dtype) if self.bias else 0.0)
         h1, c1 = cell_step(self._rnn_mode(), gx, gh, vectors, h, c, H)
         if not batched:
             h1, c1 = h1[0], (None if c1 is None else c1[0])

@@ -14,7 +14,9 @@ long as their forward is written with those helpers and arithmetic (no Python ``
 The network around the cell follows SPEC 3, 5 and 6 as the reference does (numbarnn/reference/network.py):
 per layer and direction ``gx = x W^T + bW`` over all steps, then per step ``gh = h R^T + bR``, the cell, the
 projection; rows past their length keep their state and output 0 (reversal within each sequence's length);
-dropout on the inputs of layers 1.. with the Philox keep flags of SPEC 6 and the scale 1/(1-p).
+dropout on the inputs of layers 1.. with the Philox keep flags of SPEC 6 and the scale 1/(1-p).  A modulated cell
+(``CellSpec.modulated``) makes its two products per step: the unmodulated gates' ``R_g h``, its ``modulation`` (rebound
+like ``forward``), then the modulated gates' ``R_g (m ⊙ h)``.
 """
 from __future__ import annotations
 
@@ -37,6 +39,28 @@ TORCH_TWINS = {HELPERS["sigmoid"]: torch.sigmoid, HELPERS["tanh"]: torch.tanh, H
 def torch_cell_forward(cell_name: str):
     """The spec's forward with its helpers rebound to torch (a plain Python function over tensors)."""
     return compile_with_twins(get_cell(cell_name).forward, TORCH_TWINS, lambda fn: fn)
+
+
+@functools.lru_cache(maxsize=None)
+def torch_cell_modulation(cell_name: str):
+    """A modulated cell's `modulation` with its helpers rebound to torch."""
+    return compile_with_twins(get_cell(cell_name).modulation, TORCH_TWINS, lambda fn: fn)
+
+
+def _modulated_gh(cell, modulation, lp, gx_t, h, H):
+    """gh [B, G*H] of a modulated cell (bR included): the unmodulated gates' R_g h + bR_g, the modulation m from
+    them, then the modulated gates' R_g (m ⊙ h) + bR_g.  gx_t [B, G*H] (bW included), h [B, H]."""
+    R, bR = lp["R"], lp["bR"]
+    wx = [gx_t[:, g * H:(g + 1) * H] for g in range(cell.G)]           # G x [B, H]
+
+    def product(g, state):                                             # [B, H]
+        out = state @ R[g * H:(g + 1) * H].T
+        return out + bR[g * H:(g + 1) * H] if bR is not None else out
+
+    rh = [torch.zeros_like(h) if mod else product(g, h) for g, mod in enumerate(cell.modulated_mask)]
+    q = modulation(wx, rh, lp["V"], h) * h                             # [B, H] m ⊙ h
+    rh = [product(g, q) if mod else rh[g] for g, mod in enumerate(cell.modulated_mask)]
+    return torch.cat(rh, dim=1)
 
 
 def cell_step(cell_name: str, gx, gh, v, h, c, H: int):
@@ -98,12 +122,15 @@ def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
             per_step = []                                                 # h' of step s, [B, P]
             for s in range(T):
                 t = torch.full_like(rows, s) if d == 0 else rev[s]        # [B] time index of each row
-                if cell.diagonal:                                         # u_g ⊙ h per gate, R [G*H]
-                    gh = h.repeat(1, cell.G) * lp["R"]                    # [B, G*H]
+                if cell.modulated:                                        # two products, m ⊙ h between
+                    gh = _modulated_gh(cell, torch_cell_modulation(cfg.rnn_mode), lp, gx[t, rows], h, H)
                 else:
-                    gh = h @ lp["R"].T                                    # [B, G*H]
-                if lp["bR"] is not None:
-                    gh = gh + lp["bR"]
+                    if cell.diagonal:                                     # u_g ⊙ h per gate, R [G*H]
+                        gh = h.repeat(1, cell.G) * lp["R"]                # [B, G*H]
+                    else:
+                        gh = h @ lp["R"].T                                # [B, G*H]
+                    if lp["bR"] is not None:
+                        gh = gh + lp["bR"]
                 m, c_new = _cell_step(cell, cell_forward, gx[t, rows], gh, lp["V"],
                                       None if cfg.has_proj else h, c, H)
                 h_new = m @ lp["W_proj"].T if lp["W_proj"] is not None else m   # [B, P]

@@ -582,7 +582,7 @@ def test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm(monkeypatch, capsy
     spec.loader.exec_module(bench_cpu)
     assert bench_cpu.main(["--cells", "--quick", "--reps", "1", "--settle", "0"]) == 0
     out = capsys.readouterr().out
-    assert out.count("x the LSTM's") == len(bench_cpu.CELLS) - 1 and "IndRNN (tanh)" in out
+    assert out.count("x the LSTM's") == len(bench_cpu.CELLS) - 1 and "IndRNN (tanh)" in out and "MGU" in out
 
 
 def test_bench_cpu_runs_the_training_loop_and_memory_comparisons(monkeypatch, capsys):

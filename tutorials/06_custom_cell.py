@@ -19,7 +19,8 @@ where wx = W x + bW and rh = R h + bR per gate.  Steps:
      hand-written oracle, so finite differences are the oracle);
   3. run it as an op, on the reference backend and on the CUDA kernels (the simulator without a GPU), and
      compare; 4. look at the kernel numbarnn generated for it; 5. time it;
-  6. a cell whose recurrent weight is a vector, not a matrix (IndRNN: `recurrence="diagonal"`).
+  6. a cell whose recurrent weight is a vector, not a matrix (IndRNN: `recurrence="diagonal"`);
+  7. a cell that modulates the state before a recurrent product (the minimal gated unit: `modulated`).
 
 Run: python tutorials/06_custom_cell.py [--quick]
 """
@@ -203,10 +204,73 @@ def step6_diagonal():
           f"{driver.last_launch_count()['backward'].note or 'v1 (the simulator default)'}")
 
 
+# ---------------------------------------------------------------------------------------------------
+# 7. A modulated state: the MGU, n = tanh(W_n x + bW_n + R_n (f ⊙ h) + bR_n), f a gate of the same step
+# ---------------------------------------------------------------------------------------------------
+
+F, N = 0, 1                      # the MGU's gates
+
+
+def mgu_forward(wx, rh, v, h, c, saved):
+    """The same contract; rh[N] arrives as R_n (f ⊙ h) + bR_n: the framework made the second product."""
+    f = sigmoid(wx[F] + rh[F])
+    n = tanh(wx[N] + rh[N])
+    saved[F] = f
+    saved[N] = n
+    return h + f * (n - h), c
+
+
+def mgu_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    """Through h' only; f's part through m ⊙ h is modulation_backward's."""
+    f, n = saved[F], saved[N]
+    dwx[F] = dm * (n - h) * dsigmoid(f)
+    dwx[N] = dm * f * dtanh(n)
+    return dm * one_minus(f), dc
+
+
+def mgu_modulation(wx, rh, v, h):
+    """m of unit j, from the unmodulated gates only (rh[N] is 0 when this runs): here m = f."""
+    return sigmoid(wx[F] + rh[F])
+
+
+def mgu_modulation_backward(dmod, mod, saved, v, h, dwx, drh):
+    """dmod = dL/dm (the framework's: (R_n^T drh_n)_j * h_j); into f's pre-activation (added to backward's)."""
+    dwx[F] = dmod * dsigmoid(mod)
+
+
+MGU = register(CellSpec(name="mgu_tutorial", gates=("f", "n"), saved=("f", "n"), forward=mgu_forward,
+                        backward=mgu_backward, modulated=("n",), modulation=mgu_modulation,
+                        modulation_backward=mgu_modulation_backward))
+
+
+def step7_modulated():
+    """Three more fields: `modulated` names the gates whose recurrent input is R_g (m ⊙ h), `modulation` computes
+    m per unit, `modulation_backward` takes dL/dm back (numbarnn/contrib/mgu.py and gru_v1.py, the classic GRU,
+    ship the same way).  A step now makes two recurrent products; the params are those of any 2-gate cell."""
+    from numbarnn.config import rnn_config
+    from numbarnn.kernels import driver
+    from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+    report = check_cell(MGU, backends=("reference", "cpu"), max_examples=8 if QUICK else 25,
+                        network_examples=2 if QUICK else 6)
+    print(f"  {report}")
+    assert report.ok
+    cfg = rnn_config(2, 3, 2, MGU.name, direction="bidirectional")
+    case = make_rnn_case(cfg, 4, 3, lengths=[4, 0, 2], seed=0)
+    ref, gpu = run_forward(case, "reference"), run_forward(case, "cuda")
+    worst = max(relative_error(b, a) for a, b in zip(ref[:2] + run_backward(case, ref, "reference")[:2],
+                                                     gpu[:2] + run_backward(case, gpu, "cuda")[:2]))
+    assert worst < 1e-12, worst
+    launches = driver.last_launch_count()
+    print(f"  cuda kernels equal the reference to {worst:.1e}; per step: forward "
+          f"{', '.join(k for k in launches['forward'].by_kernel if 'modulat' in k)}; backward "
+          f"{', '.join(k for k in launches['backward'].by_kernel if k.endswith(('step', 'backward')))}")
+
+
 def main():
     for title, step in (("1. the cell as data", step1_spec), ("2. gradient checks", step2_check),
                         ("3. as an op, on every backend", step3_ops), ("4. the generated kernel", step4_kernel),
-                        ("5. timing", step5_time), ("6. a diagonal recurrence (IndRNN)", step6_diagonal)):
+                        ("5. timing", step5_time), ("6. a diagonal recurrence (IndRNN)", step6_diagonal),
+                        ("7. a modulated state (MGU)", step7_modulated)):
         print(title)
         step()
     print("tutorial 06: all checks passed")

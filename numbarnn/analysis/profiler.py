@@ -629,7 +629,7 @@ STEP_KERNELS = ("project", "recurrent_backward", "recurrent_backward_v2")
 #: cooperative grid of every block, numbarnn's fix to the simulator; v2 where that is more than
 #: simulator.COOPERATIVE_BLOCKS blocks, as on a GPU where they cannot all be co-resident)
 PROFILED_STEP_VERSIONS = (1, 2, 3)
-_STEP_NAME = re.compile(r"_(step|persistent)(_v\d+)?(_proj)?$")
+_STEP_NAME = re.compile(r"_(step|persistent|modulate|modulate_backward|recurrent_backward)(_v\d+)?(_proj)?$")
 
 
 def is_step_kernel(name: str) -> bool:

@@ -37,6 +37,24 @@ as they are (for user cells: the built-in cells keep their hand-written NumPy or
         dv[k]    out: dL/d(v_k)          this step's contribution (summed over steps and rows by the driver)
         returns dL/dh (the part that bypasses R: GRU's z*dm; 0 for most cells) and dL/dc (0 without a state)
 
+A cell may modulate the state before some gates' recurrent product (``modulated``: the classic GRU's reset
+gate, n = tanh(W_n x + R_n (r ⊙ h)); the MGU's forget gate).  A step then makes two recurrent products, in order:
+the unmodulated gates' rh_g = R_g h + bR_g, the modulation m of each unit from them, and the modulated gates'
+rh_g = R_g (m ⊙ h) + bR_g; then `forward` sees every rh as above.  Two more pointwise functions, per unit j:
+
+    modulation(wx, rh, v, h) -> m        m, the unit's modulation (reads wx, rh of the unmodulated gates only:
+                                         the modulated gates' rh are 0 when it runs)
+    modulation_backward(dmod, mod, saved, v, h, dwx, drh)
+        dmod     dL/dm                   the framework's: (sum over the modulated gates of R_g^T drh_g)_j * h
+        mod      m                       as `modulation` returned it (saved by the framework, per step)
+        saved    forward's saved values ; v, h as in forward
+        dwx[g]   out: dL/d(wx_g)         through m only, for the unmodulated gates (the framework adds them to
+        drh[g]   out: dL/d(rh_g)         backward's own; drh read for `split_recurrent` gates only, as above)
+`backward` gives the gradients through the cell's own output (its drh of a modulated gate is dL/d(R_g (m ⊙ h));
+the framework turns it into dR_g = sum of drh_g (m ⊙ h)^T, dL/dh += m ⊙ R_g^T drh_g and dmod).  The framework
+saves m per step (the reserve's mod_l).  A modulated cell has a matrix recurrence and no projection (m ⊙ h needs
+the unit's own h).
+
 Register a spec with `register(spec)`; afterwards `rnn_mode=spec.name` works in every op, layer and tool.
 """
 from __future__ import annotations
@@ -50,6 +68,8 @@ from typing import Callable
 RECURRENCES = ("matrix", "diagonal")
 _FORWARD_ARGS = ("wx", "rh", "v", "h", "c", "saved")
 _BACKWARD_ARGS = ("dm", "dc", "saved", "v", "h", "c", "c_new", "dwx", "drh", "dv")
+_MODULATION_ARGS = ("wx", "rh", "v", "h")
+_MODULATION_BACKWARD_ARGS = ("dmod", "mod", "saved", "v", "h", "dwx", "drh")
 
 
 @dataclass(frozen=True)
@@ -67,9 +87,12 @@ class CellSpec:
     projection: bool = False                    # num_proj allowed (needs a cell state; h is never read)
     equations: str = ""                         # shown by `numbarnn explain` and the docs
     recurrence: str = "matrix"                  # "matrix" (R_g h) or "diagonal" (u_g ⊙ h, IndRNN)
+    modulated: tuple = ()                       # gates whose recurrent input is R_g (m ⊙ h) (classic GRU: n)
+    modulation: Callable | None = field(default=None, repr=False)            # m from the other gates, per unit
+    modulation_backward: Callable | None = field(default=None, repr=False)   # dL/dm into their dwx, drh
 
     def __post_init__(self):
-        for attr in ("gates", "saved", "vectors", "split_recurrent"):
+        for attr in ("gates", "saved", "vectors", "split_recurrent", "modulated"):
             value = getattr(self, attr)
             if isinstance(value, str) or not all(isinstance(n, str) and n for n in value):
                 raise TypeError(f"CellSpec.{attr}: expected a tuple of non-empty names, got {value!r}")
@@ -91,17 +114,39 @@ class CellSpec:
         if self.recurrence == "diagonal" and self.projection:
             raise ValueError("CellSpec.recurrence: a diagonal recurrence (u_g ⊙ h) cannot have a projection "
                              "(projection=True): u_g scales the unit's own h, which a projection replaces")
+        self._check_modulation()
         if self.projection and not self.cell_state:
             raise ValueError("CellSpec.projection: a projection needs a cell state (h' = W_proj m feeds only R)")
         for attr, expected in (("forward", _FORWARD_ARGS), ("backward", _BACKWARD_ARGS)):
-            fn = getattr(self, attr)
-            if not inspect.isfunction(fn):
-                raise TypeError(f"CellSpec.{attr}: expected a plain Python function, got {fn!r}")
-            params = [p for p in inspect.signature(fn).parameters.values()]
-            if len(params) != len(expected) or any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                                                   for p in params):
-                raise TypeError(f"CellSpec.{attr}: expected a function of {len(expected)} positional arguments "
-                                f"({', '.join(expected)}), got {fn.__name__}{inspect.signature(fn)}")
+            _check_function(f"CellSpec.{attr}", getattr(self, attr), expected)
+
+    def _check_modulation(self):
+        """Modulated gates: known, distinct, not all of them; both functions; a matrix recurrence; no projection."""
+        has_fn = (self.modulation is not None, self.modulation_backward is not None)
+        if not self.modulated:
+            if any(has_fn):
+                raise ValueError("CellSpec.modulated: modulation / modulation_backward are given but no gate is "
+                                 "modulated (name the gates whose recurrent input is R_g (m ⊙ h))")
+            return
+        unknown = [g for g in self.modulated if g not in self.gates]
+        if unknown:
+            raise ValueError(f"CellSpec.modulated: {unknown} are not gates of {self.name!r} {self.gates}")
+        if len(set(self.modulated)) != len(self.modulated):
+            raise ValueError(f"CellSpec.modulated: names must be distinct, got {self.modulated!r}")
+        if len(self.modulated) == len(self.gates):
+            raise ValueError(f"CellSpec.modulated: at least one gate must stay unmodulated (m is computed from "
+                             f"them), got every gate {self.modulated!r}")
+        if self.recurrence != "matrix":
+            raise ValueError(f"CellSpec.modulated: a modulated state (R_g (m ⊙ h)) needs recurrence='matrix', "
+                             f"got {self.recurrence!r}")
+        if self.projection:
+            raise ValueError("CellSpec.modulated: a modulated cell cannot have a projection (projection=True): "
+                             "m ⊙ h needs the unit's own h, which a projection replaces")
+        for attr, expected in (("modulation", _MODULATION_ARGS), ("modulation_backward", _MODULATION_BACKWARD_ARGS)):
+            if getattr(self, attr) is None:
+                raise TypeError(f"CellSpec.{attr}: a cell with modulated gates {self.modulated} needs a plain "
+                                f"Python function of ({', '.join(expected)}), got None")
+            _check_function(f"CellSpec.{attr}", getattr(self, attr), expected)
 
     # derived sizes ------------------------------------------------------------------------------
     @property
@@ -126,9 +171,25 @@ class CellSpec:
         """The recurrent weight of each gate is a vector u_g [H] (rh_g = u_g ⊙ h + bR_g), not a matrix."""
         return self.recurrence == "diagonal"
 
+    @property
+    def modulated_mask(self) -> tuple:
+        """Per gate: True where the recurrent input is the modulated state m ⊙ h."""
+        return tuple(g in self.modulated for g in self.gates)
+
     def gate(self, name: str) -> int:
         """Index of a gate by name (the named gate offsets of the kernels and cells)."""
         return self.gates.index(name)
+
+
+def _check_function(what: str, fn, expected: tuple) -> None:
+    """`fn` is a plain Python function of len(expected) positional arguments (TypeError naming `what`)."""
+    if not inspect.isfunction(fn):
+        raise TypeError(f"{what}: expected a plain Python function, got {fn!r}")
+    params = [p for p in inspect.signature(fn).parameters.values()]
+    if len(params) != len(expected) or any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                           for p in params):
+        raise TypeError(f"{what}: expected a function of {len(expected)} positional arguments "
+                        f"({', '.join(expected)}), got {fn.__name__}{inspect.signature(fn)}")
 
 
 _CELLS: dict[str, CellSpec] = {}
@@ -154,8 +215,11 @@ def _same(a: CellSpec, b: CellSpec) -> bool:
     return a == b or (a.name == b.name and a.gates == b.gates and a.saved == b.saved
                       and a.cell_state == b.cell_state and a.vectors == b.vectors
                       and a.split_recurrent == b.split_recurrent and a.projection == b.projection
-                      and a.recurrence == b.recurrence
-                      and _code(a.forward) == _code(b.forward) and _code(a.backward) == _code(b.backward))
+                      and a.recurrence == b.recurrence and a.modulated == b.modulated
+                      and _code(a.forward) == _code(b.forward) and _code(a.backward) == _code(b.backward)
+                      and all((f is None) == (g is None) and (f is None or _code(f) == _code(g))
+                              for f, g in ((a.modulation, b.modulation),
+                                           (a.modulation_backward, b.modulation_backward))))
 
 
 def _code(fn, depth: int = 0):

@@ -6,6 +6,7 @@ NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
-from . import cells, diagonal, fused, threads
+from . import cells, diagonal, fused, modulated, threads
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -201,9 +202,10 @@ def _padded(buf, src):
     return buf
 
 
-def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct):
-    """One layer and direction by BLAS products and the njit step loop (FUSED False):
-    h_state [B, P] and c_state [B, H] (or None) are updated in place."""
+def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None):
+    """One layer and direction by BLAS products and the njit step loop (FUSED False; always for a diagonal or a
+    modulated cell): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod [T, B, H]: the
+    reserve's m of a modulated cell."""
     cfg, T, B = call.config, call.T, call.B
     H, P, G = cfg.H, cfg.P, cfg.G
     step = cells.pick(cells.forward_step, cfg.cell, ct, cfg.has_proj, B, H)
@@ -220,15 +222,28 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
     h[...] = h_state
     c = c_state if c_state is not None else m_step
     vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
-    for s in range(steps):
-        if cfg.cell.diagonal:                                # u_g ⊙ h per gate (diagonal.py)
-            diagonal.recurrent(lp.R, hT_buf, ghT)
-        else:
-            np.matmul(lp.R, hT_buf, out=ghT)
-        step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
-        if cfg.has_proj:
-            np.matmul(m_step, lp.W_proj.T, out=h_new)
-            commit_projection(s, d, lens, h_new, h, y)
+    if cfg.cell.modulated:                                   # two products, m ⊙ h between them (modulated.py)
+        rows1, rows2 = modulated.gate_rows(cfg.cell, H, False), modulated.gate_rows(cfg.cell, H, True)
+        R1, R2 = lp.R[rows1], lp.R[rows2]                    # [G1*H, P], [G2*H, P] the two products' rows
+        modulate = modulated.modulate(cfg.cell, _name(ct))
+        qT_buf = scratch("qT", (H, B), ct)                   # [H, B] m ⊙ h, transposed like h
+        gh1T = scratch("gh1T", (rows1.size, B), ct)          # [G1*H, B] R_1 h
+        gh2T = scratch("gh2T", (rows2.size, B), ct)          # [G2*H, B] R_2 (m ⊙ h)
+    # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
+    with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
+        for s in range(steps):
+            if cfg.cell.modulated:                           # (modulate reads only the unmodulated rows)
+                modulated.product(R1, hT_buf, ghT, rows1, gh1T)
+                modulate(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, qT_buf.T, acts_mod)
+                modulated.product(R2, qT_buf, ghT, rows2, gh2T)
+            elif cfg.cell.diagonal:                          # u_g ⊙ h per gate (diagonal.py)
+                diagonal.recurrent(lp.R, hT_buf, ghT)
+            else:
+                np.matmul(lp.R, hT_buf, out=ghT)
+            step(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, c, m_step, y, acts, cs, ms)
+            if cfg.has_proj:
+                np.matmul(m_step, lp.W_proj.T, out=h_new)
+                commit_projection(s, d, lens, h_new, h, y)
     h_state[...] = h
 
 
@@ -244,7 +259,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
     cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
     none3 = np.zeros((0, 0, 0), dtype=ct)
-    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal     # the fused loops multiply by a matrix R
+    # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
+    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal and not cfg.cell.modulated
 
     x_l = x
     for layer in range(cfg.L):
@@ -263,7 +279,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
                 fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
             else:
                 with threads.budget():
-                    blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct)
+                    blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
+                                 saved[f"mod{layer}"][d] if cfg.cell.modulated else None)
         x_l = y
     return x_l, hT, cT, flat
 
@@ -282,7 +299,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
     all_rows = np.arange(B, dtype=np.int64)
-    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal
+    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal and not cfg.cell.modulated
+    if cfg.cell.modulated:                                   # modulated.py: two products per step
+        rows1, rows2 = modulated.gate_rows(cfg.cell, H, False), modulated.gate_rows(cfg.cell, H, True)
+        modulate_backward = modulated.modulate_backward(cfg.cell, _name(ct))
+        dq = scratch("dq", (B, H), ct)                       # [B, H] dgh_2 R_2 of a step
     if use_fused:
         MV = fused.COLUMN_VECTORS
         NR = fused.rows_for(MV)
@@ -329,16 +350,21 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] W-side grads (t layout)
             # [T, B, G*H] R-side grads (s layout).  The forward direction's s is t, and without a gate whose R
             # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
-            dgh = dgx if d == 0 and not any(cfg.cell.split_mask) else scratch(f"dgh{d}", (T, B, G * H), ct)
+            # (not for a modulated cell: its second pass adds to both)
+            share = d == 0 and not any(cfg.cell.split_mask) and not cfg.cell.modulated
+            dgh = dgx if share else scratch(f"dgh{d}", (T, B, G * H), ct)
             hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
             dv_acc = scratch(f"dv_acc{d}", (B, max(V, 0), H), ct)           # [B, V, H]
             dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
-            grads.append((dgx, dgh, hp, dv_acc, dh_all))
+            qs = scratch(f"qs{d}", (T, B, H), ct) if cfg.cell.modulated else None   # [T, B, H] m ⊙ h_prev (s layout)
+            grads.append((dgx, dgh, hp, dv_acc, dh_all, qs))
             if padded:
                 dgx.fill(0)
             if steps < T:                                    # steps never run stay 0 in the s layout
                 dgh[steps:] = 0
                 hp[steps:] = 0
+                if qs is not None:
+                    qs[steps:] = 0
             if dh_all is not None:
                 dh_all.fill(0)
             dv_acc.fill(0)
@@ -357,18 +383,28 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
                      *proj)
                 continue
-            for s in reversed(range(steps)):
-                if cfg.has_proj:
-                    total_dh(s, d, lens, dy_l, dh, dht, dh_all)
-                    np.matmul(dht, lp.W_proj, out=dm)
-                step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
-                     dv_acc)
-                if cfg.cell.diagonal:                        # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
-                    diagonal.recurrent_backward(dgh[s], lp.R, dh)
-                else:
-                    np.matmul(dgh[s], lp.R, out=tmp)
-                    np.add(dh, tmp, out=dh)
-        for d, (dgx, dgh, hp, dv_acc, dh_all) in enumerate(grads):
+            if cfg.cell.modulated:
+                R1, R2 = lp.R[rows1], lp.R[rows2]            # [G1*H, P], [G2*H, P] the two products' rows
+            # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
+            with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
+                for s in reversed(range(steps)):
+                    if cfg.has_proj:
+                        total_dh(s, d, lens, dy_l, dh, dht, dh_all)
+                        np.matmul(dht, lp.W_proj, out=dm)
+                    step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
+                         dv_acc)
+                    if cfg.cell.modulated:                   # through R_2 (m ⊙ h), then R_1 h (modulated.py)
+                        np.matmul(modulated.columns(dgh[s], rows2), R2, out=dq)
+                        modulate_backward(s, d, lens, dq, saved[f"mod{layer}"][d], acts, vec, hp[s], dh, dgx, dgh[s],
+                                          qs[s])
+                        np.matmul(modulated.columns(dgh[s], rows1), R1, out=tmp)
+                        np.add(dh, tmp, out=dh)
+                    elif cfg.cell.diagonal:                  # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
+                        diagonal.recurrent_backward(dgh[s], lp.R, dh)
+                    else:
+                        np.matmul(dgh[s], lp.R, out=tmp)
+                        np.add(dh, tmp, out=dh)
+        for d, (dgx, dgh, hp, dv_acc, dh_all, qs) in enumerate(grads):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]
             # weight gradients: single big matmuls over all steps and rows
@@ -381,7 +417,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 np.sum(dgx.reshape(T * B, G, H), axis=1, out=dx_part)
             if d > 0:
                 dx_l += dx_d.reshape(T, B, I_l)
-            if cfg.cell.diagonal:                            # du_g = sum over t, b of dgh_g ⊙ h_prev
+            if cfg.cell.modulated:                           # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
+                dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
+                dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
+            elif cfg.cell.diagonal:                          # du_g = sum over t, b of dgh_g ⊙ h_prev
                 diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
             else:
                 np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)

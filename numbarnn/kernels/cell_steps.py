@@ -356,16 +356,21 @@ def proj_variants(cell) -> tuple:
 
 
 #: the cells the kernel report compiles: the built-in ones and the shipped user cells (numbarnn.contrib)
-REPORTED_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "indrnn", "indrnn_relu")
+REPORTED_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "indrnn", "indrnn_relu",
+                  "gru_v1", "mgu")
 
 
 def reported_cells(recurrence: str | None = None) -> list:
     """The specs of REPORTED_CELLS (registering the shipped user cells), only those of one `recurrence` if given
-    (the v2 and v3 kernels take the "matrix" ones: a diagonal recurrence runs v1's)."""
+    (the v2 and v3 kernels take the "matrix" ones: a diagonal recurrence runs v1's; so does a modulated cell, which
+    a given `recurrence` leaves out)."""
     import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the shipped user cells)
+    import numbarnn.contrib.gru_v1  # noqa: F401
+    import numbarnn.contrib.mgu  # noqa: F401
     import numbarnn.contrib.indrnn  # noqa: F401
     import numbarnn.contrib.peephole_lstm  # noqa: F401
-    return [cell for cell in map(get_cell, REPORTED_CELLS) if recurrence in (None, cell.recurrence)]
+    return [cell for cell in map(get_cell, REPORTED_CELLS)
+            if recurrence is None or (recurrence == cell.recurrence and not cell.modulated)]
 
 
 def kernel_specs():
@@ -375,8 +380,9 @@ def kernel_specs():
         for cell in reported_cells():
             for proj in proj_variants(cell):
                 tag = "_proj" if proj else ""
-                specs.append((f"{cell.name}_forward_step{tag}", dt, make_forward_step(cell, dt, proj),
-                              signature(FORWARD_ARGS, cell, dt, proj), 128))
+                if not cell.modulated:          # a modulated cell's forward step is kernels/modulated.py's
+                    specs.append((f"{cell.name}_forward_step{tag}", dt, make_forward_step(cell, dt, proj),
+                                  signature(FORWARD_ARGS, cell, dt, proj), 128))
                 specs.append((f"{cell.name}_backward_step{tag}", dt, make_backward_step(cell, dt, proj),
                               signature(BACKWARD_ARGS, cell, dt, proj), 128))
         a = str(acc_dtype(dt))

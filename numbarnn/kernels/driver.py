@@ -26,6 +26,11 @@ NUMBARNN_STEP_VERSION=1|2|3, else 3 on a GPU (v3 where it can run, v2 where not:
 shape measured on an H100, bench/results/gpu_h100.md) and 1 in the simulator; the LaunchLog records the
 version that ran and, for v3, why (`LaunchLog.note`).
 
+A modulated cell (`CellSpec.modulated`: classic GRU, MGU) runs v1 only, its step in two launches (<cell>_modulate:
+R_1 h and m ⊙ h; <cell>_modulated_step: R_2 (m ⊙ h) and the cell) and its backward in three (the backward step,
+<cell>_modulate_backward, <cell>_recurrent_backward), plus one GEMM per modulated gate for its rows of dR
+(`modulated.py`; `step_plan` gives the note).
+
 Steps run only up to max(len): past it every row just carries its state.  State buffers (h, c, dh, dc)
 live in the compute dtype (float32 for half) and are double-buffered where a step reads other units' values.
 Arrays here are device arrays, time-major, in the call's dtype; `backend.py` handles NumPy and layouts.
@@ -65,7 +70,7 @@ from .launch import launch
 from .layer_ops import (column_sums, column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
 from .recurrent import make_diagonal_gradient, make_recurrent_backward
-from . import step_v2, step_v3
+from . import modulated, step_v2, step_v3
 
 #: step kernel versions the driver can run (v1: cell_steps.py + recurrent.py, v2: step_v2.py, v3: step_v3.py,
 #: the persistent forward and backward)
@@ -291,6 +296,8 @@ def step_plan(call, phase: str, simulator: bool | None = None) -> StepPlan:
     version, slice_, note = step_version(simulator), None, ""
     if version > 1 and cfg.cell.diagonal:                  # v2 and v3 multiply by a matrix R
         version, note = 1, DIAGONAL_NOTE.format(cell=cfg.rnn_mode, version=version)
+    if version > 1 and cfg.cell.modulated:                 # v2 and v3 make one product per step
+        version, note = 1, MODULATED_NOTE.format(cell=cfg.rnn_mode, version=version)
     if version == 3:
         slice_, note = step_v3.choose(cfg.cell, dt, cfg.H, cfg.P, cfg.D, cfg.has_proj, simulator=simulator,
                                       phase=phase, B=B)
@@ -302,6 +309,9 @@ def step_plan(call, phase: str, simulator: bool | None = None) -> StepPlan:
 #: why a cell with a diagonal recurrence runs the v1 step kernels (the launch log's and `numbarnn explain`'s note)
 DIAGONAL_NOTE = ("v1: {cell!r} has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels tile a product by a "
                  "matrix R, so v1 runs instead of v{version}")
+#: why a modulated cell runs the v1 step kernels (kernels/modulated.py)
+MODULATED_NOTE = ("v1: {cell!r} modulates the state before a recurrent product (R_g (m ⊙ h)); the v2/v3 step "
+                  "kernels make one product per step, so v1 runs instead of v{version}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -335,6 +345,10 @@ def forward(call, x, h0, c0, params):
     else:
         step_grid, step_block, step_name = (blocks(H, threads(H)), B, D), threads(H), "forward_step"
     project = jit(make_project, str(dt)) if cfg.has_proj and persistent is None else None
+    if cfg.cell.modulated:                                         # two products per step (kernels/modulated.py)
+        modulate = jit(modulated.make_modulate, cfg.cell, str(dt))
+        cell_forward = jit(modulated.make_modulated_step, cfg.cell, str(dt))
+        step_name = "modulated_step"
     scale = a.type(dropout_scale(cfg.dropout))
     hT = cuda.device_array((cfg.L * D, B, P), dtype=dt)            # [L*D, B, P]
     cT = cuda.device_array((cfg.L * D, B, H), dtype=dt) if cfg.has_cell_state else None
@@ -380,8 +394,17 @@ def forward(call, x, h0, c0, params):
                 *[v3_args[name] for name in used_args(step_v3.PERSISTENT_ARGS, cfg.cell, cfg.has_proj)])
             if steps % 2:                                          # h ping-pongs: odd step counts end in h_out
                 h_in, h_out = h_out, h_in
+        if cfg.cell.modulated:
+            args.update(gh=scratch("gh", (D, B, G * H), a), q=scratch("q", (D, B, H), a),
+                        mods=saved[f"mod{layer}"])
+            forward_args = ("s", "lens", "gx", "unit_params", "R_fwd", "R_rev", "h_in", "h_out", "gh", "q", "y",
+                            "acts")
         for s in range(steps if persistent is None else 0):
             args.update(s=s, h_in=h_in, h_out=h_out)
+            if cfg.cell.modulated:                                 # R_1 h and m ⊙ h, before the step's R_2 q
+                log(modulate, "modulate", step_grid, step_block,
+                    *[args[name] for name in ("s", "lens", "gx", "unit_params", "R_fwd", "R_rev", "h_in", "gh", "q",
+                                              "mods")])
             log(cell_forward, step_name, step_grid, step_block, *[args[name] for name in forward_args])
             if project is not None:
                 log(project, "project", (blocks(P, threads(P)), B, D), threads(P),
@@ -426,6 +449,9 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     fused = version in (2, 3) and not cfg.has_proj     # v2: one launch per step (+1 to finish dh0); v3: one
     if version == 2:
         recurrent = jit(step_v2.make_recurrent_backward_v2, str(dt), tiles)   # v2 with a projection
+    elif cfg.cell.modulated:                            # the unmodulated gates' dgh @ R (kernels/modulated.py)
+        recurrent = jit(modulated.make_modulated_recurrent_backward, cfg.cell, str(dt))
+        modulate_backward = jit(modulated.make_modulate_backward, cfg.cell, str(dt))
     else:
         recurrent = jit(make_recurrent_backward, str(dt), cfg.cell.diagonal)
     if fused:
@@ -459,6 +485,10 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         dvec = scratch_zeros("dvec", (D, T, B, V * H), dt, log) if V else None   # [D, T, B, V*H]
         h_prev = scratch_zeros("h_prev", (D, T, B, P), dt, log)    # [D, T, B, P]
         dh_total = scratch_zeros("dh_total", (D, T, B, P), dt, log) if cfg.has_proj else None
+        if cfg.cell.modulated:                         # m ⊙ h_prev and the modulated gates' dgh, for their dR
+            GM = len(cfg.cell.modulated)
+            qs = scratch_zeros("qs", (D, T, B, H), dt, log)            # [D, T, B, H]
+            dgm = scratch_zeros("dgm", (D, GM, T, B, H), dt, log)      # [D, GM, T, B, H]
         dh_in = scratch("dh_a", (D, B, P), a)
         dh_out = scratch("dh_b", (D, B, P), a)
         cast_into(part(dhT, ps), dh_in, log)
@@ -495,6 +525,10 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
             args.update(s=s, dh_in=dh_in, dh_out=dh_out)
             log(cell_backward, "backward_step", (blocks(H, threads(H)), B, D), threads(H),
                 *[args[name] for name in backward_args])
+            if cfg.cell.modulated:                     # dL/d(m ⊙ h) into m's gates and h
+                log(modulate_backward, "modulate_backward", (blocks(H, threads(H)), B, D), threads(H), s, lens,
+                    args["acts"], unit_params[layer], lp_f.R, lp_r.R, saved[f"mod{layer}"], h_prev, dgx, dgh,
+                    dh_out, qs, dgm)
             if version == 2:
                 log(recurrent, "recurrent_backward_v2", step_v2.grid(P, B, D, tiles), tiles.threads,
                     s, lens, dgh, lp_f.R, lp_r.R, dh_in, dh_out)
@@ -525,6 +559,10 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                     threads(GH), gh2, rows(part(h_prev, d), TB, P), dlp.R)
             else:
                 gemm(gh2, rows(part(h_prev, d), TB, P), dlp.R, trans_a=True, log=log, scratch=scratch)
+            for i, g in enumerate(cfg.cell.gate(name) for name in cfg.cell.modulated):   # their rows again:
+                dR_g = part(dlp.R, slice(g * H, (g + 1) * H))                            # dgh_g^T (m ⊙ h_prev)
+                gemm(rows(part(part(dgm, d), i), TB, H), rows(part(qs, d), TB, H), dR_g, trans_a=True, log=log,
+                     scratch=scratch)
             if cfg.has_proj:
                 gemm(part(dh_total, d).reshape(TB, P), part(saved[f"m{layer}"], d).reshape(TB, H), dlp.W_proj,
                      trans_a=True, log=log, scratch=scratch)
@@ -570,6 +608,7 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
     TB, GH = T * B, G * H
     proj_flops, proj_bytes = (2 * P * H, P * H) if cfg.has_proj else (0, 0)   # h' = W_proj m: per row, step; W_proj
     KR = 1 if cfg.cell.diagonal else P            # a recurrent output's inputs: h's P columns, or its own unit
+    GM = len(cfg.cell.modulated)                  # a modulated cell's gates whose product is by m ⊙ h
     rows = []
 
     layer = None
@@ -622,6 +661,11 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
             add("forward", f"{cell}_forward_step_v2", steps if B else 0, step_v2.grid(H, B, D, tiles),
                 tiles.threads, D * B * (2 * GH * P + 12 * H),
                 D * (row_tiles * GH * P + B * (GH + 2 * P + (G + 2) * H)) * sz)
+        elif GM:                                       # the unmodulated gates' product, m; then R_2 (m ⊙ h), the cell
+            add("forward", f"{cell}_modulate", steps if B else 0, grid, block, D * B * (2 * (G - GM) * H * H + 8 * H),
+                D * ((G - GM) * H * H + B * (G * H + 4 * H + (G - GM) * H)) * sz)
+            add("forward", f"{cell}_modulated_step", steps if B else 0, grid, block, D * B * (2 * GM * H * H + 12 * H),
+                D * (GM * H * H + B * (2 * GH + 4 * H + cfg.cell.S * H)) * sz)
         else:
             add("forward", f"{cell}_forward_step", steps if B else 0, grid, block,
                 D * B * (2 * GH * KR + 12 * H), D * (GH * KR + B * (GH + 2 * P + (G + 2) * H)) * sz)
@@ -640,7 +684,8 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
         drop = layer > 0 and call.dropout_active and n > 0
         add("backward", "apply_mask (x_l for dW)", int(drop), *flat(n), n, 3 * n * sz)
         for n, what in ((D * TB * GH, "dgx"), (D * TB * GH, "dgh"), (D * TB * cfg.V * H, "dvec"),
-                        (D * TB * P, "h_prev"), (D * TB * P * cfg.has_proj, "dh_total")):
+                        (D * TB * P, "h_prev"), (D * TB * P * cfg.has_proj, "dh_total"), (D * TB * H * bool(GM), "qs"),
+                        (D * GM * TB * H, "dgm")):
             add("backward", f"fill ({what} = 0)", int(n > 0), *flat(n), 0, n * sz)
         cast_rows("backward", "dhT in", "dcT in")
         grid, block = steps_grid(H)
@@ -659,10 +704,16 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
             add("backward", f"{cell}_backward_step", steps if B else 0, grid, block,
                 D * B * (20 * H + (2 * P * H if cfg.has_proj else 0)),
                 D * B * (2 * GH + cfg.cell.S * H + 3 * P) * sz)
+        if GM:                                         # dL/d(m ⊙ h) = R_2^T dgh_2 into m's gates and h
+            add("backward", f"{cell}_modulate_backward", steps if B else 0, grid, block,
+                D * B * (2 * GM * H * H + 12 * H), D * (GM * H * H + B * (2 * GM * H + 4 * GH + 6 * H)) * sz)
         grid, block = steps_grid(P)
         if version == 2 and cfg.has_proj and bslice is None:
             add("backward", "recurrent_backward_v2", steps if B else 0, step_v2.grid(P, B, D, tiles),
                 tiles.threads, 2 * D * B * GH * P, D * (row_tiles * GH * P + B * (GH + 2 * P)) * sz)
+        elif version == 1 and GM:                      # the unmodulated gates' rows only
+            add("backward", f"{cell}_recurrent_backward", steps if B else 0, grid, block, 2 * D * B * (GH - GM * H) * P,
+                D * ((GH - GM * H) * P + B * (GH + 2 * P)) * sz)
         elif version == 1:
             add("backward", "recurrent_backward", steps if B else 0, grid, block, 2 * D * B * GH * KR,
                 D * (GH * KR + B * (GH + 2 * P)) * sz)
@@ -676,6 +727,8 @@ def launch_plan(call, gpu: bool = True, device_reserve: bool = True) -> list[dic
                 threads(GH, simulator=sim), 2 * TB * GH, (2 * TB * GH + GH) * sz)
         else:
             gemm_row("backward", "dR = dgh^T h_prev", D, GH, P, TB)
+        if GM:                                         # the modulated gates' rows again, by m ⊙ h_prev
+            gemm_row("backward", "dR_g = dgh_g^T (m ⊙ h_prev), modulated gates", D * GM, H, H, TB)
         if cfg.has_proj:
             gemm_row("backward", "dW_proj = dh^T m", D, P, H, TB)
         for S, C, what, n in ((2, GH, "dbW, dbR", D), (1, cfg.V * H, "cell vectors", D if cfg.V and TB else 0)):

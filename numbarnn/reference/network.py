@@ -16,6 +16,12 @@ A cell with a diagonal recurrence (IndRNN) has a vector u_g [H] per gate instead
     gh = [u_g ⊙ h + bR_g]_g                        (`_recurrent`)
     dh_prev += sum_g dgh_g ⊙ u_g ;  du_g = sum over t, b of dgh_g ⊙ h_prev     (`_recurrent_backward`, `_dR`)
 
+A modulated cell (classic GRU, MGU: CellSpec.modulated) makes two recurrent products per step:
+    gh_1 = h @ R_1^T + bR_1                        the unmodulated gates (rows R_1 of R)
+    m = cell.modulation(gx[t], gh_1, h) ;  gh_2 = (m ⊙ h) @ R_2^T + bR_2      the modulated gates   (`_modulated`)
+    backward: dq = dgh_2 @ R_2 ; dgx, dgh += modulation_backward(dq ⊙ h) ; dh_prev += dq ⊙ m + dgh_1 @ R_1
+              dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)               (m saved per step: mod_l)
+
 Everything is float64 here; `backend.py` casts at the boundary.  Rows past their length keep their state
 and write 0 outputs; `len[b] == 0` rows never become active (final state = initial state).
 """
@@ -83,6 +89,24 @@ def _dR(cfg, dgh, h_prev):
     return dgh.T @ h_prev
 
 
+def _gate_columns(cfg, modulated: bool) -> np.ndarray:
+    """The [G*H] columns of the gates that are (modulated=True) or are not modulated."""
+    H = cfg.H
+    return np.concatenate([np.arange(g * H, (g + 1) * H) for g, mask in enumerate(cfg.cell.modulated_mask)
+                           if mask == modulated] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
+
+
+def _modulated(cfg, lp, modulation, gx_t, h):
+    """gh of a modulated cell: the unmodulated gates' R_g h + bR_g, the modulation m, then the modulated gates'
+    R_g (m ⊙ h) + bR_g.  gx_t [n, G*H], h [n, H] -> (gh [n, G*H], m [n, H])"""
+    c1, c2 = _gate_columns(cfg, False), _gate_columns(cfg, True)
+    gh = np.zeros(gx_t.shape)                                # [n, G*H]
+    gh[:, c1] = h @ lp.R[c1].T + lp.bR[c1]
+    mod = modulation(gx_t, gh, h, lp.V)                      # [n, H]
+    gh[:, c2] = (mod * h) @ lp.R[c2].T + lp.bR[c2]
+    return gh, mod
+
+
 def new_reserve(call: RNNCall) -> dict:
     return {e.name: np.zeros(e.shape) for e in reserve_entries(call)}
 
@@ -93,6 +117,7 @@ def forward(call: RNNCall, x, h0, c0, params):
     cfg, T, B = call.config, call.T, call.B
     P, D, G = cfg.P, cfg.D, cfg.G
     cell_forward, _ = cell_functions(cfg)
+    modulation = spec_cell.make_modulation(cfg.cell)[0] if cfg.cell.modulated else None
     lens = call.lengths_array()
     layers = unpack(cfg, params)
     saved = new_reserve(call)
@@ -116,7 +141,11 @@ def forward(call: RNNCall, x, h0, c0, params):
                 b, t = _steps(lens, s, d)
                 if b.size == 0:
                     break
-                gh = _recurrent(cfg, lp, h[b])              # [n, G*H]
+                if modulation is not None:                  # two products, m ⊙ h between them
+                    gh, mod = _modulated(cfg, lp, modulation, gx[t, b], h[b])
+                    saved[f"mod{layer}"][d, t, b] = mod
+                else:
+                    gh = _recurrent(cfg, lp, h[b])          # [n, G*H]
                 m, c_new, acts = cell_forward(gx[t, b], gh, h[b] if h_unit else None, c[b] if c is not None else None,
                                               lp.V)
                 h_new = m @ lp.W_proj.T if lp.W_proj is not None else m   # [n, P]
@@ -142,6 +171,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G = cfg.H, cfg.P, cfg.D, cfg.G
     _, cell_backward = cell_functions(cfg)
+    modulated = bool(cfg.cell.modulated)
+    if modulated:
+        modulation_backward = spec_cell.make_modulation(cfg.cell)[1]
+        c1, c2 = _gate_columns(cfg, False), _gate_columns(cfg, True)
     lens = call.lengths_array()
     dparams = np.zeros(params.shape[0])
     layers, dlayers = unpack(cfg, params), unpack(cfg, dparams)
@@ -171,6 +204,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             h_prev_all = np.zeros((T, B, P))                # [T, B, P]   h entering each step
             dh_all = np.zeros((T, B, P))                    # [T, B, P]   total dh' at each step (projection)
             dv_all = np.zeros((T, B, cfg.V * H))            # [T, B, V*H] cell-vector gradient contributions
+            q_all = np.zeros((T, B, H))                     # [T, B, H]   m ⊙ h_prev (modulated cells)
             dh, dc = dh0[p], (dc0[p] if dc0 is not None else None)
             for s in reversed(range(T)):
                 b, t = _steps(lens, s, d)
@@ -188,8 +222,18 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                     c_prev, cs[t, b] if cs is not None else None, lp.V)
                 if dv is not None:
                     dv_all[t, b] = dv
+                if modulated:                               # through R_2 (m ⊙ h): dq, then into m and h
+                    mod = saved[f"mod{layer}"][d][t, b]     # [n, H]
+                    dq = gh_b[:, c2] @ lp.R[c2]             # [n, H]
+                    dgx_m, dgh_m = modulation_backward(dq * h_prev, mod, acts[t, b], h_prev, lp.V)
+                    gx_b, gh_b = gx_b + dgx_m, gh_b + dgh_m
+                    dh_direct = dh_direct + dq * mod
+                    q_all[t, b] = mod * h_prev
+                    dh_rec = gh_b[:, c1] @ lp.R[c1]         # the unmodulated gates' product by h
+                else:
+                    dh_rec = _recurrent_backward(cfg, lp, gh_b)
                 dgx[t, b], dgh[t, b], h_prev_all[t, b], dh_all[t, b] = gx_b, gh_b, h_prev, dh_tot
-                dh[b] = dh_direct + _recurrent_backward(cfg, lp, gh_b)
+                dh[b] = dh_direct + dh_rec
                 if dc is not None:
                     dc[b] = dc_prev
             # weight gradients as big matmuls after the time loop
@@ -199,7 +243,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                 dx_l += dgx @ lp.W
             else:
                 dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
-            dlp.R[...] = _dR(cfg, gh2, h_prev_all.reshape(-1, P))
+            if modulated:                                   # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
+                dlp.R[c1] = gh2[:, c1].T @ h_prev_all.reshape(-1, P)
+                dlp.R[c2] = gh2[:, c2].T @ q_all.reshape(-1, H)
+            else:
+                dlp.R[...] = _dR(cfg, gh2, h_prev_all.reshape(-1, P))
             dlp.bW[...] = gx2.sum(axis=0)
             dlp.bR[...] = gh2.sum(axis=0)
             if lp.W_proj is not None:

@@ -53,3 +53,36 @@ def make(cell):
         return dgx, dgh, dh, (dc_prev if cell.cell_state else None), dv
 
     return forward, backward
+
+
+def make_modulation(cell):
+    """Adapters of a modulated cell's `modulation` / `modulation_backward` (network.py), unit by unit:
+        modulation(gx [n, G*H], gh [n, G*H] (modulated gates' columns 0), h_prev [n, H], v [V, H] or None)
+            -> mod [n, H]
+        modulation_backward(dmod [n, H], mod [n, H], acts [n, S*H], h_prev [n, H], v)
+            -> (dgx [n, G*H], dgh [n, G*H]): the gradients through m, to add to backward's (0 in modulated gates)
+    """
+    G, S, V = cell.G, cell.S, cell.V
+    split = cell.split_mask
+
+    def modulation(gx, gh, h_prev, v=None):
+        n, H = gx.shape[0], gx.shape[1] // G
+        mod = np.zeros((n, H))
+        for r in range(n):
+            for j in range(H):
+                mod[r, j] = cell.modulation(gx[r, j::H], gh[r, j::H], v[:, j] if V else np.zeros(0), h_prev[r, j])
+        return mod
+
+    def modulation_backward(dmod, mod, acts, h_prev, v=None):
+        n, H = dmod.shape
+        dgx, dgh = np.zeros((n, G * H)), np.zeros((n, G * H))
+        for r in range(n):
+            for j in range(H):
+                dwx, drh = np.zeros(G), np.zeros(G)
+                cell.modulation_backward(dmod[r, j], mod[r, j], acts[r, j::H], v[:, j] if V else np.zeros(0),
+                                         h_prev[r, j], dwx, drh)
+                dgx[r, j::H] = np.where(cell.modulated_mask, 0.0, dwx)
+                dgh[r, j::H] = np.where(cell.modulated_mask, 0.0, np.where(split, drh, dwx))
+        return dgx, dgh
+
+    return modulation, modulation_backward
