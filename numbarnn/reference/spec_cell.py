@@ -62,7 +62,7 @@ def make_modulation(cell):
         modulation_backward(dmod [n, H], mod [n, H], acts [n, S*H], h_prev [n, H], v)
             -> (dgx [n, G*H], dgh [n, G*H]): the gradients through m, to add to backward's (0 in modulated gates)
     """
-    G, S, V = cell.G, cell.S, cell.V
+    G, V = cell.G, cell.V
     split = cell.split_mask
 
     def modulation(gx, gh, h_prev, v=None):
