@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..config import RNNCall
@@ -17,6 +18,8 @@ from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
 from . import cells, diagonal, fused, threads
+from .fused import pack as _pack
+from .fused import pack_columns as _pack_columns
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -73,10 +76,11 @@ def _input_projection(lp, x_l, G, out):
     return out
 
 
-def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
+def buffers(call: RNNCall, ct, zero_y: bool = True) -> tuple[np.ndarray, dict]:
     """A buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views: a new zeroed array
     for training (it is returned), workspace scratch for inference (the step loops write the same arrays;
-    only the output leaves the call, copied; only the y entries are zeroed)."""
+    only the output leaves the call, copied; only the y entries are zeroed, and only with `zero_y`: a call
+    whose every row runs every step writes all of them)."""
     if call.is_training:
         flat = np.zeros(_layout_size(call), dtype=ct)
         return flat, reserve_views(call, flat)
@@ -85,11 +89,12 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
     if views is None or views[0] is not flat:              # the scratch grew, or another thread's
         if len(_inference_views) > 64:
             _inference_views.clear()
-        views = _inference_views[call] = (flat, reserve_views(call, flat))
-    for name, view in views[1].items():                     # only the outputs are read: y is 0 where no
-        if name.startswith("y"):                            # step runs; the saved values are not kept
-            view.fill(0)
-    return views
+        named = reserve_views(call, flat)
+        views = _inference_views[call] = (flat, named, [v for name, v in named.items() if name.startswith("y")])
+    if zero_y:
+        for view in views[2]:                               # only the outputs are read: y is 0 where no
+            view.fill(0)                                    # step runs; the saved values are not kept
+    return views[0], views[1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -152,43 +157,132 @@ def _fused_sizes(cfg, I_l: int, ct, tile: tuple) -> _FusedSizes:
                        Wq, G * H * (I_l + P) + (H * P if cfg.has_proj else 0))
 
 
-def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, rows, ct):
-    """One layer and direction by `fused.forward_loop`: h [B, P] and c [B, H] (or None) are updated in place
-    to the state after each row's last step; y, acts, cs (and ms with a projection) are written for the
-    active [t, b].  rows: `_rows(call)`."""
+@njit_cached
+def fused_prepare(
+    params,   # [N]  the opaque buffer (compute dtype)
+    spans,    # [6]  int64 offsets in params of this pseudo-layer's W, R, W_proj, bW, bR, V (-1: absent)
+    I_l,      # int  the layer's input size
+    H,        # int  hidden units
+    V,        # int  cell vectors
+    h,        # [B, P]  the state h entering the layer
+    c,        # [B, H]  the state c (no cell state: empty)
+    Wp,       # out: [NT, G//V, I_l, V, LANES] W by unit tiles (`fused.pack`; not written with skip input)
+    Rp,       # out: [NT, G//V, P, V, LANES]  R by unit tiles
+    Wq,       # out: W_proj^T by column tiles (`fused.pack_columns`; not written without a projection)
+    bWt,      # out: [NT, G, LANES] bW by unit tiles, zeros past H (`fused.bias_tiles`)
+    bRt,      # out: [NT, G, LANES] bR
+    vec,      # out: [VL, HP] the cell vectors, zeros past H (all zeros without vectors)
+    hbuf,     # out: [2, B, HB] hbuf[0] = h (zeros past P), hbuf[1] zeros
+    cbuf,     # out: [B, HP] c, zeros past H (all zeros without a cell state)
+):
+    """Everything `fused.forward_loop` reads besides x, read straight from the opaque buffer (`params.unpack`'s
+    layout) in one compiled call: a tiny call spent ~50 us in the NumPy operations, views and look-ups that
+    did this one by one."""
+    NT, G, LANES = bWt.shape
+    P = h.shape[1]
+    oW, oR, oQ, obW, obR, oV = spans[0], spans[1], spans[2], spans[3], spans[4], spans[5]
+    GH = G * H
+    if oW >= 0:
+        _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp)
+    _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp)
+    if oQ >= 0:
+        _pack_columns(params[oQ:oQ + P * H].reshape((P, H)).T, Wq)
+    for jt in range(NT):
+        for g in range(G):
+            for u in range(LANES):
+                j = jt * LANES + u
+                if j < H:
+                    bWt[jt, g, u] = params[obW + g * H + j]
+                    bRt[jt, g, u] = params[obR + g * H + j]
+                else:
+                    bWt[jt, g, u] = 0.0
+                    bRt[jt, g, u] = 0.0
+    vec[...] = 0.0
+    if oV >= 0:
+        for v in range(V):
+            for j in range(H):
+                vec[v, j] = params[oV + v * H + j]
+    hbuf[...] = 0.0
+    for b in range(h.shape[0]):
+        for k in range(P):
+            hbuf[0, b, k] = h[b, k]
+    cbuf[...] = 0.0
+    for b in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            cbuf[b, j] = c[b, j]
+
+
+@dataclass(frozen=True)
+class _FusedLayer:
+    """What `fused_forward` needs of one pseudo-layer besides its arrays (shared: never written)."""
+    z: _FusedSizes
+    loop: object            # fused.forward_loop's loop
+    groups: int             # row groups
+    spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
+    skip: bool              # skip input: no W
+    no_Wq: np.ndarray       # the empty Wq panels without a projection (never written)
+    no_m: np.ndarray        # [0, HP]: mbuf without a projection (never written)
+
+
+@dataclass(frozen=True)
+class _FusedPlan:
+    """`forward`'s fused path of one call signature: per pseudo-layer a `_FusedLayer`, and what the rows decide."""
+    layers: tuple
+    full: bool              # every row runs all T steps: a row's last output is y[T-1] (reverse: y[0])
+    no_c: np.ndarray        # [0, 0]: c of `fused_prepare` without a cell state (never written)
+    none3: np.ndarray       # [0, 0, 0]: the absent reserve entries (never written)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _FusedPlan:
+    """The fused forward's plan of a call, worked out once per call signature, compute dtype, tile shape, thread
+    count and cell (all in the key: tests and the tuner change the tile, row groups follow the threads, a cell
+    may be registered again under its name)."""
+    from ..params import _layer_spans
+    cfg, B = call.config, call.B
+    _, _, _, n_active, padded, ran, _ = _rows(call)
+    layers = []
+    for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
+        z = _fused_sizes(cfg, cfg.layer_input_size(layer), ct, tile)
+        groups = fused.row_groups(B, fused.rows_for(cfg.G), int(n_active.sum()) * z.macs)
+        loop = fused.forward_loop(cell, _name(ct), groups > 1, cfg.has_proj)
+        offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
+        layers.append(_FusedLayer(z, loop, groups, offsets, spans[0] is None, np.zeros(z.Wq_panels, ct),
+                                  np.zeros((0, z.HP), ct)))
+    return _FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
+                      np.zeros((0, 0, 0), ct))
+
+
+def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct):
+    """Pseudo-layer p (direction d) by `fused.forward_loop`, its weights read from the opaque `params`: h [B, P]
+    and c [B, H] (or None) are updated in place to the state after each row's last step; y, acts, cs (and ms
+    with a projection) are written for the active [t, b].  plan: `_fused_plan`, rows: `_rows(call)`."""
     cfg, B = call.config, call.B
     H, P, G = cfg.H, cfg.P, cfg.G
     lens, _, order, n_active, _, ran, t_last = rows
-    z = _fused_sizes(cfg, x_l.shape[2], ct, fused.tile_shape(G))
+    lay = plan.layers[p]
+    z = lay.z
     HP = z.HP
     Rp = scratch("fused_Rp", z.R_panels, ct)                 # [NT, G//V, P, V, LANES] R by unit tiles
-    fused.pack(lp.R, Rp)
-    if lp.W is not None:
-        Wp = scratch("fused_Wp", z.W_panels, ct)             # [NT, G//V, I, V, LANES]
-        fused.pack(lp.W, Wp)
-    else:
-        Wp = Rp                                                # skip input: not read
+    Wp = Rp if lay.skip else scratch("fused_Wp", z.W_panels, ct)   # [NT, G//V, I, V, LANES] (skip input: not read)
     if cfg.has_proj:
         Wq = scratch("fused_Wq", z.Wq_panels, ct)            # W_proj^T by column tiles, the forward's NR rows
-        fused.pack_columns(lp.W_proj.T, Wq)
         mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
     else:
-        Wq = np.zeros(z.Wq_panels, ct)
-        mbuf = np.zeros((0, HP), ct)
-    bW = fused.bias_tiles(lp.bW, H, z.NT, z.LANES, scratch("fused_bW", (z.NT, G, z.LANES), ct))   # [NT, G, LANES]
-    bR = fused.bias_tiles(lp.bR, H, z.NT, z.LANES, scratch("fused_bR", (z.NT, G, z.LANES), ct))   # [NT, G, LANES]
-    vec = _padded(scratch("fused_vec", (max(cfg.V, 1), HP), ct),
-                  lp.V if lp.V is not None else np.zeros((1, H), ct))                # [VL, HP]
+        Wq, mbuf = lay.no_Wq, lay.no_m
+    bW = scratch("fused_bW", (z.NT, G, z.LANES), ct)          # [NT, G, LANES]
+    bR = scratch("fused_bR", (z.NT, G, z.LANES), ct)          # [NT, G, LANES]
+    vec = scratch("fused_vec", (max(cfg.V, 1), HP), ct)      # [VL, HP]
     hbuf = scratch("fused_h", (2, B, max(HP, P)), ct)         # [2, B, HB] h, double-buffered
-    hbuf.fill(0)
-    hbuf[0, :, :P] = h
-    cbuf = _padded(scratch("fused_c", (B, HP), ct), c if c is not None else np.zeros((B, H), ct))   # [B, HP]
-    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * z.macs)
-    loop = fused.forward_loop(cfg.cell, _name(ct), groups > 1, cfg.has_proj)
-    loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
-         groups, Wq, mbuf, ms, lp.W is None, call.is_training)
-    # rows that ran: h is their last output
-    h[ran] = y[t_last[d][ran], ran, d * P:(d + 1) * P]
+    cbuf = scratch("fused_c", (B, HP), ct)                    # [B, HP]
+    fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp, Wq, bW, bR,
+                  vec, hbuf, cbuf)
+    lay.loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
+             cs, lay.groups, Wq, mbuf, ms, lay.skip, call.is_training)
+    if plan.full:                            # every row's last step: t = T-1 (reverse: 0)
+        h[...] = y[call.T - 1 if d == 0 else 0, :, d * P:(d + 1) * P]
+    else:                                    # rows that ran: h is their last output
+        h[ran] = y[t_last[d][ran], ran, d * P:(d + 1) * P]
     if c is not None:
         c[...] = cbuf[:, :H]
 
@@ -239,12 +333,16 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     P, D = cfg.P, cfg.D
     rows = _rows(call)
     lens, steps = rows[0], rows[1]                            # [B], no step past the longest
-    layers = unpack(cfg, params)
-    flat, saved = buffers(call, ct)
+    cell = cfg.cell
+    use_fused = FUSED and steps > 0 and not cell.diagonal     # the fused loops multiply by a matrix R
+    if use_fused:                                             # (reads the weights from params: no views)
+        plan = _fused_plan(call, ct, fused.tile_shape(cell.G), numba.get_num_threads(), cell)
+        layers, none3 = None, plan.none3
+    else:
+        layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
+    flat, saved = buffers(call, ct, zero_y=rows[4] or not use_fused)   # (rows[4]: some [t, b] never runs)
     hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
-    cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
-    none3 = np.zeros((0, 0, 0), dtype=ct)
-    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal     # the fused loops multiply by a matrix R
+    cT = np.array(c0, dtype=ct) if cell.cell_state else None
 
     x_l = x
     for layer in range(cfg.L):
@@ -260,7 +358,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             c_state = cT[p] if cT is not None else None
             ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
             if use_fused:
-                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
+                fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
             else:
                 with threads.budget():
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct)
