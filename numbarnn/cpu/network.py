@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from ..config import RNNCall
@@ -336,7 +335,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     cell = cfg.cell
     use_fused = FUSED and steps > 0 and not cell.diagonal     # the fused loops multiply by a matrix R
     if use_fused:                                             # (reads the weights from params: no views)
-        plan = _fused_plan(call, ct, fused.tile_shape(cell.G), numba.get_num_threads(), cell)
+        plan = _fused_plan(call, ct, fused.tile_shape(cell.G), threads.num_threads(), cell)
         layers, none3 = None, plan.none3
     else:
         layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
@@ -366,6 +365,69 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     return x_l, hT, cT, flat
 
 
+@njit_cached
+def bias_sums(
+    gx,       # [N, C]  W-side pre-activation gradients (C > 1)
+    gh,       # [N, C]  R-side
+    dbW,      # out: [C] column sums of gx
+    dbR,      # out: [C] column sums of gh
+):
+    """The bias gradients in one compiled call, bit for bit NumPy's `np.sum(g, axis=0)` of a C-contiguous [N, C],
+    C > 1 (NumPy adds row after row onto zeros there; a single column it sums pairwise): two NumPy reductions
+    cost ~10 us a tiny call."""
+    dbW[:] = 0.0
+    dbR[:] = 0.0
+    for r in range(gx.shape[0]):
+        for c in range(gx.shape[1]):
+            dbW[c] += gx[r, c]
+    for r in range(gh.shape[0]):
+        for c in range(gh.shape[1]):
+            dbR[c] += gh[r, c]
+
+
+@dataclass(frozen=True)
+class _BackwardPlan:
+    """What `backward`'s fused path works out of a call signature alone (shared: never written)."""
+    grouped: tuple          # (rows [groups, n] int64, loop): the row groups before any BLAS product
+    serial: tuple           # (rows [1, B] int64, loop): one group, after BLAS
+    RTp_shape: tuple        # R by column tiles
+    Wc_shape: tuple         # W_proj by column tiles (projection)
+    no_proj: tuple          # the loop's projection arguments without a projection (empty, never written)
+    split: bool             # some gate's R side has its own gradient (GRU's candidate)
+    no_vec: np.ndarray      # [0, H]
+    none3: np.ndarray       # [0, 0, 0]
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _BackwardPlan:
+    """The fused backward's row groups, loops and panel shapes of a call, once per call signature, compute dtype,
+    the column tile's shape (`fused.tile_shape(MV)`), thread count and cell (all in the key, as `_fused_plan`)."""
+    cfg, B = call.config, call.B
+    H, P, G = cfg.H, cfg.P, cfg.G
+    lens, _, by_length, _, _, _, _ = _rows(call)
+    MV = fused.COLUMN_VECTORS
+    NR = fused.rows_for(MV)
+    LANES = fused.lanes_for(ct)
+    macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
+    name = _name(ct)
+    grouped = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
+    serial = fused.group_rows(by_length, 1, NR)
+    serial_loop = fused.backward_loop(cell, name, False, MV, cfg.has_proj)
+    grouped_loop = fused.backward_loop(cell, name, True, MV, cfg.has_proj) if grouped.shape[0] > 1 else \
+        serial_loop
+    no_rows = np.zeros((0, P), ct)
+    return _BackwardPlan((grouped, grouped_loop), (serial, serial_loop),
+                         fused.panel_shape(cdiv(P, MV * LANES), G * H, MV, ct),
+                         fused.panel_shape(cdiv(H, MV * LANES), P, MV, ct),
+                         (np.zeros(fused.panel_shape(0, 0, MV, ct), ct), no_rows, no_rows, np.zeros((0, 0, 0), ct)),
+                         any(cell.split_mask), np.zeros((0, H), ct), np.zeros((0, 0, 0), ct))
+
+
+def no_dv(B: int, H: int, ct) -> np.ndarray:
+    """dv_acc [B, 0, H] of a cell without vectors (empty: never read or written)."""
+    return np.zeros((B, 0, H), ct)
+
+
 def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     """Backprop through the whole network from the reserve (all ct)
     -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams [N])."""
@@ -378,24 +440,24 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     saved = reserve_views(call, reserve)
     dh0 = np.array(dhT, dtype=ct)                            # [L*D, B, P] state, becomes input_h_backprop
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
-    step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
-    all_rows = np.arange(B, dtype=np.int64)
-    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal
+    cell = cfg.cell
+    use_fused = FUSED and steps > 0 and not cell.diagonal
     if use_fused:
         MV = fused.COLUMN_VECTORS
-        NR = fused.rows_for(MV)
-        macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
-        group_rows = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
-        serial_rows = fused.group_rows(by_length, 1, NR)
+        plan = _backward_plan(call, ct, fused.tile_shape(MV), threads.num_threads(), cell)
+        no_vec, none3 = plan.no_vec, plan.none3
+    else:
+        step = cells.pick(cells.backward_step, cell, ct, cfg.has_proj, B, H)
+        all_rows = np.arange(B, dtype=np.int64)
+        no_vec, none3 = np.zeros((0, H), dtype=ct), np.zeros((0, 0, 0), dtype=ct)
     blas_used = False                                        # OpenBLAS's threads spin after a product
-    scale = ct.type(dropout_scale(cfg.dropout))
+    scale = ct.type(dropout_scale(cfg.dropout)) if call.dropout_active else None
     # scratch (workspace.py): every element read is written first in each direction (steps < T are zeroed,
     # inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled below)
     tmp = scratch("tmp", (B, P), ct)                         # [B, P]      dgh_s @ R
     dht = scratch("dht", (B, P), ct)                         # [B, P]      projection: dy + dh of a step
     dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
-    no_vec = np.zeros((0, H), dtype=ct)
-    none3 = np.zeros((0, 0, 0), dtype=ct)
+    split = plan.split if use_fused else any(cell.split_mask)
     dy_l = dy
 
     for layer in reversed(range(cfg.L)):
@@ -427,9 +489,9 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] W-side grads (t layout)
             # [T, B, G*H] R-side grads (s layout).  The forward direction's s is t, and without a gate whose R
             # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
-            dgh = dgx if d == 0 and not any(cfg.cell.split_mask) else scratch(f"dgh{d}", (T, B, G * H), ct)
+            dgh = dgx if d == 0 and not split else scratch(f"dgh{d}", (T, B, G * H), ct)
             hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
-            dv_acc = scratch(f"dv_acc{d}", (B, max(V, 0), H), ct)           # [B, V, H]
+            dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else no_dv(B, H, ct)   # [B, V, H]
             dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
             grads.append((dgx, dgh, hp, dv_acc, dh_all))
             if padded:
@@ -441,17 +503,15 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 dh_all.fill(0)
             dv_acc.fill(0)
             if use_fused:
-                LANES = fused.lanes_for(ct)
-                RTp = scratch("fused_RTp", fused.panel_shape(cdiv(P, MV * LANES), G * H, MV, ct), ct)   # R by columns
+                RTp = scratch("fused_RTp", plan.RTp_shape, ct)      # R by columns
                 fused.pack_columns(lp.R, RTp)
-                rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
-                loop = fused.backward_loop(cfg.cell, _name(ct), rows.shape[0] > 1, MV, cfg.has_proj)
+                rows, loop = plan.serial if blas_used else plan.grouped   # after BLAS: one group
                 if cfg.has_proj:                                     # W_proj's columns, by column tiles
-                    Wc = scratch("fused_Wc", fused.panel_shape(cdiv(H, MV * LANES), P, MV, ct), ct)
+                    Wc = scratch("fused_Wc", plan.Wc_shape, ct)
                     fused.pack_columns(lp.W_proj, Wc)
                     proj = (Wc, dht, dm, dh_all)
                 else:
-                    proj = (np.zeros(fused.panel_shape(0, 0, MV, ct), ct), tmp[:0], tmp[:0], none3)
+                    proj = plan.no_proj
                 loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
                      *proj)
                 continue
@@ -483,8 +543,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
             else:
                 np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
-            np.sum(gx2, axis=0, out=dlp.bW)
-            np.sum(gh2, axis=0, out=dlp.bR)
+            if gx2.shape[1] > 1:                            # (one column: NumPy sums pairwise, not row by row)
+                bias_sums(gx2, gh2, dlp.bW, dlp.bR)
+            else:
+                np.sum(gx2, axis=0, out=dlp.bW)
+                np.sum(gh2, axis=0, out=dlp.bR)
             if cfg.has_proj:
                 np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
             if lp.V is not None:
