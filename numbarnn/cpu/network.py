@@ -7,6 +7,7 @@ NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,6 +220,7 @@ class _FusedLayer:
     groups: int             # row groups
     spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
     skip: bool              # skip input: no W
+    small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `_small_buffers`
     no_Wq: np.ndarray       # the empty Wq panels without a projection (never written)
     no_m: np.ndarray        # [0, HP]: mbuf without a projection (never written)
 
@@ -246,10 +248,34 @@ def _fused_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _FusedPla
         groups = fused.row_groups(B, fused.rows_for(cfg.G), int(n_active.sum()) * z.macs)
         loop = fused.forward_loop(cell, _name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
-        layers.append(_FusedLayer(z, loop, groups, offsets, spans[0] is None, np.zeros(z.Wq_panels, ct),
+        small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
+                 (2, B, max(z.HP, cfg.P)), (B, z.HP))
+        small = (small, sum(math.prod(shape) for shape in small))
+        layers.append(_FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
                                   np.zeros((0, z.HP), ct)))
     return _FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
                       np.zeros((0, 0, 0), ct))
+
+
+def _small_buffers(small: tuple, ct) -> list:
+    """Views of the shapes small[0] carved from one scratch buffer ("fused_small", small[1] elements), carved once
+    while that buffer stays the same (five look-ups of the pool cost ~5 us a tiny call)."""
+    flat = scratch("fused_small", (small[1],), ct)
+    hit = _small_views.get((small, ct))
+    if hit is None or hit[0] is not flat:                 # the scratch grew, or another thread's
+        if len(_small_views) > 64:
+            _small_views.clear()
+        views, at = [], 0
+        for shape in small[0]:
+            size = math.prod(shape)
+            views.append(flat[at:at + size].reshape(shape))
+            at += size
+        hit = _small_views[(small, ct)] = (flat, views)
+    return hit[1]
+
+
+#: (shapes, dtype) -> (the "fused_small" scratch, the views `_small_buffers` carved of it)
+_small_views: dict = {}
 
 
 def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct):
@@ -269,11 +295,8 @@ def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c,
         mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
     else:
         Wq, mbuf = lay.no_Wq, lay.no_m
-    bW = scratch("fused_bW", (z.NT, G, z.LANES), ct)          # [NT, G, LANES]
-    bR = scratch("fused_bR", (z.NT, G, z.LANES), ct)          # [NT, G, LANES]
-    vec = scratch("fused_vec", (max(cfg.V, 1), HP), ct)      # [VL, HP]
-    hbuf = scratch("fused_h", (2, B, max(HP, P)), ct)         # [2, B, HB] h, double-buffered
-    cbuf = scratch("fused_c", (B, HP), ct)                    # [B, HP]
+    # bW, bR [NT, G, LANES], vec [VL, HP], hbuf [2, B, HB] (h, double-buffered), cbuf [B, HP]: one scratch
+    bW, bR, vec, hbuf, cbuf = _small_buffers(lay.small, ct)
     fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp, Wq, bW, bR,
                   vec, hbuf, cbuf)
     lay.loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
