@@ -231,3 +231,32 @@ def test_num_threads_equals_numbas():
             assert threads.num_threads() == numba.get_num_threads() == n
     finally:
         numba.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_numpy_gather_of_the_weight_views(dtype):
+    """`_WeightViews.array` (the eager CPU gather by NumPy): the buffer torch.cat gathers, read from the weights'
+    memory at every call (an in-place change shows), rebuilt when a weight's memory changes; None for weights
+    NumPy cannot compute in (bfloat16: the torch gather casts them)."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    dt = getattr(torch, dtype)
+    m = nt.LSTM(3, 4, bias=False).to(dt)                      # (no biases: zero regions in the buffer)
+    lay, views, w = m._layout, m._weight_views, m._flat_weights
+    got = views.array(lay.spans, lay.size, w, dt)
+    if dtype == "bfloat16":
+        assert got is None
+        return
+    want = nt._opaque_params(lay.spans, w, w[0], lay.size).numpy()
+    assert np.array_equal(got, want) and got.dtype == want.dtype
+    entry = views._entry
+    with torch.no_grad():
+        m.weight_hh_l0.mul_(2.0)                              # in place: the same entry, the new values
+    again = views.array(lay.spans, lay.size, m._flat_weights, dt)
+    assert views._entry is entry
+    assert np.array_equal(again, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
+    assert views.array(lay.spans, lay.size, m._flat_weights, torch.float16) is None      # another dtype
+    m.weight_ih_l0.data = m.weight_ih_l0.data * 3.0          # new memory: rebuilt
+    third = views.array(lay.spans, lay.size, m._flat_weights, dt)
+    assert views._entry is not entry
+    assert np.array_equal(third, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
