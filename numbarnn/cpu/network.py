@@ -309,14 +309,6 @@ def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c,
         c[...] = cbuf[:, :H]
 
 
-def _padded(buf, src):
-    """buf [rows, HP] = src [rows, H] followed by zeros."""
-    H = src.shape[1]
-    buf[:, :H] = src
-    buf[:, H:] = 0
-    return buf
-
-
 def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct):
     """One layer and direction by BLAS products and the njit step loop (FUSED False):
     h_state [B, P] and c_state [B, H] (or None) are updated in place."""
@@ -446,7 +438,7 @@ def _backward_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _Backw
                          any(cell.split_mask), np.zeros((0, H), ct), np.zeros((0, 0, 0), ct))
 
 
-def no_dv(B: int, H: int, ct) -> np.ndarray:
+def _no_dv(B: int, H: int, ct) -> np.ndarray:
     """dv_acc [B, 0, H] of a cell without vectors (empty: never read or written)."""
     return np.zeros((B, 0, H), ct)
 
@@ -514,7 +506,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
             dgh = dgx if d == 0 and not split else scratch(f"dgh{d}", (T, B, G * H), ct)
             hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
-            dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else no_dv(B, H, ct)   # [B, V, H]
+            dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else _no_dv(B, H, ct)   # [B, V, H]
             dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
             grads.append((dgx, dgh, hp, dv_acc, dh_all))
             if padded:
