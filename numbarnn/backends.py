@@ -50,8 +50,17 @@ def get_default_backend() -> str:
 
 def get_backend(name: str | None = None):
     """The backend module for `name` (None = the default)."""
-    name = get_default_backend() if name is None else check_choice("backend", name, tuple(BACKENDS))
-    return importlib.import_module(BACKENDS[name])
+    name = get_default_backend() if name is None else name
+    module = _MODULES.get(name) if type(name) is str else None
+    if module is None or BACKENDS.get(name) != module[0]:
+        check_choice("backend", name, tuple(BACKENDS))
+        module = _MODULES[name] = (BACKENDS[name], importlib.import_module(BACKENDS[name]))
+    return module[1]
+
+
+#: backend name -> (its module's name, the module) once imported (import_module and the name check cost ~4 us a
+#: call); an entry whose name BACKENDS no longer maps to that module is looked up again
+_MODULES: dict = {}
 
 
 def release_workspaces() -> int:

@@ -155,13 +155,15 @@ def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
 
     A pseudo-layer's gates are contiguous in the buffer, so W_0..W_{G-1} read as one [G*H, I_l] matrix.
     """
-    def view(span):
-        if span is None:
-            return None
-        offset, shape = span
-        return params[offset:offset + math.prod(shape)].reshape(shape)
+    return [LayerParams(*[None if s is None else params[s[0]:s[1]].reshape(s[2]) for s in slices])
+            for slices in _layer_slices(cfg, cfg.cell)]
 
-    return [LayerParams(*map(view, spans)) for spans in _layer_spans(cfg, cfg.cell)]
+
+@functools.lru_cache(maxsize=256)
+def _layer_slices(cfg: RNNConfig, cell) -> tuple:
+    """`_layer_spans` as (start, stop, shape) or None (`unpack`: no sizes worked out per call)."""
+    return tuple(tuple(None if sp is None else (sp[0], sp[0] + math.prod(sp[1]), sp[1]) for sp in spans)
+                 for spans in _layer_spans(cfg, cell))
 
 
 @functools.lru_cache(maxsize=256)

@@ -100,7 +100,18 @@ def reserve_size(call: RNNCall) -> int:
 
 def reserve_views(call: RNNCall, reserve) -> dict:
     """name -> view of `reserve` (NumPy or device array: slicing and reshape only)."""
-    return {e.name: reserve[e.offset:e.offset + e.size].reshape(e.shape) for e in reserve_entries(call)}
+    try:
+        slices = _slices(call, call.config.cell)
+    except TypeError:                                  # (unhashable symbolic shapes: worked out every time)
+        slices = _slices.__wrapped__(call, call.config.cell)
+    return {name: reserve[start:stop].reshape(shape) for name, start, stop, shape in slices}
+
+
+@functools.lru_cache(maxsize=256)
+def _slices(call: RNNCall, cell) -> tuple:
+    """(name, start, stop, shape) of each entry of `reserve_entries` (once per call signature and cell: a small
+    call spent ~5 us a call on the sizes)."""
+    return tuple((e.name, e.offset, e.offset + e.size, e.shape) for e in _entries.__wrapped__(call, cell))
 
 
 def new_nonce() -> list:
@@ -126,7 +137,7 @@ def read_nonce(reserve) -> list:
     tail = reserve[reserve.shape[0] - NONCE_SIZE:]
     if not isinstance(tail, np.ndarray):
         tail = _device(tail).copy_to_host()
-    return [float(v) for v in np.asarray(tail, dtype=np.float64)]
+    return np.asarray(tail, dtype=np.float64).tolist()          # (Python floats)
 
 
 def reserve_contents(reserve):

@@ -110,8 +110,8 @@ _SLOT_OF_PREFIX = {"weight_ih": "W", "weight_hh": "R", "bias_ih": "bW", "bias_hh
 
 def _array(t):
     """A tensor as an op argument: CPU -> NumPy view (zero-copy when contiguous); CUDA -> numba device array."""
-    if t is None:
-        return None
+    if t is None or type(t) is np.ndarray:          # (NumPy: the eager CPU gather, `_WeightViews.array`)
+        return t
     if t.requires_grad:                  # (each torch call costs a dispatch, ~1-2 us: only those needed)
         t = t.detach()
     if not t.is_contiguous():
@@ -175,9 +175,9 @@ class _device_scope:
 
     def __enter__(self):
         if self.device.type != "cuda":
-            import numba
+            numba, numba_threads = _numba()
             self.cuda = None
-            self.threads, self.numba_threads = torch.get_num_threads(), numba.get_num_threads()
+            self.threads, self.numba_threads = torch.get_num_threads(), numba_threads()
             self.wanted = max(1, min(self.threads, numba.config.NUMBA_NUM_THREADS))
             if self.wanted != self.numba_threads:   # (setting costs ~10 us: skipped when it would change nothing)
                 numba.set_num_threads(self.wanted)
@@ -190,11 +190,20 @@ class _device_scope:
         if self.cuda is not None:                 # pragma: no cover - needs a GPU
             return self.cuda.__exit__(*exc)
         if self.wanted != self.numba_threads:
-            import numba
-            numba.set_num_threads(self.numba_threads)
+            _numba()[0].set_num_threads(self.numba_threads)
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         return False
+
+
+@functools.cache
+def _numba() -> tuple:
+    """(numba, its thread count without the locks of numba.get_num_threads once its threads are up): imported at
+    the first CPU call."""
+    import numba
+
+    from .cpu.threads import num_threads
+    return numba, num_threads
 
 
 @contextlib.contextmanager
@@ -292,11 +301,27 @@ class _WeightViews:
             self._entry = None
             return None
         pieces = [weights[0].new_zeros(size) if k is None else views[k] for k, size in _gather_order(spans, n)]
-        self._entry = (tuple((w, w.data_ptr(), w.shape) for w in weights), pieces)
+        arrays = [p.numpy() for p in pieces] if device.type == "cpu" and dtype in _NUMPY_GATHER else None
+        self._entry = (tuple((w, w.data_ptr(), w.shape) for w in weights), pieces, arrays)
         return pieces
+
+    def array(self, spans: tuple, n: int, weights, dtype: torch.dtype) -> Optional[np.ndarray]:
+        """The opaque buffer [n] gathered by NumPy from NumPy views of the same pieces (no torch dispatch: ~5 us
+        less a call than torch.cat and the tensor's conversion), or None where the weights are no CPU float32 or
+        float64 weights in `dtype` (then `pieces` and `_gathered`)."""
+        if self.pieces(spans, n, weights) is None:
+            return None
+        arrays = self._entry[2]
+        if arrays is None or weights[0].dtype != dtype:
+            return None
+        return np.concatenate(arrays) if arrays else np.zeros(n, _NUMPY_GATHER[dtype])
 
     def __reduce__(self):
         return (_WeightViews, ())          # copies and pickles start empty (their weights are other tensors)
+
+
+#: weight dtypes the eager CPU path gathers with NumPy (`_WeightViews.array`): those the ops compute in
+_NUMPY_GATHER = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _gathered(pieces: list, dtype: torch.dtype, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -430,11 +455,12 @@ def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], wei
 
 
 def _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
-                 proj_size, bias, dropout, is_training, backend) -> tuple:
+                 proj_size, bias, dropout, is_training, backend, layout: Optional[_Layout] = None) -> tuple:
     """`_rnn_impl` with the weights already gathered (params [N] in the compute dtype) -> (y, h_n, c_n or None
     without a cell state, reserve or None unless is_training): the eager calls' way in, which makes no empty
-    tensors for outputs nobody reads."""
-    layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
+    tensors for outputs nobody reads.  (layout: `_layout` of these arguments when the caller has it.)"""
+    if layout is None:
+        layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     cfg = _call_config(layout, dropout, _seeds(seeds))
     lstm = layout.cell_state
     dtype = _compute_dtype(x)
@@ -682,10 +708,12 @@ def _eager_forward(x, h0, c0, weights, lengths, seeds, net, views) -> tuple:
     gathers them afresh) -> (y, h_n, c_n or None, reserve or None)."""
     layout = _layout(*net[:7])
     dtype = _compute_dtype(x)
-    pieces = None if views is None else views.pieces(layout.spans, layout.size, weights)
-    params = _opaque_params(layout.spans, weights, x, layout.size, dtype) if pieces is None else \
-        _gathered(pieces, dtype, layout.size, x)                                         # [N]
-    return _rnn_forward(x, h0, c0, params, lengths, seeds, *net)
+    params = views.array(layout.spans, layout.size, weights, dtype) if views is not None and x.is_cpu else None
+    if params is None:                                       # (not CPU float32/float64 weights: torch gathers)
+        pieces = None if views is None else views.pieces(layout.spans, layout.size, weights)
+        params = _opaque_params(layout.spans, weights, x, layout.size, dtype) if pieces is None else \
+            _gathered(pieces, dtype, layout.size, x)                                     # [N]
+    return _rnn_forward(x, h0, c0, params, lengths, seeds, *net, layout=layout)
 
 
 def _eager(tensors) -> bool:
@@ -703,19 +731,21 @@ def _eager(tensors) -> bool:
                     for t in tensors))         # (subclass-like: also the batched tensors of gradcheck's vmap)
 
 
-def _call(x, h0, c0, weights, lengths, seeds, net, views: Optional[_WeightViews] = None):
+def _call(x, h0, c0, weights, lengths, seeds, net, views: Optional[_WeightViews] = None,
+          needs_grad: Optional[bool] = None):
     """The operator with its registered autograd (what torch.compile and torch.export keep as one node); under
     torch.func's transforms or forward-mode AD the same operator through `_RNNFunction` (its jvp: dynamo cannot
     trace a custom jvp, and the generated autograd has none); in plain eager code (`_eager`) its implementation,
     through `_EagerRNNFunction` when a gradient may be needed, the weights gathered through `views` (the
     module's, when the weights are its own).  -> (y, h_n, c_n, reserve); eager calls without gradients give None
-    for c_n without a cell state and for the reserve (nobody reads them)."""
+    for c_n without a cell state and for the reserve (nobody reads them).  needs_grad: `_needs_reserve` of these
+    arguments when the caller has it (None: asked here)."""
     if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()
                                               or torch.autograd.forward_ad._current_level >= 0):
         return _RNNFunction.apply(x, h0, c0, seeds, lengths, net, *weights)
     tensors = (x, h0, *weights) if c0 is None else (x, h0, c0, *weights)
     if _eager(tensors):
-        if _needs_reserve(x, h0, c0, weights):
+        if _needs_reserve(x, h0, c0, weights) if needs_grad is None else needs_grad:
             return _EagerRNNFunction.apply(x, h0, c0, seeds, lengths, net, views, *weights)
         return _eager_forward(x, h0, c0, weights, lengths, seeds, net, views)
     return rnn_op(x, h0, c0, weights, lengths, seeds, *net)
@@ -947,7 +977,7 @@ class _NumbaRNNBase(torch.nn.Module):
         return hx if batched else hx.unsqueeze(1)
 
     def _call_args(self, x, h0, c0, weights) -> tuple:
-        """(seeds [2] int64, dropout, is_training) of this call: the op keeps the reserve space whenever a
+        """(seeds [2] int64, dropout, is_training, needs_grad) of this call: the op keeps the reserve space whenever a
         gradient may be needed (eval mode too, then with dropout 0) or dropout is active; a fresh Philox key per
         call with active dropout, drawn from torch's default generator."""
         dropout_active = self.training and self.dropout > 0 and self.num_layers > 1
@@ -958,7 +988,7 @@ class _NumbaRNNBase(torch.nn.Module):
             seeds = torch.zeros(2, dtype=torch.int64)
         else:
             seeds = _NO_SEEDS                   # (never written: the ops only read it)
-        return seeds, (self.dropout if dropout_active else 0.0), bool(needs_grad or dropout_active)
+        return seeds, (self.dropout if dropout_active else 0.0), bool(needs_grad or dropout_active), needs_grad
 
     def forward(self, input, hx=None):
         weights = self._flat_weights
@@ -993,12 +1023,13 @@ class _NumbaRNNBase(torch.nn.Module):
             if hx is not None:
                 hx = tuple(t.to(autocast) for t in hx) if self._cell_state else hx.to(autocast)
         h0, c0 = self._initial_state(hx, x)
-        seeds, dropout, is_training = self._call_args(x, h0, c0, weights)
+        seeds, dropout, is_training, needs_grad = self._call_args(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (self.rnn_mode, self.num_layers, self.hidden_size, self.input_size, self.bidirectional,
                self.proj_size, self.bias, dropout, is_training, backend)
         views = self._weight_views if autocast is None else None       # (autocast: cast copies, new each call)
-        y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net, views)   # [T, B, D*P], [L*D, B, P], [L*D, B, H]
+        y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net, views, needs_grad)   # [T, B, D*P], [L*D, B, P],
+        #                                                                                 [L*D, B, H]
         cT = cT if self._cell_state else None
 
         if packed:
@@ -1014,8 +1045,8 @@ class _NumbaRNNBase(torch.nn.Module):
 
 def _autocast_dtype(x: torch.Tensor):
     """The dtype torch.autocast computes RNNs in on x's device, or None when it is off (or x is not float)."""
-    kind = x.device.type
-    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind) and x.is_floating_point():
+    kind = "cpu" if x.is_cpu else "cuda" if x.is_cuda else None      # (no device object: ~1 us a call)
+    if kind is not None and torch.is_autocast_enabled(kind) and x.is_floating_point():
         return torch.get_autocast_dtype(kind)
     return None
 

@@ -49,6 +49,8 @@ def reject_torch_tensor(name: str, a) -> None:
 
 def as_array(name: str, a):
     """Host inputs become NumPy arrays; device arrays pass through untouched; torch tensors are refused."""
+    if type(a) is np.ndarray:                    # (the common case first: a NumPy array is never a tensor)
+        return a
     if a is None:
         raise ValueError(f"{name}: expected an array, got None")
     reject_torch_tensor(name, a)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,8 @@ from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
 from . import cells, diagonal, fused, modulated, threads
+from .fused import pack as _pack
+from .fused import pack_columns as _pack_columns
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -74,10 +77,11 @@ def _input_projection(lp, x_l, G, out):
     return out
 
 
-def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
+def buffers(call: RNNCall, ct, zero_y: bool = True) -> tuple[np.ndarray, dict]:
     """A buffer laid out like the reserve (SPEC 7) in the compute dtype, and its named views: a new zeroed array
     for training (it is returned), workspace scratch for inference (the step loops write the same arrays;
-    only the output leaves the call, copied; only the y entries are zeroed)."""
+    only the output leaves the call, copied; only the y entries are zeroed, and only with `zero_y`: a call
+    whose every row runs every step writes all of them)."""
     if call.is_training:
         flat = np.zeros(_layout_size(call), dtype=ct)
         return flat, reserve_views(call, flat)
@@ -86,11 +90,12 @@ def buffers(call: RNNCall, ct) -> tuple[np.ndarray, dict]:
     if views is None or views[0] is not flat:              # the scratch grew, or another thread's
         if len(_inference_views) > 64:
             _inference_views.clear()
-        views = _inference_views[call] = (flat, reserve_views(call, flat))
-    for name, view in views[1].items():                     # only the outputs are read: y is 0 where no
-        if name.startswith("y"):                            # step runs; the saved values are not kept
-            view.fill(0)
-    return views
+        named = reserve_views(call, flat)
+        views = _inference_views[call] = (flat, named, [v for name, v in named.items() if name.startswith("y")])
+    if zero_y:
+        for view in views[2]:                               # only the outputs are read: y is 0 where no
+            view.fill(0)                                    # step runs; the saved values are not kept
+    return views[0], views[1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -153,53 +158,156 @@ def _fused_sizes(cfg, I_l: int, ct, tile: tuple) -> _FusedSizes:
                        Wq, G * H * (I_l + P) + (H * P if cfg.has_proj else 0))
 
 
-def fused_forward(call: RNNCall, lp, d, x_l, h, c, y, acts, cs, ms, rows, ct):
-    """One layer and direction by `fused.forward_loop`: h [B, P] and c [B, H] (or None) are updated in place
-    to the state after each row's last step; y, acts, cs (and ms with a projection) are written for the
-    active [t, b].  rows: `_rows(call)`."""
+@njit_cached
+def fused_prepare(
+    params,   # [N]  the opaque buffer (compute dtype)
+    spans,    # [6]  int64 offsets in params of this pseudo-layer's W, R, W_proj, bW, bR, V (-1: absent)
+    I_l,      # int  the layer's input size
+    H,        # int  hidden units
+    V,        # int  cell vectors
+    h,        # [B, P]  the state h entering the layer
+    c,        # [B, H]  the state c (no cell state: empty)
+    Wp,       # out: [NT, G//V, I_l, V, LANES] W by unit tiles (`fused.pack`; not written with skip input)
+    Rp,       # out: [NT, G//V, P, V, LANES]  R by unit tiles
+    Wq,       # out: W_proj^T by column tiles (`fused.pack_columns`; not written without a projection)
+    bWt,      # out: [NT, G, LANES] bW by unit tiles, zeros past H (`fused.bias_tiles`)
+    bRt,      # out: [NT, G, LANES] bR
+    vec,      # out: [VL, HP] the cell vectors, zeros past H (all zeros without vectors)
+    hbuf,     # out: [2, B, HB] hbuf[0] = h (zeros past P), hbuf[1] zeros
+    cbuf,     # out: [B, HP] c, zeros past H (all zeros without a cell state)
+):
+    """Everything `fused.forward_loop` reads besides x, read straight from the opaque buffer (`params.unpack`'s
+    layout) in one compiled call: a tiny call spent ~50 us in the NumPy operations, views and look-ups that
+    did this one by one."""
+    NT, G, LANES = bWt.shape
+    P = h.shape[1]
+    oW, oR, oQ, obW, obR, oV = spans[0], spans[1], spans[2], spans[3], spans[4], spans[5]
+    GH = G * H
+    if oW >= 0:
+        _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp)
+    _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp)
+    if oQ >= 0:
+        _pack_columns(params[oQ:oQ + P * H].reshape((P, H)).T, Wq)
+    for jt in range(NT):
+        for g in range(G):
+            for u in range(LANES):
+                j = jt * LANES + u
+                if j < H:
+                    bWt[jt, g, u] = params[obW + g * H + j]
+                    bRt[jt, g, u] = params[obR + g * H + j]
+                else:
+                    bWt[jt, g, u] = 0.0
+                    bRt[jt, g, u] = 0.0
+    vec[...] = 0.0
+    if oV >= 0:
+        for v in range(V):
+            for j in range(H):
+                vec[v, j] = params[oV + v * H + j]
+    hbuf[...] = 0.0
+    for b in range(h.shape[0]):
+        for k in range(P):
+            hbuf[0, b, k] = h[b, k]
+    cbuf[...] = 0.0
+    for b in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            cbuf[b, j] = c[b, j]
+
+
+@dataclass(frozen=True)
+class _FusedLayer:
+    """What `fused_forward` needs of one pseudo-layer besides its arrays (shared: never written)."""
+    z: _FusedSizes
+    loop: object            # fused.forward_loop's loop
+    groups: int             # row groups
+    spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
+    skip: bool              # skip input: no W
+    small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `_small_buffers`
+    no_Wq: np.ndarray       # the empty Wq panels without a projection (never written)
+    no_m: np.ndarray        # [0, HP]: mbuf without a projection (never written)
+
+
+@dataclass(frozen=True)
+class _FusedPlan:
+    """`forward`'s fused path of one call signature: per pseudo-layer a `_FusedLayer`, and what the rows decide."""
+    layers: tuple
+    full: bool              # every row runs all T steps: a row's last output is y[T-1] (reverse: y[0])
+    no_c: np.ndarray        # [0, 0]: c of `fused_prepare` without a cell state (never written)
+    none3: np.ndarray       # [0, 0, 0]: the absent reserve entries (never written)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _FusedPlan:
+    """The fused forward's plan of a call, worked out once per call signature, compute dtype, tile shape, thread
+    count and cell (all in the key: tests and the tuner change the tile, row groups follow the threads, a cell
+    may be registered again under its name)."""
+    from ..params import _layer_spans
     cfg, B = call.config, call.B
-    H, P, G = cfg.H, cfg.P, cfg.G
+    _, _, _, n_active, padded, ran, _ = _rows(call)
+    layers = []
+    for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
+        z = _fused_sizes(cfg, cfg.layer_input_size(layer), ct, tile)
+        groups = fused.row_groups(B, fused.rows_for(cfg.G), int(n_active.sum()) * z.macs)
+        loop = fused.forward_loop(cell, _name(ct), groups > 1, cfg.has_proj)
+        offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
+        small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
+                 (2, B, max(z.HP, cfg.P)), (B, z.HP))
+        small = (small, sum(math.prod(shape) for shape in small))
+        layers.append(_FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
+                                  np.zeros((0, z.HP), ct)))
+    return _FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
+                      np.zeros((0, 0, 0), ct))
+
+
+def _small_buffers(small: tuple, ct) -> list:
+    """Views of the shapes small[0] carved from one scratch buffer ("fused_small", small[1] elements), carved once
+    while that buffer stays the same (five look-ups of the pool cost ~5 us a tiny call)."""
+    flat = scratch("fused_small", (small[1],), ct)
+    hit = _small_views.get((small, ct))
+    if hit is None or hit[0] is not flat:                 # the scratch grew, or another thread's
+        if len(_small_views) > 64:
+            _small_views.clear()
+        views, at = [], 0
+        for shape in small[0]:
+            size = math.prod(shape)
+            views.append(flat[at:at + size].reshape(shape))
+            at += size
+        hit = _small_views[(small, ct)] = (flat, views)
+    return hit[1]
+
+
+#: (shapes, dtype) -> (the "fused_small" scratch, the views `_small_buffers` carved of it)
+_small_views: dict = {}
+
+
+def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct):
+    """Pseudo-layer p (direction d) by `fused.forward_loop`, its weights read from the opaque `params`: h [B, P]
+    and c [B, H] (or None) are updated in place to the state after each row's last step; y, acts, cs (and ms
+    with a projection) are written for the active [t, b].  plan: `_fused_plan`, rows: `_rows(call)`."""
+    cfg, B = call.config, call.B
+    H, P = cfg.H, cfg.P
     lens, _, order, n_active, _, ran, t_last = rows
-    z = _fused_sizes(cfg, x_l.shape[2], ct, fused.tile_shape(G))
+    lay = plan.layers[p]
+    z = lay.z
     HP = z.HP
     Rp = scratch("fused_Rp", z.R_panels, ct)                 # [NT, G//V, P, V, LANES] R by unit tiles
-    fused.pack(lp.R, Rp)
-    if lp.W is not None:
-        Wp = scratch("fused_Wp", z.W_panels, ct)             # [NT, G//V, I, V, LANES]
-        fused.pack(lp.W, Wp)
-    else:
-        Wp = Rp                                                # skip input: not read
+    Wp = Rp if lay.skip else scratch("fused_Wp", z.W_panels, ct)   # [NT, G//V, I, V, LANES] (skip input: not read)
     if cfg.has_proj:
         Wq = scratch("fused_Wq", z.Wq_panels, ct)            # W_proj^T by column tiles, the forward's NR rows
-        fused.pack_columns(lp.W_proj.T, Wq)
         mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
     else:
-        Wq = np.zeros(z.Wq_panels, ct)
-        mbuf = np.zeros((0, HP), ct)
-    bW = fused.bias_tiles(lp.bW, H, z.NT, z.LANES, scratch("fused_bW", (z.NT, G, z.LANES), ct))   # [NT, G, LANES]
-    bR = fused.bias_tiles(lp.bR, H, z.NT, z.LANES, scratch("fused_bR", (z.NT, G, z.LANES), ct))   # [NT, G, LANES]
-    vec = _padded(scratch("fused_vec", (max(cfg.V, 1), HP), ct),
-                  lp.V if lp.V is not None else np.zeros((1, H), ct))                # [VL, HP]
-    hbuf = scratch("fused_h", (2, B, max(HP, P)), ct)         # [2, B, HB] h, double-buffered
-    hbuf.fill(0)
-    hbuf[0, :, :P] = h
-    cbuf = _padded(scratch("fused_c", (B, HP), ct), c if c is not None else np.zeros((B, H), ct))   # [B, HP]
-    groups = fused.row_groups(B, fused.rows_for(G), int(n_active.sum()) * z.macs)
-    loop = fused.forward_loop(cfg.cell, _name(ct), groups > 1, cfg.has_proj)
-    loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs,
-         groups, Wq, mbuf, ms, lp.W is None, call.is_training)
-    # rows that ran: h is their last output
-    h[ran] = y[t_last[d][ran], ran, d * P:(d + 1) * P]
+        Wq, mbuf = lay.no_Wq, lay.no_m
+    # bW, bR [NT, G, LANES], vec [VL, HP], hbuf [2, B, HB] (h, double-buffered), cbuf [B, HP]: one scratch
+    bW, bR, vec, hbuf, cbuf = _small_buffers(lay.small, ct)
+    fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp, Wq, bW, bR,
+                  vec, hbuf, cbuf)
+    lay.loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
+             cs, lay.groups, Wq, mbuf, ms, lay.skip, call.is_training)
+    if plan.full:                            # every row's last step: t = T-1 (reverse: 0)
+        h[...] = y[call.T - 1 if d == 0 else 0, :, d * P:(d + 1) * P]
+    else:                                    # rows that ran: h is their last output
+        h[ran] = y[t_last[d][ran], ran, d * P:(d + 1) * P]
     if c is not None:
         c[...] = cbuf[:, :H]
-
-
-def _padded(buf, src):
-    """buf [rows, HP] = src [rows, H] followed by zeros."""
-    H = src.shape[1]
-    buf[:, :H] = src
-    buf[:, H:] = 0
-    return buf
 
 
 def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None):
@@ -254,13 +362,17 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     P, D = cfg.P, cfg.D
     rows = _rows(call)
     lens, steps = rows[0], rows[1]                            # [B], no step past the longest
-    layers = unpack(cfg, params)
-    flat, saved = buffers(call, ct)
-    hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
-    cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
-    none3 = np.zeros((0, 0, 0), dtype=ct)
+    cell = cfg.cell
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal and not cfg.cell.modulated
+    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
+    if use_fused:                                             # (reads the weights from params: no views)
+        plan = _fused_plan(call, ct, fused.tile_shape(cell.G), threads.num_threads(), cell)
+        layers, none3 = None, plan.none3
+    else:
+        layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
+    flat, saved = buffers(call, ct, zero_y=rows[4] or not use_fused)   # (rows[4]: some [t, b] never runs)
+    hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
+    cT = np.array(c0, dtype=ct) if cell.cell_state else None
 
     x_l = x
     for layer in range(cfg.L):
@@ -276,13 +388,76 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             c_state = cT[p] if cT is not None else None
             ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
             if use_fused:
-                fused_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
+                fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
             else:
                 with threads.budget():
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
                                  saved[f"mod{layer}"][d] if cfg.cell.modulated else None)
         x_l = y
     return x_l, hT, cT, flat
+
+
+@njit_cached
+def bias_sums(
+    gx,       # [N, C]  W-side pre-activation gradients (C > 1)
+    gh,       # [N, C]  R-side
+    dbW,      # out: [C] column sums of gx
+    dbR,      # out: [C] column sums of gh
+):
+    """The bias gradients in one compiled call, bit for bit NumPy's `np.sum(g, axis=0)` of a C-contiguous [N, C],
+    C > 1 (NumPy adds row after row onto zeros there; a single column it sums pairwise): two NumPy reductions
+    cost ~10 us a tiny call."""
+    dbW[:] = 0.0
+    dbR[:] = 0.0
+    for r in range(gx.shape[0]):
+        for c in range(gx.shape[1]):
+            dbW[c] += gx[r, c]
+    for r in range(gh.shape[0]):
+        for c in range(gh.shape[1]):
+            dbR[c] += gh[r, c]
+
+
+@dataclass(frozen=True)
+class _BackwardPlan:
+    """What `backward`'s fused path works out of a call signature alone (shared: never written)."""
+    grouped: tuple          # (rows [groups, n] int64, loop): the row groups before any BLAS product
+    serial: tuple           # (rows [1, B] int64, loop): one group, after BLAS
+    RTp_shape: tuple        # R by column tiles
+    Wc_shape: tuple         # W_proj by column tiles (projection)
+    no_proj: tuple          # the loop's projection arguments without a projection (empty, never written)
+    split: bool             # some gate's R side has its own gradient (GRU's candidate)
+    no_vec: np.ndarray      # [0, H]
+    none3: np.ndarray       # [0, 0, 0]
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _BackwardPlan:
+    """The fused backward's row groups, loops and panel shapes of a call, once per call signature, compute dtype,
+    the column tile's shape (`fused.tile_shape(MV)`), thread count and cell (all in the key, as `_fused_plan`)."""
+    cfg, B = call.config, call.B
+    H, P, G = cfg.H, cfg.P, cfg.G
+    lens, _, by_length, _, _, _, _ = _rows(call)
+    MV = fused.COLUMN_VECTORS
+    NR = fused.rows_for(MV)
+    LANES = fused.lanes_for(ct)
+    macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
+    name = _name(ct)
+    grouped = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
+    serial = fused.group_rows(by_length, 1, NR)
+    serial_loop = fused.backward_loop(cell, name, False, MV, cfg.has_proj)
+    grouped_loop = fused.backward_loop(cell, name, True, MV, cfg.has_proj) if grouped.shape[0] > 1 else \
+        serial_loop
+    no_rows = np.zeros((0, P), ct)
+    return _BackwardPlan((grouped, grouped_loop), (serial, serial_loop),
+                         fused.panel_shape(cdiv(P, MV * LANES), G * H, MV, ct),
+                         fused.panel_shape(cdiv(H, MV * LANES), P, MV, ct),
+                         (np.zeros(fused.panel_shape(0, 0, MV, ct), ct), no_rows, no_rows, np.zeros((0, 0, 0), ct)),
+                         any(cell.split_mask), np.zeros((0, H), ct), np.zeros((0, 0, 0), ct))
+
+
+def _no_dv(B: int, H: int, ct) -> np.ndarray:
+    """dv_acc [B, 0, H] of a cell without vectors (empty: never read or written)."""
+    return np.zeros((B, 0, H), ct)
 
 
 def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
@@ -297,28 +472,29 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     saved = reserve_views(call, reserve)
     dh0 = np.array(dhT, dtype=ct)                            # [L*D, B, P] state, becomes input_h_backprop
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
-    step = cells.pick(cells.backward_step, cfg.cell, ct, cfg.has_proj, B, H)
-    all_rows = np.arange(B, dtype=np.int64)
-    use_fused = FUSED and steps > 0 and not cfg.cell.diagonal and not cfg.cell.modulated
-    if cfg.cell.modulated:                                   # modulated.py: two products per step
-        rows1, rows2 = modulated.gate_rows(cfg.cell, H, False), modulated.gate_rows(cfg.cell, H, True)
-        modulate_backward = modulated.modulate_backward(cfg.cell, _name(ct))
+    cell = cfg.cell
+    # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
+    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
+    if cell.modulated:                                       # modulated.py: two products per step
+        rows1, rows2 = modulated.gate_rows(cell, H, False), modulated.gate_rows(cell, H, True)
+        modulate_backward = modulated.modulate_backward(cell, _name(ct))
         dq = scratch("dq", (B, H), ct)                       # [B, H] dgh_2 R_2 of a step
     if use_fused:
         MV = fused.COLUMN_VECTORS
-        NR = fused.rows_for(MV)
-        macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
-        group_rows = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
-        serial_rows = fused.group_rows(by_length, 1, NR)
+        plan = _backward_plan(call, ct, fused.tile_shape(MV), threads.num_threads(), cell)
+        no_vec, none3 = plan.no_vec, plan.none3
+    else:
+        step = cells.pick(cells.backward_step, cell, ct, cfg.has_proj, B, H)
+        all_rows = np.arange(B, dtype=np.int64)
+        no_vec, none3 = np.zeros((0, H), dtype=ct), np.zeros((0, 0, 0), dtype=ct)
     blas_used = False                                        # OpenBLAS's threads spin after a product
-    scale = ct.type(dropout_scale(cfg.dropout))
+    scale = ct.type(dropout_scale(cfg.dropout)) if call.dropout_active else None
     # scratch (workspace.py): every element read is written first in each direction (steps < T are zeroed,
     # inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled below)
     tmp = scratch("tmp", (B, P), ct)                         # [B, P]      dgh_s @ R
     dht = scratch("dht", (B, P), ct)                         # [B, P]      projection: dy + dh of a step
     dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
-    no_vec = np.zeros((0, H), dtype=ct)
-    none3 = np.zeros((0, 0, 0), dtype=ct)
+    split = plan.split if use_fused else any(cell.split_mask)
     dy_l = dy
 
     for layer in reversed(range(cfg.L)):
@@ -351,10 +527,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             # [T, B, G*H] R-side grads (s layout).  The forward direction's s is t, and without a gate whose R
             # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
             # (not for a modulated cell: its second pass adds to both)
-            share = d == 0 and not any(cfg.cell.split_mask) and not cfg.cell.modulated
+            share = d == 0 and not split and not cell.modulated
             dgh = dgx if share else scratch(f"dgh{d}", (T, B, G * H), ct)
             hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
-            dv_acc = scratch(f"dv_acc{d}", (B, max(V, 0), H), ct)           # [B, V, H]
+            dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else _no_dv(B, H, ct)   # [B, V, H]
             dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
             qs = scratch(f"qs{d}", (T, B, H), ct) if cfg.cell.modulated else None   # [T, B, H] m ⊙ h_prev (s layout)
             grads.append((dgx, dgh, hp, dv_acc, dh_all, qs))
@@ -369,17 +545,15 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 dh_all.fill(0)
             dv_acc.fill(0)
             if use_fused:
-                LANES = fused.lanes_for(ct)
-                RTp = scratch("fused_RTp", fused.panel_shape(cdiv(P, MV * LANES), G * H, MV, ct), ct)   # R by columns
+                RTp = scratch("fused_RTp", plan.RTp_shape, ct)      # R by columns
                 fused.pack_columns(lp.R, RTp)
-                rows = group_rows if not blas_used else serial_rows     # after BLAS: one group
-                loop = fused.backward_loop(cfg.cell, _name(ct), rows.shape[0] > 1, MV, cfg.has_proj)
+                rows, loop = plan.serial if blas_used else plan.grouped   # after BLAS: one group
                 if cfg.has_proj:                                     # W_proj's columns, by column tiles
-                    Wc = scratch("fused_Wc", fused.panel_shape(cdiv(H, MV * LANES), P, MV, ct), ct)
+                    Wc = scratch("fused_Wc", plan.Wc_shape, ct)
                     fused.pack_columns(lp.W_proj, Wc)
                     proj = (Wc, dht, dm, dh_all)
                 else:
-                    proj = (np.zeros(fused.panel_shape(0, 0, MV, ct), ct), tmp[:0], tmp[:0], none3)
+                    proj = plan.no_proj
                 loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
                      *proj)
                 continue
@@ -424,8 +598,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
             else:
                 np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
-            np.sum(gx2, axis=0, out=dlp.bW)
-            np.sum(gh2, axis=0, out=dlp.bR)
+            if gx2.shape[1] > 1:                            # (one column: NumPy sums pairwise, not row by row)
+                bias_sums(gx2, gh2, dlp.bW, dlp.bR)
+            else:
+                np.sum(gx2, axis=0, out=dlp.bW)
+                np.sum(gh2, axis=0, out=dlp.bR)
             if cfg.has_proj:
                 np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
             if lp.V is not None:

@@ -1,0 +1,262 @@
+"""The per-call caches of tiny calls (issue 31, item 3): each one keyed so that a hit equals a miss and a changed
+key misses.
+
+Covered: the cpu backend's fused forward plan (`network._fused_plan`) and backward plan (`network._backward_plan`),
+the compiled weight packing (`network.fused_prepare`, against the NumPy packing it replaced), the bias sums
+(`network.bias_sums`, bit for bit NumPy's), inference outputs written whole without zeroing, the offsets of
+`params.unpack` and `reserve.reserve_views`, the backend modules by name (`backends.get_backend`), the nonce
+recorded in host_reserved (`config._recorded_nonce`), and numba's thread count without its locks
+(`cpu.threads.num_threads`).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from numbarnn import backends, ops
+from numbarnn.config import RNNCall, _recorded_nonce, check_reserve_nonce, rnn_config
+from numbarnn.cpu import fused, network, threads, workspace
+from numbarnn.params import _layer_spans, params_size, unpack
+from numbarnn.reserve import reserve_entries, reserve_views
+from numbarnn.testing import make_rnn_case, run_backward, run_forward
+
+
+def _case(mode="lstm", T=3, B=2, I=5, H=6, L=1, direction="unidirectional", proj=0, lengths=None, dtype=np.float32,
+          training=True):
+    from dataclasses import replace
+    cfg = rnn_config(L, H, I, mode, direction=direction, num_proj=proj)
+    case = make_rnn_case(cfg, T, B, lengths, seed=3, dtype=dtype)
+    return replace(case, is_training=training)
+
+
+def _run(case):
+    out = run_forward(case, "cpu")
+    grads = run_backward(case, out, "cpu") if case.is_training else ()
+    return [np.array(a, copy=True) for a in (*out[:3], *grads) if a is not None]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        assert u.dtype == v.dtype and u.shape == v.shape
+        assert np.array_equal(u, v, equal_nan=True)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(mode="gru"), dict(L=2, direction="bidirectional"), dict(proj=4),
+                                dict(lengths=[3, 1]), dict(dtype=np.float64), dict(training=False)])
+def test_plans_hit_equals_miss(kw):
+    case = _case(**kw)
+    network._fused_plan.cache_clear()
+    network._backward_plan.cache_clear()
+    miss = _run(case)                                            # the plans worked out
+    info_f, info_b = network._fused_plan.cache_info(), network._backward_plan.cache_info()
+    assert info_f.misses >= 1 and info_f.hits == 0
+    hit = _run(case)                                             # the same signature: found
+    assert network._fused_plan.cache_info().hits > info_f.hits
+    assert network._fused_plan.cache_info().misses == info_f.misses
+    if case.is_training:
+        assert network._backward_plan.cache_info().hits > info_b.hits
+        assert network._backward_plan.cache_info().misses == info_b.misses
+    _same(miss, hit)
+
+
+@pytest.mark.parametrize("change", ["T", "B", "H", "lengths", "dtype", "mode", "training"])
+def test_plans_changed_key_misses(change):
+    base = dict(T=3, B=2, H=6)
+    other = {"T": dict(T=4), "B": dict(B=3), "H": dict(H=7), "lengths": dict(lengths=[2, 3]),
+             "dtype": dict(dtype=np.float64), "mode": dict(mode="gru"), "training": dict(training=False)}[change]
+    _run(_case(**base))
+    before = network._fused_plan.cache_info().misses
+    got = _run(_case(**{**base, **other}))
+    assert network._fused_plan.cache_info().misses == before + 1
+    network._fused_plan.cache_clear()
+    network._backward_plan.cache_clear()
+    _same(got, _run(_case(**{**base, **other})))                 # and equals what a cold cache computes
+
+
+def test_plans_follow_the_thread_count_and_the_tile():
+    """Row groups follow numba's thread count, panel shapes the tile shape, the loops the cell: all in the keys
+    (a call with another thread count gets the same results)."""
+    case = _case(T=4, B=16, H=32, I=32)
+    ref = _run(case)
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        _same(ref, _run(case))
+    finally:
+        numba.set_num_threads(old)
+    call = RNNCall(case.cfg, 4, 16, np.dtype(np.float32), True, True, (4,) * 16)
+    ct, cell, tile = np.dtype(np.float32), case.cfg.cell, fused.tile_shape(4)
+    for plan in (network._fused_plan, network._backward_plan):
+        one = plan(call, ct, tile, 1, cell)
+        assert plan(call, ct, tile, 1, cell) is one                              # a hit
+        assert plan(call, ct, tile, 2, cell) is not one                          # threads
+        assert plan(call, ct, (tile[0], tile[1] * 2), 1, cell) is not one        # tile
+        assert plan(call, np.dtype(np.float64), tile, 1, cell) is not one        # compute dtype
+        assert plan(RNNCall(case.cfg, 5, 16, np.dtype(np.float32), True, True, (5,) * 16), ct, tile, 1,
+                    cell) is not one                                             # the call
+    from dataclasses import replace
+    twin = replace(cell)                                                          # a cell registered again
+    assert twin == cell and network._fused_plan(call, ct, tile, 1, twin) is network._fused_plan(call, ct, tile, 1,
+                                                                                                   cell)
+
+
+@pytest.mark.parametrize("ct", [np.float32, np.float64])
+@pytest.mark.parametrize("mode,proj,skip", [("lstm", 0, False), ("gru", 0, False), ("lstm", 3, False),
+                                            ("rnn_tanh", 0, True)])
+def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
+    """`fused_prepare` writes what `fused.pack`, `pack_columns`, `bias_tiles` and the padding wrote before."""
+    ct = np.dtype(ct)
+    H, I, B = 5, 5 if skip else 7, 3
+    cfg = rnn_config(1, H, I, mode, "skip_input" if skip else "linear_input", num_proj=proj)
+    rng = np.random.default_rng(0)
+    params = rng.standard_normal(params_size(cfg)).astype(ct)
+    lp = unpack(cfg, params)[0]
+    P, G = cfg.P, cfg.G
+    z = network._fused_sizes(cfg, I, ct, fused.tile_shape(G))
+    HP = z.HP
+    h = rng.standard_normal((B, P)).astype(ct)
+    c = rng.standard_normal((B, H)).astype(ct)
+    spans = np.array([-1 if s is None else s[0] for s in _layer_spans(cfg, cfg.cell)[0]], np.int64)
+    got = [np.full(z.W_panels, np.nan, ct), np.full(z.R_panels, np.nan, ct), np.full(z.Wq_panels, np.nan, ct),
+           np.full((z.NT, G, z.LANES), np.nan, ct), np.full((z.NT, G, z.LANES), np.nan, ct),
+           np.full((1, HP), np.nan, ct), np.full((2, B, max(HP, P)), np.nan, ct), np.full((B, HP), np.nan, ct)]
+    network.fused_prepare(params, spans, I, H, cfg.V, h, c if cfg.has_cell_state else np.zeros((0, 0), ct), *got)
+    Rp = np.empty(z.R_panels, ct)
+    fused.pack(lp.R, Rp)
+    np.testing.assert_array_equal(got[1], Rp)
+    if not skip:
+        Wp = np.empty(z.W_panels, ct)
+        fused.pack(lp.W, Wp)
+        np.testing.assert_array_equal(got[0], Wp)
+    if proj:
+        Wq = np.empty(z.Wq_panels, ct)
+        fused.pack_columns(lp.W_proj.T, Wq)
+        np.testing.assert_array_equal(got[2], Wq)
+    for b, out in ((lp.bW, got[3]), (lp.bR, got[4])):
+        np.testing.assert_array_equal(out, fused.bias_tiles(b, H, z.NT, z.LANES, np.empty_like(out)))
+    np.testing.assert_array_equal(got[5], np.zeros((1, HP), ct))
+    want_h = np.zeros((2, B, max(HP, P)), ct)
+    want_h[0, :, :P] = h
+    np.testing.assert_array_equal(got[6], want_h)
+    want_c = np.zeros((B, HP), ct)
+    if cfg.has_cell_state:
+        want_c[:, :H] = c
+    np.testing.assert_array_equal(got[7], want_c)
+
+
+@pytest.mark.parametrize("ct", [np.float32, np.float64])
+def test_bias_sums_bit_for_bit_numpys(ct):
+    rng = np.random.default_rng(1)
+    for N in (1, 2, 3, 8, 17, 129, 1000, 5000):
+        for C in (2, 3, 16, 48, 256):
+            gx = (rng.standard_normal((N, C)) * rng.uniform(0.1, 100)).astype(ct)
+            gh = (rng.standard_normal((N, C)) * rng.uniform(0.1, 100)).astype(ct)
+            bW, bR = np.full(C, np.nan, ct), np.full(C, np.nan, ct)
+            network.bias_sums(gx, gh, bW, bR)
+            assert np.array_equal(bW, np.sum(gx, axis=0)) and np.array_equal(bR, np.sum(gh, axis=0)), (N, C)
+
+
+def test_inference_outputs_written_whole_without_zeroing():
+    """A full-length inference call no longer zeroes its y scratch: every element is written (poisoned scratch
+    leaves no NaN); a ragged call of the same shape still gets zeros where no step runs."""
+    full, ragged = _case(training=False), _case(training=False, lengths=[3, 1])
+    want_full, want_ragged = _run(full), _run(ragged)
+    for case, want in ((full, want_full), (ragged, want_ragged), (full, want_full)):
+        workspace.poison(np.nan)
+        got = _run(case)
+        assert not any(np.isnan(a).any() for a in got)
+        _same(got, want)
+    assert np.all(want_ragged[0][1:, 1] == 0)                   # row 1 ran one step
+
+
+def test_unpack_and_reserve_views_offsets_per_signature():
+    for mode, L, direction, proj in (("lstm", 2, "bidirectional", 3), ("gru", 1, "unidirectional", 0)):
+        cfg = rnn_config(L, 6, 5, mode, direction=direction, num_proj=proj)
+        params = np.arange(params_size(cfg), dtype=np.float64)
+        for lp, spans in zip(unpack(cfg, params), _layer_spans(cfg, cfg.cell)):
+            for view, span in zip((lp.W, lp.R, lp.W_proj, lp.bW, lp.bR, lp.V), spans):
+                assert (view is None) == (span is None)
+                if view is not None:
+                    assert view.shape == span[1] and view.reshape(-1)[0] == span[0]
+                    assert np.shares_memory(view, params)
+        for T, B in ((3, 2), (4, 2)):
+            call = RNNCall(cfg, T, B, np.dtype(np.float32), True, True, (T,) * B)
+            entries = reserve_entries(call)
+            reserve = np.arange(sum(e.size for e in entries), dtype=np.float64)
+            views = reserve_views(call, reserve)
+            assert list(views) == [e.name for e in entries]
+            for e in entries:
+                assert views[e.name].shape == e.shape and views[e.name].reshape(-1)[0] == e.offset
+
+
+def test_get_backend_by_name_follows_the_registry(monkeypatch):
+    from numbarnn.cpu import backend as cpu_backend
+    from numbarnn.reference import backend as reference_backend
+    assert backends.get_backend("cpu") is cpu_backend
+    assert backends.get_backend("cpu") is cpu_backend                  # a hit
+    monkeypatch.setitem(backends.BACKENDS, "cpu", "numbarnn.reference.backend")
+    assert backends.get_backend("cpu") is reference_backend            # the registry changed: looked up again
+    monkeypatch.undo()
+    assert backends.get_backend("cpu") is cpu_backend
+    with pytest.raises(ValueError, match="backend"):
+        backends.get_backend("nope")
+    with pytest.raises(ValueError, match="backend"):
+        backends.get_backend(["cpu"])
+
+
+def test_recorded_nonce_hit_equals_miss_and_mismatch_raises():
+    case = _case()
+    y, hT, cT, reserve, host = ops.cudnn_rnn_v3(case.x, case.h0, case.c0, case.params, backend="cpu",
+                                                 rnn_mode="lstm")
+    _recorded_nonce.cache_clear()
+    check_reserve_nonce(host, reserve)                                # miss
+    check_reserve_nonce(host, reserve)                                # hit
+    assert _recorded_nonce.cache_info().hits >= 1
+    y2, hT2, cT2, reserve2, host2 = ops.cudnn_rnn_v3(case.x, case.h0, case.c0, case.params, backend="cpu",
+                                                     rnn_mode="lstm")
+    check_reserve_nonce(host2, reserve2)
+    with pytest.raises(ValueError, match="different forward calls"):
+        check_reserve_nonce(host, reserve2)                           # another call's nonce: refused
+    with pytest.raises(ValueError, match="host_reserved"):
+        check_reserve_nonce(host.astype(np.int16), reserve)           # not host_reserved: decode's message
+
+
+def test_num_threads_equals_numbas():
+    old = numba.get_num_threads()
+    try:
+        for n in sorted({1, old}):
+            numba.set_num_threads(n)
+            assert threads.num_threads() == numba.get_num_threads() == n
+    finally:
+        numba.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_numpy_gather_of_the_weight_views(dtype):
+    """`_WeightViews.array` (the eager CPU gather by NumPy): the buffer torch.cat gathers, read from the weights'
+    memory at every call (an in-place change shows), rebuilt when a weight's memory changes; None for weights
+    NumPy cannot compute in (bfloat16: the torch gather casts them)."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    dt = getattr(torch, dtype)
+    m = nt.LSTM(3, 4, bias=False).to(dt)                      # (no biases: zero regions in the buffer)
+    lay, views, w = m._layout, m._weight_views, m._flat_weights
+    got = views.array(lay.spans, lay.size, w, dt)
+    if dtype == "bfloat16":
+        assert got is None
+        return
+    want = nt._opaque_params(lay.spans, w, w[0], lay.size).numpy()
+    assert np.array_equal(got, want) and got.dtype == want.dtype
+    entry = views._entry
+    with torch.no_grad():
+        m.weight_hh_l0.mul_(2.0)                              # in place: the same entry, the new values
+    again = views.array(lay.spans, lay.size, m._flat_weights, dt)
+    assert views._entry is entry
+    assert np.array_equal(again, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
+    assert views.array(lay.spans, lay.size, m._flat_weights, torch.float16) is None      # another dtype
+    m.weight_ih_l0.data = m.weight_ih_l0.data * 3.0          # new memory: rebuilt
+    third = views.array(lay.spans, lay.size, m._flat_weights, dt)
+    assert views._entry is not entry
+    assert np.array_equal(third, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
