@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, int64
+from numba import cuda
 
 from .cell_steps import device_function, reported_cells
-from .common import DTYPES, acc_dtype, arr, device, nb
+from .common import DTYPES, acc_dtype, arr, nb
 
 
 def _masks(cell):
