@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         optims[name].zero_grad(set_to_none=True)
         loss.backward()
         optims[name].step()
-        return float(loss)
+        return loss.item()
 
     times = {k: [] for k in models}
     worst = 0.0

@@ -555,6 +555,9 @@ def test_train_loop_and_memory_benches_run_at_tiny_sizes(capsys):
     assert _bench_script("bench_memory").main(["--T", "3", "--B", "2", "--I", "4", "--H", "4", "--L", "1"]) == 0
     out = capsys.readouterr().out
     assert "numbarnn.torch / torch.nn:" in out and "losses agree" in out and "peak RSS growth" in out
+    assert _bench_script("bench_small_train").main(["--rounds", "1", "--steps", "1", "--hidden", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "losses agree" in out and "numbarnn.torch / torch.nn:" in out
 
 
 def test_gpu_torch_script_validates_then_times(monkeypatch, capsys):
