@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 from . import settings
 from .validation import check_choice
@@ -52,14 +53,15 @@ def get_backend(name: str | None = None):
     """The backend module for `name` (None = the default)."""
     name = get_default_backend() if name is None else name
     module = _MODULES.get(name) if type(name) is str else None
-    if module is None or BACKENDS.get(name) != module[0]:
+    if module is None or BACKENDS.get(name) != module[0] or sys.modules.get(module[0]) is not module[1]:
         check_choice("backend", name, tuple(BACKENDS))
         module = _MODULES[name] = (BACKENDS[name], importlib.import_module(BACKENDS[name]))
     return module[1]
 
 
 #: backend name -> (its module's name, the module) once imported (import_module and the name check cost ~4 us a
-#: call); an entry whose name BACKENDS no longer maps to that module is looked up again
+#: call); an entry is looked up again when BACKENDS maps the name to another module or the module imported under
+#: that name is another object (a reload, a stand-in put in sys.modules)
 _MODULES: dict = {}
 
 

@@ -10,6 +10,9 @@ recorded in host_reserved (`config._recorded_nonce`), and numba's thread count w
 """
 from __future__ import annotations
 
+import sys
+import types
+
 import numba
 import numpy as np
 import pytest
@@ -198,6 +201,11 @@ def test_get_backend_by_name_follows_the_registry(monkeypatch):
     assert backends.get_backend("cpu") is cpu_backend                  # a hit
     monkeypatch.setitem(backends.BACKENDS, "cpu", "numbarnn.reference.backend")
     assert backends.get_backend("cpu") is reference_backend            # the registry changed: looked up again
+    monkeypatch.undo()
+    assert backends.get_backend("cpu") is cpu_backend
+    stand_in = types.ModuleType("numbarnn.cpu.backend")               # a stand-in put in sys.modules (the CLI's
+    monkeypatch.setitem(sys.modules, "numbarnn.cpu.backend", stand_in)  # tests do this to the cuda backend)
+    assert backends.get_backend("cpu") is stand_in
     monkeypatch.undo()
     assert backends.get_backend("cpu") is cpu_backend
     with pytest.raises(ValueError, match="backend"):
