@@ -297,3 +297,29 @@ def planned_and_launched(case):
     for phase in ("forward", "backward"):
         assert planned_launches(plan, phase) == log[phase].total, (phase, plan, log[phase])
     return plan, log, fwd, bwd
+
+
+def assert_v1_fallback(mode: str, version: int, why: str) -> None:
+    """A cell whose recurrence the v2/v3 step kernels cannot run (a diagonal one, a modulated one): asked for
+    `version`, the cuda backend runs v1 and says so in the launch log and the step plan (`why` + ", so v1 runs
+    instead of v{version}"), and its results equal the reference's (bidirectional, ragged)."""
+    from numbarnn import settings
+    from numbarnn.config import RNNCall, rnn_config
+    from numbarnn.kernels import driver
+    from numbarnn.testing import make_rnn_case
+    cfg = rnn_config(1, 5, 3, mode, direction="bidirectional")
+    case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
+    want_f = run_forward(case, "reference")
+    want_b = run_backward(case, want_f, "reference")
+    with settings.override(step_version=version):
+        got_f = run_forward(case, "cuda")
+        got_b = run_backward(case, got_f, "cuda")
+        log = driver.last_launch_count()
+        plan = driver.step_plan(RNNCall(cfg, 3, 2, np.dtype(np.float64), True, True, (3, 1)), "backward")
+    for phase in ("forward", "backward"):
+        assert log[phase].step_version == 1
+        assert log[phase].note == f"v1: {why}, so v1 runs instead of v{version}"
+    assert plan.version == 1 and plan.slice is None
+    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
+        if want is not None:
+            assert relative_error(got, want) < 1e-12

@@ -11,14 +11,14 @@ import pytest
 
 import numbarnn
 import numbarnn.contrib.indrnn as indrnn
-from numbarnn import cli, settings
+from numbarnn import cli
 from numbarnn.cells import CellSpec, relu, tanh
-from numbarnn.config import RNNCall, params_size, rnn_config
-from numbarnn.kernels import common, driver
+from numbarnn.config import params_size, rnn_config
+from numbarnn.kernels import common
 from numbarnn.params import (canonical_weight_shapes, from_torch_state_dict, param_regions, params_to_canonical,
                              to_torch_state_dict, unpack)
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import planned_and_launched
+from conftest import assert_v1_fallback, planned_and_launched
 
 BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("indrnn", "indrnn_relu")
@@ -217,24 +217,7 @@ def test_cuda_several_blocks_with_a_partial_last_block():
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
-    cfg = rnn_config(1, 5, 3, "indrnn", direction="bidirectional")
-    case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
-    want_f = run_forward(case, "reference")
-    want_b = run_backward(case, want_f, "reference")
-    with settings.override(step_version=version):
-        got_f = run_forward(case, "cuda")
-        got_b = run_backward(case, got_f, "cuda")
-        log = driver.last_launch_count()
-        call = RNNCall(cfg, 3, 2, np.dtype(np.float64), True, True, (3, 1))
-        plan = driver.step_plan(call, "backward")
-    for phase in ("forward", "backward"):
-        assert log[phase].step_version == 1
-        assert log[phase].note == (f"v1: 'indrnn' has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels "
-                                   f"tile a product by a matrix R, so v1 runs instead of v{version}")
-    assert plan.version == 1 and plan.slice is None
-    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
-        if want is not None:
-            assert relative_error(got, want) < 1e-12
+    assert_v1_fallback("indrnn", version, "'indrnn' has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels tile a product by a matrix R")
 
 
 # ----------------------------------------------------------------------------------------------

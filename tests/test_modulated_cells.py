@@ -13,14 +13,14 @@ import pytest
 import numbarnn
 import numbarnn.contrib.gru_v1 as gru_v1
 import numbarnn.contrib.mgu as mgu
-from numbarnn import cli, settings
+from numbarnn import cli
 from numbarnn.cells import CellSpec, dsigmoid, sigmoid
 from numbarnn.config import RNNCall, params_size, rnn_config
-from numbarnn.kernels import common, driver
+from numbarnn.kernels import common
 from numbarnn.params import params_to_canonical, param_regions
 from numbarnn.reserve import reserve_entries
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import planned_and_launched
+from conftest import assert_v1_fallback, planned_and_launched
 
 BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("gru_v1", "mgu")
@@ -317,25 +317,7 @@ def test_cuda_several_blocks_with_a_partial_last_block(cell):
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
-    cfg = rnn_config(1, 5, 3, "gru_v1", direction="bidirectional")
-    case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
-    want_f = run_forward(case, "reference")
-    want_b = run_backward(case, want_f, "reference")
-    with settings.override(step_version=version):
-        got_f = run_forward(case, "cuda")
-        got_b = run_backward(case, got_f, "cuda")
-        log = driver.last_launch_count()
-        call = RNNCall(cfg, 3, 2, np.dtype(np.float64), True, True, (3, 1))
-        plan = driver.step_plan(call, "backward")
-    for phase in ("forward", "backward"):
-        assert log[phase].step_version == 1
-        assert log[phase].note == (f"v1: 'gru_v1' modulates the state before a recurrent product (R_g (m ⊙ h)); "
-                                   f"the v2/v3 step kernels make one product per step, so v1 runs instead of "
-                                   f"v{version}")
-    assert plan.version == 1 and plan.slice is None
-    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
-        if want is not None:
-            assert relative_error(got, want) < 1e-12
+    assert_v1_fallback("gru_v1", version, "'gru_v1' modulates the state before a recurrent product (R_g (m ⊙ h)); the v2/v3 step kernels make one product per step")
 
 
 def test_the_kernel_report_lists_the_modulated_kernels():
