@@ -50,19 +50,14 @@ def get_default_backend() -> str:
 
 
 def get_backend(name: str | None = None):
-    """The backend module for `name` (None = the default)."""
+    """The backend module for `name` (None = the default).  An imported backend is read from sys.modules (a dict
+    look-up: import_module and the name check cost ~4 us a call), so a reload or a stand-in put there is what runs."""
     name = get_default_backend() if name is None else name
-    module = _MODULES.get(name) if type(name) is str else None
-    if module is None or BACKENDS.get(name) != module[0] or sys.modules.get(module[0]) is not module[1]:
+    module = sys.modules.get(BACKENDS.get(name)) if type(name) is str else None
+    if module is None:
         check_choice("backend", name, tuple(BACKENDS))
-        module = _MODULES[name] = (BACKENDS[name], importlib.import_module(BACKENDS[name]))
-    return module[1]
-
-
-#: backend name -> (its module's name, the module) once imported (import_module and the name check cost ~4 us a
-#: call); an entry is looked up again when BACKENDS maps the name to another module or the module imported under
-#: that name is another object (a reload, a stand-in put in sys.modules)
-_MODULES: dict = {}
+        module = importlib.import_module(BACKENDS[name])
+    return module
 
 
 def release_workspaces() -> int:
