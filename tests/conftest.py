@@ -323,3 +323,19 @@ def assert_v1_fallback(mode: str, version: int, why: str) -> None:
     for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
         if want is not None:
             assert relative_error(got, want) < 1e-12
+
+
+def assert_cpu_agrees_in_lower_precision(mode: str, dtype, tol: float) -> None:
+    """The cpu backend in float32 / float16 against the reference on the same inputs (2 layers, bidirectional,
+    lengths with 0): outputs within `tol`, gradients within 10 * tol."""
+    from numbarnn.config import rnn_config
+    from numbarnn.testing import make_rnn_case
+    cfg = rnn_config(2, 5, 3, mode, direction="bidirectional")
+    case = make_rnn_case(cfg, 4, 3, [4, 0, 2], seed=4, dtype=dtype)
+    want_f = run_forward(case, "reference")
+    got_f = run_forward(case, "cpu")
+    for got, want in zip(got_f[:2], want_f[:2]):
+        assert relative_error(got, want) < tol
+    for got, want in zip(run_backward(case, got_f, "cpu"), run_backward(case, want_f, "reference")):
+        if want is not None:
+            assert relative_error(got, want) < 10 * tol

@@ -18,7 +18,7 @@ from numbarnn.kernels import common
 from numbarnn.params import (canonical_weight_shapes, from_torch_state_dict, param_regions, params_to_canonical,
                              to_torch_state_dict, unpack)
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import assert_v1_fallback, planned_and_launched
+from conftest import assert_cpu_agrees_in_lower_precision, assert_v1_fallback, planned_and_launched
 
 BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("indrnn", "indrnn_relu")
@@ -226,15 +226,7 @@ def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
 
 @pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float16, 1e-2)])
 def test_cpu_lower_precision_agrees_with_the_reference(dtype, tol):
-    cfg = rnn_config(2, 5, 3, "indrnn", direction="bidirectional")
-    case = make_rnn_case(cfg, 4, 3, [4, 0, 2], seed=4, dtype=dtype)
-    want_f = run_forward(case, "reference")
-    got_f = run_forward(case, "cpu")
-    for got, want in zip(got_f[:2], want_f[:2]):
-        assert relative_error(got, want) < tol
-    for got, want in zip(run_backward(case, got_f, "cpu"), run_backward(case, want_f, "reference")):
-        if want is not None:
-            assert relative_error(got, want) < 10 * tol
+    assert_cpu_agrees_in_lower_precision("indrnn", dtype, tol)
 
 
 def test_layer_of_the_cell():
