@@ -63,7 +63,8 @@ SHAPES = (
 QUICK = (Shape("LSTM T=8 B=4 I=H=16", "lstm", 8, 4, 16, 16), Shape("GRU T=6 B=3 I=H=8", "gru", 6, 3, 8, 8))
 #: per-call cost (`--tiny`, one thread): a step of a sampling loop, of a cell-sized network, of a short batch
 TINY = (Shape("LSTM T=1 B=1 I=8 H=16", "lstm", 1, 1, 16, 8), Shape("GRU T=1 B=1 I=8 H=16", "gru", 1, 1, 16, 8),
-        Shape("LSTM T=10 B=4 I=32 H=64", "lstm", 10, 4, 64, 32))
+        Shape("LSTM T=10 B=4 I=32 H=64", "lstm", 10, 4, 64, 32),
+        Shape("LSTM T=1 B=1 I=H=512", "lstm", 1, 1, 512, 512))     # a step of a large model: packing dominated
 #: cells beyond cuDNN's (`--cells`, numbarnn.contrib): the cpu backend beside its built-in LSTM at the same shape
 CELLS = (Shape("LSTM T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256),
          Shape("IndRNN (tanh) T=100 B=32 I=H=256", "indrnn", 100, 32, 256, 256),

@@ -101,7 +101,13 @@ class ScratchPool:
         return held
 
 
+def track(pool) -> None:
+    """Let `release_all` free another kind of memory kept across calls (an object with `release() -> bytes`,
+    e.g. the cpu backend's kept weight panels)."""
+    _POOLS.add(pool)
+
+
 def release_all() -> int:
-    """Free this thread's scratch in every pool (the cpu backend's, the cuda driver's: those imported so far);
-    returns the bytes released."""
+    """Free this thread's scratch in every pool (the cpu backend's, the cuda driver's: those imported so far),
+    and what else was `track`ed; returns the bytes released."""
     return sum(pool.release() for pool in list(_POOLS))

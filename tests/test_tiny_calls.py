@@ -125,7 +125,8 @@ def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
     got = [np.full(z.W_panels, np.nan, ct), np.full(z.R_panels, np.nan, ct), np.full(z.Wq_panels, np.nan, ct),
            np.full((z.NT, G, z.LANES), np.nan, ct), np.full((z.NT, G, z.LANES), np.nan, ct),
            np.full((1, HP), np.nan, ct), np.full((2, B, max(HP, P)), np.nan, ct), np.full((B, HP), np.nan, ct)]
-    network.fused_prepare(params, spans, I, H, cfg.V, h, c if cfg.has_cell_state else np.zeros((0, 0), ct), *got)
+    network.fused_prepare(params, spans, I, H, cfg.V, h, c if cfg.has_cell_state else np.zeros((0, 0), ct), *got,
+                          True)
     Rp = np.empty(z.R_panels, ct)
     fused.pack(lp.R, Rp)
     np.testing.assert_array_equal(got[1], Rp)

@@ -18,7 +18,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
-from . import cells, diagonal, fused, modulated, threads
+from . import cells, diagonal, fused, modulated, panels, threads
 from .fused import pack as _pack
 from .fused import pack_columns as _pack_columns
 from .jitcache import njit_cached
@@ -175,6 +175,7 @@ def fused_prepare(
     vec,      # out: [VL, HP] the cell vectors, zeros past H (all zeros without vectors)
     hbuf,     # out: [2, B, HB] hbuf[0] = h (zeros past P), hbuf[1] zeros
     cbuf,     # out: [B, HP] c, zeros past H (all zeros without a cell state)
+    weights,  # bool   pack the weights (Wp .. vec); False: they already hold these (`panels.KEPT`)
 ):
     """Everything `fused.forward_loop` reads besides x, read straight from the opaque buffer (`params.unpack`'s
     layout) in one compiled call: a tiny call spent ~50 us in the NumPy operations, views and look-ups that
@@ -183,26 +184,27 @@ def fused_prepare(
     P = h.shape[1]
     oW, oR, oQ, obW, obR, oV = spans[0], spans[1], spans[2], spans[3], spans[4], spans[5]
     GH = G * H
-    if oW >= 0:
-        _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp)
-    _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp)
-    if oQ >= 0:
-        _pack_columns(params[oQ:oQ + P * H].reshape((P, H)).T, Wq)
-    for jt in range(NT):
-        for g in range(G):
-            for u in range(LANES):
-                j = jt * LANES + u
-                if j < H:
-                    bWt[jt, g, u] = params[obW + g * H + j]
-                    bRt[jt, g, u] = params[obR + g * H + j]
-                else:
-                    bWt[jt, g, u] = 0.0
-                    bRt[jt, g, u] = 0.0
-    vec[...] = 0.0
-    if oV >= 0:
-        for v in range(V):
-            for j in range(H):
-                vec[v, j] = params[oV + v * H + j]
+    if weights:
+        if oW >= 0:
+            _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp)
+        _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp)
+        if oQ >= 0:
+            _pack_columns(params[oQ:oQ + P * H].reshape((P, H)).T, Wq)
+        for jt in range(NT):
+            for g in range(G):
+                for u in range(LANES):
+                    j = jt * LANES + u
+                    if j < H:
+                        bWt[jt, g, u] = params[obW + g * H + j]
+                        bRt[jt, g, u] = params[obR + g * H + j]
+                    else:
+                        bWt[jt, g, u] = 0.0
+                        bRt[jt, g, u] = 0.0
+        vec[...] = 0.0
+        if oV >= 0:
+            for v in range(V):
+                for j in range(H):
+                    vec[v, j] = params[oV + v * H + j]
     hbuf[...] = 0.0
     for b in range(h.shape[0]):
         for k in range(P):
@@ -233,6 +235,7 @@ class _FusedPlan:
     full: bool              # every row runs all T steps: a row's last output is y[T-1] (reverse: y[0])
     no_c: np.ndarray        # [0, 0]: c of `fused_prepare` without a cell state (never written)
     none3: np.ndarray       # [0, 0, 0]: the absent reserve entries (never written)
+    kept: tuple             # per pseudo-layer the shapes `panels.KEPT` keeps: Wp, Rp, Wq panels, bW, bR, vec
 
 
 @functools.lru_cache(maxsize=256)
@@ -254,8 +257,10 @@ def _fused_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _FusedPla
         small = (small, sum(math.prod(shape) for shape in small))
         layers.append(_FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
                                   np.zeros((0, z.HP), ct)))
+    kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
+                 for lay in layers)
     return _FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
-                      np.zeros((0, 0, 0), ct))
+                      np.zeros((0, 0, 0), ct), kept)
 
 
 def _small_buffers(small: tuple, ct) -> list:
@@ -279,27 +284,33 @@ def _small_buffers(small: tuple, ct) -> list:
 _small_views: dict = {}
 
 
-def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct):
+def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct,
+                  kept=None):
     """Pseudo-layer p (direction d) by `fused.forward_loop`, its weights read from the opaque `params`: h [B, P]
     and c [B, H] (or None) are updated in place to the state after each row's last step; y, acts, cs (and ms
-    with a projection) are written for the active [t, b].  plan: `_fused_plan`, rows: `_rows(call)`."""
+    with a projection) are written for the active [t, b].  plan: `_fused_plan`, rows: `_rows(call)`.
+    kept: (the layer's kept panels Wp, Rp, Wq, bW, bR, vec, whether they hold params already) or None: the
+    panels are packed into scratch."""
     cfg, B = call.config, call.B
     H, P = cfg.H, cfg.P
     lens, _, order, n_active, _, ran, t_last = rows
     lay = plan.layers[p]
     z = lay.z
     HP = z.HP
-    Rp = scratch("fused_Rp", z.R_panels, ct)                 # [NT, G//V, P, V, LANES] R by unit tiles
-    Wp = Rp if lay.skip else scratch("fused_Wp", z.W_panels, ct)   # [NT, G//V, I, V, LANES] (skip input: not read)
-    if cfg.has_proj:
-        Wq = scratch("fused_Wq", z.Wq_panels, ct)            # W_proj^T by column tiles, the forward's NR rows
-        mbuf = scratch("fused_m", (B, HP), ct)                 # [B, HP] m of a step
-    else:
-        Wq, mbuf = lay.no_Wq, lay.no_m
     # bW, bR [NT, G, LANES], vec [VL, HP], hbuf [2, B, HB] (h, double-buffered), cbuf [B, HP]: one scratch
     bW, bR, vec, hbuf, cbuf = _small_buffers(lay.small, ct)
+    if kept is None:
+        Rp = scratch("fused_Rp", z.R_panels, ct)             # [NT, G//V, P, V, LANES] R by unit tiles
+        Wp = Rp if lay.skip else scratch("fused_Wp", z.W_panels, ct)   # [NT, G//V, I, V, LANES] (skip: not read)
+        # W_proj^T by column tiles, the forward's NR rows
+        Wq = scratch("fused_Wq", z.Wq_panels, ct) if cfg.has_proj else lay.no_Wq
+        packed = False
+    else:                                                    # the same arrays, kept between calls (panels.py)
+        (Wp, Rp, Wq, bW, bR, vec), packed = kept
+        Wp = Rp if lay.skip else Wp
+    mbuf = scratch("fused_m", (B, HP), ct) if cfg.has_proj else lay.no_m   # [B, HP] m of a step
     fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp, Wq, bW, bR,
-                  vec, hbuf, cbuf)
+                  vec, hbuf, cbuf, not packed)
     lay.loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
              cs, lay.groups, Wq, mbuf, ms, lay.skip, call.is_training)
     if plan.full:                            # every row's last step: t = T-1 (reverse: 0)
@@ -370,6 +381,9 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
         layers, none3 = None, plan.none3
     else:
         layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
+    kept = None
+    if use_fused and T * B <= panels.KEEP_ROWS and params.shape[0] >= panels.KEEP_WEIGHTS:
+        kept = panels.KEPT.lookup(plan, params, plan.kept)   # few rows: the packed weights are kept (panels.py)
     flat, saved = buffers(call, ct, zero_y=rows[4] or not use_fused)   # (rows[4]: some [t, b] never runs)
     hT = np.array(h0, dtype=ct)                              # [L*D, B, P] state, updated in place
     cT = np.array(c0, dtype=ct) if cell.cell_state else None
@@ -388,12 +402,15 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             c_state = cT[p] if cT is not None else None
             ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
             if use_fused:
-                fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct)
+                fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct,
+                              None if kept is None else (kept[0].layers[p], kept[1]))
             else:
                 with threads.budget():
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
                                  saved[f"mod{layer}"][d] if cfg.cell.modulated else None)
         x_l = y
+    if kept is not None and not kept[1]:
+        panels.KEPT.commit(kept[0], params)                  # every pseudo-layer's panels hold params now
     return x_l, hT, cT, flat
 
 
