@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..util import cdiv
+
 SECTOR = 32              # bytes per sector (L1/L2 granularity of NVIDIA GPUs since Maxwell)
 WARP = 32
 BANKS, BANK_WIDTH = 32, 4   # shared-memory banks of 4-byte words
@@ -83,7 +85,7 @@ SM_LIMITS_EXTRA = {
 
 
 def _round_up(x: int, unit: int) -> int:
-    return -(-x // unit) * unit
+    return cdiv(x, unit) * unit
 
 
 def resident_blocks(cc: tuple, block: int, registers: int, shared: int, arch: dict | None = None) -> int:

@@ -157,11 +157,11 @@ def v3_splits(B: int, sl) -> list[tuple[int, int]]:
     chunks of K over KS = TB // RN splits of RN rows (the rows rounded up to a multiple of lcm(RH, RB)); one split
     without prefetching."""
     RS = sl.threads // sl.KC
-    RH = -(-sl.TB // RS)
+    RH = cdiv(sl.TB, RS)
     L = RH * sl.RB // math.gcd(RH, sl.RB)
     out = []
     for b0 in range(0, B, sl.TB):
-        RN = -(-min(sl.TB, B - b0) // L) * L if sl.PF else sl.TB
+        RN = cdiv(min(sl.TB, B - b0), L) * L if sl.PF else sl.TB
         out.append((RN, max(1, sl.TB // RN)))
     return out
 
@@ -170,7 +170,7 @@ def v3_rounds(B: int, sl) -> int:
     """Rounds of staged products one thread of a v3 block runs per gate and step for a batch of B rows: over
     its row tiles, the KMAX / KC chunks of K shared by each tile's KS splits (`v3_splits`)."""
     nch = sl.KMAX // sl.KC
-    return sum(-(-nch // KS) for _, KS in v3_splits(B, sl))
+    return sum(cdiv(nch, KS) for _, KS in v3_splits(B, sl))
 
 
 #: registers per thread of lstm_forward_persistent_v3 (float32, sm_90) as ptxas allocates them:
