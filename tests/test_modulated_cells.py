@@ -237,15 +237,18 @@ def test_gru_v1_differs_from_the_builtin_gru_only_where_r_applies():
 
 
 def test_agrees_with_keras_gru_reset_before():
-    """tf.keras.layers.GRU(reset_after=False): kernel [I, 3H] and recurrent_kernel [H, 3H] in gate order z, r, h,
-    one bias (bW here, bR = 0)."""
+    """tf.keras.layers.GRU(reset_after=False), in float64: kernel [I, 3H] and recurrent_kernel [H, 3H] in gate
+    order z, r, h, one bias (bW here, bR = 0); its bias is zeros when built, so a random one is set."""
     tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (not a numbarnn dependency)")
     H, I, T, B = 3, 2, 4, 2
     rng = np.random.default_rng(0)
-    layer = tf.keras.layers.GRU(H, reset_after=False, return_sequences=True, return_state=True)
+    layer = tf.keras.layers.GRU(H, reset_after=False, return_sequences=True, return_state=True, dtype="float64")
     x = rng.standard_normal((B, T, I))
+    layer.build((B, T, I))
+    layer.set_weights([w.numpy() if k < 2 else rng.standard_normal(w.shape) for k, w in enumerate(layer.weights)])
     y_tf, h_tf = layer(tf.constant(x))
     kernel, recurrent, bias = (w.numpy() for w in layer.weights)
+    assert kernel.dtype == np.float64 and np.abs(bias).min() > 0
     cfg = rnn_config(1, H, I, "gru_v1")
     gate = {"r": 1, "z": 0, "n": 2}                             # keras' column blocks z, r, h
     weights = [kernel[:, gate[g] * H:(gate[g] + 1) * H].T for g in "rzn"] + \
@@ -254,8 +257,8 @@ def test_agrees_with_keras_gru_reset_before():
     params = numbarnn.params.canonical_to_params(cfg, weights, biases)
     y, h, *_ = numbarnn.ops.cudnn_rnn_v3(x, np.zeros((B, 1, H)), None, params, rnn_mode="gru_v1", time_major=False,
                                          is_training=False, backend="reference")
-    assert relative_error(np.asarray(y), y_tf.numpy()) < 1e-5
-    assert relative_error(np.asarray(h)[:, 0], h_tf.numpy()) < 1e-5
+    assert relative_error(np.asarray(y), y_tf.numpy()) < 1e-10
+    assert relative_error(np.asarray(h)[:, 0], h_tf.numpy()) < 1e-10
 
 
 # ----------------------------------------------------------------------------------------------
