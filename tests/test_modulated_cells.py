@@ -5,6 +5,7 @@ The oracle is twofold: finite differences (`check_cell`), and an independent imp
 operations written from the published equations (Cho et al. 2014's GRU as Keras GRU(reset_after=False) computes it;
 Zhou et al. 2016's MGU), looping row by row over each sequence's own length, differentiated by autograd.
 """
+import json
 import os
 
 import numpy as np
@@ -236,29 +237,59 @@ def test_gru_v1_differs_from_the_builtin_gru_only_where_r_applies():
                           run_forward(case, "reference")[0]) < 1e-14
 
 
-def test_agrees_with_keras_gru_reset_before():
-    """tf.keras.layers.GRU(reset_after=False), in float64: kernel [I, 3H] and recurrent_kernel [H, 3H] in gate
-    order z, r, h, one bias (bW here, bR = 0); its bias is zeros when built, so a random one is set."""
-    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (not a numbarnn dependency)")
+#: Keras' outputs for `_keras_case`, computed by tf.keras.layers.GRU(reset_after=False) in float64 (written by
+#: `_keras_outputs` with TensorFlow installed: `python tests/test_modulated_cells.py`); read where it is not
+KERAS_STORED = os.path.join(os.path.dirname(__file__), "stored", "keras_gru_reset_before.json")
+
+
+def _keras_case():
+    """x [B, T, I], kernel [I, 3H], recurrent_kernel [H, 3H], bias [3H] (Keras' layout: column blocks z, r, h),
+    float64, from a fixed seed."""
     H, I, T, B = 3, 2, 4, 2
     rng = np.random.default_rng(0)
-    layer = tf.keras.layers.GRU(H, reset_after=False, return_sequences=True, return_state=True, dtype="float64")
-    x = rng.standard_normal((B, T, I))
+    return (rng.standard_normal((B, T, I)), rng.standard_normal((I, 3 * H)), rng.standard_normal((H, 3 * H)),
+            rng.standard_normal(3 * H))
+
+
+def _keras_outputs(tf, x, kernel, recurrent, bias):
+    """(y [B, T, H], h [B, H]) of tf.keras.layers.GRU(reset_after=False) in float64 with these weights."""
+    B, T, I = x.shape
+    layer = tf.keras.layers.GRU(recurrent.shape[0], reset_after=False, return_sequences=True, return_state=True,
+                                dtype="float64")
     layer.build((B, T, I))
-    layer.set_weights([w.numpy() if k < 2 else rng.standard_normal(w.shape) for k, w in enumerate(layer.weights)])
-    y_tf, h_tf = layer(tf.constant(x))
-    kernel, recurrent, bias = (w.numpy() for w in layer.weights)
-    assert kernel.dtype == np.float64 and np.abs(bias).min() > 0
+    layer.set_weights([kernel, recurrent, bias])
+    y, h = layer(tf.constant(x))
+    return y.numpy(), h.numpy()
+
+
+def test_agrees_with_keras_gru_reset_before():
+    """tf.keras.layers.GRU(reset_after=False), in float64, to 1e-10: kernel [I, 3H] and recurrent_kernel [H, 3H] in
+    gate order z, r, h, one bias (bW here, bR = 0).  With TensorFlow installed Keras computes its outputs here
+    (and they must equal the stored ones); without it, the stored outputs it computed are compared."""
+    x, kernel, recurrent, bias = _keras_case()
+    with open(KERAS_STORED) as f:
+        stored = json.load(f)
+    y_tf, h_tf = np.array(stored["y"]), np.array(stored["h"])
+    try:
+        import tensorflow as tf
+    except ImportError:
+        tf = None
+    if tf is not None:
+        y_live, h_live = _keras_outputs(tf, x, kernel, recurrent, bias)
+        assert relative_error(y_live, y_tf) < 1e-12 and relative_error(h_live, h_tf) < 1e-12
+    B, T, I = x.shape
+    H = recurrent.shape[0]
     cfg = rnn_config(1, H, I, "gru_v1")
     gate = {"r": 1, "z": 0, "n": 2}                             # keras' column blocks z, r, h
     weights = [kernel[:, gate[g] * H:(gate[g] + 1) * H].T for g in "rzn"] + \
               [recurrent[:, gate[g] * H:(gate[g] + 1) * H].T for g in "rzn"]
     biases = [bias[gate[g] * H:(gate[g] + 1) * H] for g in "rzn"] + [np.zeros(H)] * 3
     params = numbarnn.params.canonical_to_params(cfg, weights, biases)
-    y, h, *_ = numbarnn.ops.cudnn_rnn_v3(x, np.zeros((B, 1, H)), None, params, rnn_mode="gru_v1", time_major=False,
-                                         is_training=False, backend="reference")
-    assert relative_error(np.asarray(y), y_tf.numpy()) < 1e-10
-    assert relative_error(np.asarray(h)[:, 0], h_tf.numpy()) < 1e-10
+    for backend in BACKENDS:
+        y, h, *_ = numbarnn.ops.cudnn_rnn_v3(x, np.zeros((B, 1, H)), None, params, rnn_mode="gru_v1",
+                                             time_major=False, is_training=False, backend=backend)
+        assert relative_error(np.asarray(y), y_tf) < 1e-10, backend
+        assert relative_error(np.asarray(h)[:, 0], h_tf) < 1e-10, backend
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,3 +401,14 @@ def test_the_spec_functions_match_dsigmoid_of_m():
         dwx, drh = np.zeros(spec.G), np.zeros(spec.G)
         spec.modulation_backward(2.0, m, np.zeros(spec.S), np.zeros(0), 0.5, dwx, drh)
         assert dwx[k] == 2.0 * dsigmoid(m) and not dwx[k + 1:].any()
+
+
+if __name__ == "__main__":                     # (re)write the stored Keras outputs: needs TensorFlow
+    import tensorflow
+
+    y, h = _keras_outputs(tensorflow, *_keras_case())
+    with open(KERAS_STORED, "w") as f:
+        json.dump({"made_by": f"tensorflow {tensorflow.__version__}, keras {tensorflow.keras.__version__}",
+                   "y": y.tolist(), "h": h.tolist()}, f, indent=1)
+        f.write("\n")
+    print("wrote", KERAS_STORED)
