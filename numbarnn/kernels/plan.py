@@ -11,13 +11,16 @@ GPU's).  Per layer it reads as reference/network.py's loops do:
 
 An entry names its kernel by factory and key (nothing is compiled), its grid and block, its arguments by role
 (buffer names and views of them, resolved by the executor), the steps it covers (a per-step kernel is one entry
-for all of its steps), why this step version runs, and its FLOP and byte estimates.  Building a plan touches no
-device, so a GPU's plan can be made in the simulator or without a GPU.  driver.py executes plans;
+for all of its steps), why this step version runs, and its FLOP and byte estimates.  Once the step kernels are
+chosen (`steps.step_plan`: v3 asks the device, or the model of one, whether its blocks fit), building a plan
+compiles nothing and touches no device, so a GPU's plan can be made in the simulator.  driver.py executes plans;
 `launch_plan` groups one into the rows `numbarnn explain`, the profiler and the roofline model read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+import math
 
 import numpy as np
 
@@ -139,7 +142,7 @@ class Builder:
         split = auto_split_k(DEFAULT_VERSION, self.dts, False, M, N, K, config, simulator=self.sim)
         grid, block = v.launch(M, N, split, config)
         label = f"gemm v{DEFAULT_VERSION} ({what})" + (f", split-K {split}" if split > 1 else "")
-        self.add(label, "gemm", grid, np.prod(block), (), (a, b, c), run="gemm",
+        self.add(label, "gemm", grid, math.prod(block), (), (a, b, c), run="gemm",
                  options=tuple(options.items()) + (("split_k", split),), flops=2 * M * N * K,
                  nbytes=(M * K + K * N + split * M * N) * self.sz)
         if split > 1:                  # stage 2: read the partials, read C (beta) and write it
