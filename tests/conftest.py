@@ -284,10 +284,13 @@ def planned_launches(plan, phase) -> int:
 
 def planned_and_launched(case):
     """Run `case` forward and backward on the cuda backend -> (the launch plan of that call at this process's
-    launch sizes, the launch logs, forward outputs, backward outputs), after checking that the plan's launches
-    per phase are exactly the ones the driver made."""
+    launch sizes, the launch logs, forward outputs, backward outputs), after checking that the driver executed
+    exactly that plan and that the launches it counted are the plan's, kernel by kernel."""
+    from collections import Counter
+
     from numbarnn.config import RNNCall
     from numbarnn.kernels import driver
+    from numbarnn.kernels.plan import plan_rows
     fwd = run_forward(case, "cuda")
     bwd = run_backward(case, fwd, "cuda")
     log = driver.last_launch_count()
@@ -296,6 +299,11 @@ def planned_and_launched(case):
     plan = driver.launch_plan(call, gpu=False, device_reserve=False)      # NumPy in: the nonce on the host
     for phase in ("forward", "backward"):
         assert planned_launches(plan, phase) == log[phase].total, (phase, plan, log[phase])
+        assert plan_rows(log[phase].plan) == [r for r in plan if r["phase"] == phase], phase   # the plan executed
+        counted = Counter()
+        for e in log[phase].plan:                    # a gemm() / column_sums() entry counts as its kernel's name
+            counted[e.name] += e.launches
+        assert dict(counted) == log[phase].by_kernel, (phase, dict(counted), log[phase].by_kernel)
     return plan, log, fwd, bwd
 
 

@@ -1,4 +1,5 @@
-"""The launch plan `numbarnn explain` shows is what the driver really launches, and the per-step budget holds.
+"""The launch plan `numbarnn explain` shows is the plan the driver runs, its launches are the ones counted, and the
+per-step budget holds.
 
 Budget: at most 2 launches per step per layer for both directions together (3 with a
 projection); numbarnn does 1 forward (2 with projection) and 2 backward.
@@ -89,3 +90,26 @@ def test_a_device_reserve_gets_its_nonce_by_one_launch_the_plan_counts():
     assert log.by_kernel[driver.NONCE_KERNEL] == 1
     assert planned_launches(driver.launch_plan(call, gpu=False), "forward") == log.total
     assert [int(v) for v in read_nonce(out[3])] == decode_host_reserved(out[4])["nonce"]
+
+
+def test_a_plan_is_data_built_without_compiling():
+    """Given its step kernels, a GPU's plan is built in the simulator without compiling a kernel: entries that
+    name their kernel by factory and key, one entry per step kernel for all its steps (backward: descending),
+    and launch_plan's rows are the entries grouped."""
+    from numbarnn.kernels import plan
+    from numbarnn.kernels.common import jit
+    cfg = rnn_config(2, 3, 4, "lstm", direction="bidirectional", num_proj=2)
+    call = RNNCall(cfg, 4, 3, np.dtype(np.float32), True, True, (4, 2, 0))
+    # which step kernels: decided first (v3's choice may ask a compiled kernel for its limits), then the plan
+    fstep, bstep = (driver.step_plan(call, phase, simulator=False) for phase in ("forward", "backward"))
+    compiled = jit.cache_info().currsize
+    entries = (plan.forward_plan(call, simulator=False, device_reserve=True, step=fstep)
+               + plan.backward_plan(call, simulator=False, step=bstep))
+    assert jit.cache_info().currsize == compiled
+    assert plan.plan_rows(entries) == driver.launch_plan(call, gpu=True)
+    steps = [e for e in entries if e.steps is not None]
+    assert steps and all(callable(e.kernel[0]) for e in steps)
+    for e in steps:
+        assert list(e.steps) == (list(range(4)) if e.phase == "forward" else [3, 2, 1, 0]), e
+        assert e.launches == (4 if e.each_step else 1)
+        assert e.why == driver.step_plan(call, e.phase, simulator=False).note

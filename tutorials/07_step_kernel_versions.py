@@ -23,6 +23,11 @@ many times each step moves R from memory, and how many launches the time loop co
                         barrier between steps: |R| once per layer; the same slice in a wider block (more
                         row groups: a small batch splits K over them) where that is co-resident
 
+Where the versions plug in: for one call the driver first builds its launch plan (numbarnn/kernels/plan.py: a
+list of launches as data, the step launches from the version's row of steps.STEP_KERNELS), then runs that list;
+`numbarnn explain` prints the same plan's rows.  Section 3 below shows a plan's step rows next to the launches
+the driver counted.
+
 This script prints what changed at each version (from the modules' own docstrings), COUNTS the reads of R
 (in the CUDA simulator every element read of R goes through a Python object that records it), runs the whole
 op at every version against the NumPy reference with the launches per layer, and times the versions.
@@ -46,6 +51,7 @@ from numba import cuda  # noqa: E402
 from numbarnn.cells import get_cell  # noqa: E402
 from numbarnn.config import rnn_config  # noqa: E402
 from numbarnn.kernels import driver, step_v2, step_v3, v3_slices  # noqa: E402
+from numbarnn.kernels.plan import plan_rows  # noqa: E402
 from numbarnn.kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args  # noqa: E402
 from numbarnn.kernels.common import acc_dtype, jit  # noqa: E402
 from numbarnn.kernels.simulator import CountingMatrix  # noqa: E402  (R as an object that records each read)
@@ -262,6 +268,12 @@ def check_versions(quick: bool):
         print(f"    v{v}: every output and gradient equals the reference to {tol:.0e}; time-loop launches per layer: "
               f"forward {step_f}, backward {step_b // cfg.L} (max len {max(lengths)})"
               + (f"; {lf.note}" if lf.note else ""))
+        # the plan the driver ran: a step kernel is one entry for all its steps (e.steps), whatever its launches
+        step_kernels = {e.label for e in lf.plan + lb.plan if e.steps is not None}
+        rows = [r for r in plan_rows(lf.plan + lb.plan) if r["layer"] == 0 and r["kernel"] in step_kernels]
+        print("      layer 0's step launches, from its plan: "
+              + ", ".join(f"{r['kernel']} x {r['launches']} ({'x'.join(map(str, r['grid']))} blocks of {r['block']})"
+                          for r in rows))
         if v == 3:
             assert step_f == 1 and step_b == cfg.L, "v3: one persistent launch per layer and phase"
     # with a projection (h' = W_proj m) v3 still makes one launch per layer and phase: each step runs in two
