@@ -113,3 +113,21 @@ def test_a_plan_is_data_built_without_compiling():
         assert list(e.steps) == (list(range(4)) if e.phase == "forward" else [3, 2, 1, 0]), e
         assert e.launches == (4 if e.each_step else 1)
         assert e.why == driver.step_plan(call, e.phase, simulator=False).note
+
+
+def test_the_driver_builds_a_plan_once_per_call_signature(monkeypatch):
+    """The driver remembers a phase's plan per call, step plan, target and split-K knobs: the same call again runs
+    the same entries without building them; another call, or a split-K knob changed (tests lower it), builds anew."""
+    from numbarnn.kernels import gemm
+    cfg = rnn_config(1, 3, 4, "gru", "linear_input", "unidirectional", 0, 0.0, 5, 7)
+    case = make_rnn_case(cfg, 3, 2, seed=1)
+    driver._planned.cache_clear()
+    run_forward(case, backend="cuda")
+    first = driver.last_launch_count()["forward"].plan
+    run_forward(case, backend="cuda")
+    info = driver._planned.cache_info()
+    assert info.hits == 1 and info.misses == 1 and driver.last_launch_count()["forward"].plan == first
+    run_forward(make_rnn_case(cfg, 2, 2, seed=1), backend="cuda")             # another call: built anew
+    monkeypatch.setattr(gemm, "SPLIT_MIN_K_TILES", 1)
+    run_forward(case, backend="cuda")                                         # another split-K threshold
+    assert driver._planned.cache_info().misses == 3

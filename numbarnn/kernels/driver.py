@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import functools
 import math
 import threading
 
@@ -38,6 +39,8 @@ from ..params import param_regions, unpack
 from ..workspace import ScratchPool
 from ..reserve import NONCE_SIZE, reserve_size, reserve_views
 from .common import acc_dtype, blocks, jit, make_cast_copy, make_fill, make_put4, threads
+from . import gemm as gemm_module
+from . import target
 from .gemm import gemm
 from .launch import launch
 from .layer_ops import column_sums
@@ -294,6 +297,24 @@ def execute(entries, env: dict, log: LaunchLog, steps: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# plans, built once per call signature
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _planned(phase: str, call, step, where, split_knobs) -> tuple:
+    """`forward_plan` / `backward_plan` of `call`, remembered: a plan is a function of the call, its step plan,
+    the target and split-K's knobs (`_split_knobs`), all in the key; building one costs ~0.2-1 ms of Python, the
+    host time of a whole small GPU call."""
+    with target.planning_for(where):
+        return tuple(forward_plan(call, step=step) if phase == "forward" else backward_plan(call, step=step))
+
+
+def _split_knobs() -> tuple:
+    """What split-K's choice reads besides the shapes: its threshold and the multiprocessors it plans for."""
+    return gemm_module.SPLIT_MIN_K_TILES, gemm_module.sm_count()
+
+
+# ---------------------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------------------
 
@@ -320,7 +341,8 @@ def forward(call, x, h0, c0, params):
         env.update(gh=scratch("gh", (D, B, G * H), a), q=scratch("q", (D, B, H), a))   # R_1 h, m ⊙ h
     env.update((f"saved.{name}", v) for name, v in reserve_views(replace(call, is_training=True), reserve).items())
     env.update(_param_roles(cfg, params))
-    execute(forward_plan(call, step=step), env, log, max(call.lengths, default=0))
+    execute(_planned("forward", call, step, target.current(), _split_knobs()), env, log,
+            max(call.lengths, default=0))
     y = cuda.device_array((T, B, D * P), dtype=dt)
     if y.size:
         y.copy_to_device(env[f"saved.y{cfg.L - 1}"])
@@ -365,6 +387,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     env.update((f"saved.{name}", v) for name, v in reserve_views(call, reserve).items())
     env.update(_param_roles(cfg, params))
     env.update(_param_roles(cfg, dparams, "d"))
-    execute(backward_plan(call, step=step), env, log, max(call.lengths, default=0))
+    execute(_planned("backward", call, step, target.current(), _split_knobs()), env, log,
+            max(call.lengths, default=0))
     record("backward", log)
     return env["dx"], env["dh0"], env["dc0"], dparams
