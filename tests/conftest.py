@@ -85,19 +85,49 @@ def _simulator_state_is_restored():
 # long test is left for the end, when one worker would run it alone.
 LONGEST_FIRST = ("test_every_kernel_compiles_for_sm80_and_sm90_without_spills",
                  "test_other_vector_widths", "test_base_install_has_no_cuda_toolkit_wheels_and_runs_check",
+                 "test_check_cli_loads_the_cell_from_its_module_and_its_path",
                  "test_wide_shapes_with_projection", "test_wide_shapes_against_the_reference",
                  "test_tutorial_runs_and_passes_its_checks", "test_hypothesis_float64", "test_gradgrad",
                  "test_installed_package_without_gpu_from_any_directory",
                  "test_v3_product_loops_issue_few_instructions_per_fma", "test_hypothesis_float32",
                  "test_run_profile_of_the_persistent_v3_kernels", "test_a_chosen_shape_other_than_the_rule_computes_the_same",
                  "test_an_edit_to_the_library_recompiles_the_cached_loops", "test_check_cell_without_hypothesis",
-                 "test_workspace_is_never_read_before_it_is_written", "test_hypothesis_float16",
-                 "test_row_groups_give_the_same_bits", "test_hypothesis_inference")
+                 "test_workspace_is_never_read_before_it_is_written", "test_check_cell", "test_readme_example_runs",
+                 "test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm", "test_run_profile_of_an_op_call",
+                 "test_hypothesis_float16", "test_row_groups_give_the_same_bits", "test_hypothesis_inference")
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.originalname, len(rank)))   # stable: the rest keep their order
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0) or 0)
+    if workers > 1:
+        items[:] = deal_long_tests(items, [item.originalname in rank for item in items], workers,
+                                   config.getoption("maxschedchunk", None))
+
+
+def deal_long_tests(items: list, long: list, workers: int, maxschedchunk=None) -> list:
+    """The order that gives each pytest-xdist worker its share of the long tests at the start of its first batch.
+
+    xdist's default scheduler (`--dist load`, what `-n auto` runs) sends each worker a block of CONSECUTIVE tests
+    first (xdist/scheduler/load.py: N // workers // 4 of them, at most --maxschedchunk), and every later batch to
+    whichever worker runs short.  Sorted longest first, every long test landed in the first worker's block:
+    in a fresh-clone run one worker ran them all one after another (~1000 s of its ~1060) while the other took
+    the short ones.  Here the long tests (in `items`' order, longest first) are dealt round-robin, each worker's
+    share at the start of its block, the other tests after them in their order."""
+    chunk = max(min(len(items) // workers // 4, maxschedchunk or len(items)), 2)
+    longs = [item for item, is_long in zip(items, long) if is_long]
+    rest = [item for item, is_long in zip(items, long) if not is_long]
+    blocks = [longs[w::workers] for w in range(workers)]
+    if any(len(b) > chunk for b in blocks):        # more long tests than a first batch holds: leave the order
+        return items
+    out = []
+    for block in blocks:
+        out += block
+        take = chunk - len(block)
+        out += rest[:take]
+        rest = rest[take:]
+    return out + rest
 
 
 # ---------------------------------------------------------------------------------------------------------

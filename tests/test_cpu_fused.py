@@ -273,13 +273,21 @@ def _clear_loops():
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
 def test_other_vector_widths(vector_width, nbytes, mode):
     """The loops as built for 16 registers (LSTM two passes of 2 x 4, GRU one of 3 x 4, RNN 1 x 8), whatever
-    this host's ISA (an AVX-512 host runs 4 x 4 otherwise)."""
+    this host's ISA (an AVX-512 host runs 4 x 4 otherwise).
+
+    Each call below is another compiled loop pair (~12 s into an empty numba cache), so each checks something
+    the others do not: GRU and RNN float32 the loops without a projection at this width (one pass of 3 x 4,
+    1 x 8); the LSTM float32 with a projection (its forward and backward run the same two-pass W and R tiles as
+    without one, plus the projection's panel at this width); the LSTM float64 the double-precision loop at half
+    the lanes (2 at 16 bytes), in the two-pass tile.  The pointwise code of GRU and RNN in float64 is the same at
+    every width (tested at the host's, test_wide_shapes_dtypes_and_skip_input and test_cpu_backend.py)."""
     vector_width(nbytes)
     assert fused.lanes_for(np.float32) == nbytes // 4 and fused.tile_shape(4) == (2, 4)   # 2 passes, 16 registers
-    compare_cpu(_wide_case(mode, np.float32))
-    compare_cpu(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
     if mode == "lstm":
         compare_cpu(_wide_case(mode, np.float32, num_proj=nbytes // 4 + 1))
+        compare_cpu(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
+    else:
+        compare_cpu(_wide_case(mode, np.float32))
 
 
 def test_bench_cpu_fused_runs_at_tiny_sizes(capsys):
@@ -320,11 +328,16 @@ LEAKY = register(CellSpec(name="test_fused_leaky", gates=("g",), saved=("g",), f
                           backward=_leaky_backward, cell_state=True, projection=True))
 
 
-@pytest.mark.parametrize("nbytes", [16, 32])
+@pytest.mark.parametrize("nbytes", [32])
 def test_projection_panel_follows_the_forward_row_tiles(vector_width, nbytes):
     """The forward's projection reads W_proj^T by the micro-kernel with the FORWARD's NR (rows_for(G)); its
     panel must be packed for that NR's pass width.  With 16 registers and G = 1 the two differ (1 vector per
-    pass for 8 rows, 2 for tile_shape(4)'s 4 rows): packed by tile_shape, that projection was wrong."""
+    pass for 8 rows, 2 for tile_shape(4)'s 4 rows): packed by tile_shape, that projection was wrong.
+
+    At AVX2's width (the case that was wrong) only: 16-byte vectors have the same 16 registers, so the same
+    pass widths and row tiles (what this checks); a 16-byte loop with a projection is test_other_vector_widths'
+    LSTM.  (A 16-byte LEAKY was one more compiled loop pair, ~12-19 s into an empty numba cache, for this test
+    alone.)"""
     vector_width(nbytes)
     assert fused.rows_for(1) == 8 and fused.vectors_per_pass(fused.COLUMN_VECTORS, 8) != fused.tile_shape(4)[0]
     compare_cpu(_wide_case(LEAKY.name, np.float32, num_proj=nbytes // 4 + 1))
@@ -378,7 +391,10 @@ def test_measure_checks_the_product_and_returns_gflops():
 
 def test_a_chosen_shape_other_than_the_rule_computes_the_same(tuning_file, monkeypatch):
     """Whatever shape a machine chooses is threaded through the packing, the micro-kernels and the loops'
-    cache keys: LSTM forced onto a shape the static rule does not pick, against the reference."""
+    cache keys: LSTM forced onto a shape the static rule does not pick, against the reference.  With a
+    projection: its forward and backward run the W, R and dh products in that shape as the loops without one do,
+    and the projection's panel too (a loop pair without a projection was ~15 s more of numba compiling for the
+    same tiles)."""
     from numbarnn.cpu import tuning
     regs = fused.registers()
     other = next(s for s in tuning.candidates(4, regs) if s != fused._tile_shape(4, regs))
@@ -386,5 +402,4 @@ def test_a_chosen_shape_other_than_the_rule_computes_the_same(tuning_file, monke
     _clear_loops()
     assert fused.tile_shape(4) == other and fused.vectors_per_pass(4, other[1]) == other[0]
     assert f"{other}" in fused._forward_key(get_cell("lstm"), "float32", False)     # numba's cache key too
-    compare_cpu(_wide_case("lstm", np.float32))
     compare_cpu(_wide_case("lstm", np.float32, num_proj=3))
