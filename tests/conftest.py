@@ -51,9 +51,9 @@ def _simulator_state() -> dict:
     target = sys.modules.get("numbarnn.kernels.target")
     if target is not None:
         state["planned target"] = target.current()
-    profiler = sys.modules.get("numbarnn.analysis.profiler")
-    if profiler is not None:
-        state["profiler recording"] = profiler._RECORDER
+    recorder = sys.modules.get("numbarnn.analysis.recorder")
+    if recorder is not None:
+        state["profiler recording"] = recorder._RECORDER
     return state
 
 
