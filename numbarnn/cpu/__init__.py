@@ -29,7 +29,9 @@ Rows past their length carry their state (the njit loops skip them) and their ou
 copied or gathered (the fused loops visit rows longest first through an index).  Nothing is allocated per step; scratch (W x_t for all steps, the backward's dgx, dgh, ...,
 and the whole reserve-shaped buffer of an inference call) comes from a per-thread workspace kept across calls
 (`workspace.py`: a fresh 26 MB array costs tens of ms of page faults here, reused memory nothing); only what a
-call returns is allocated per call.  `numbarnn.cpu.workspace.release()` frees the scratch.
+call returns is allocated per call.  `numbarnn.cpu.workspace.release()` frees the scratch.  Calls of few rows
+(T*B <= 256: a loop over single steps) also keep the fused forward's packed weights with the bits they were
+packed from, and pack again only when the weights differ (`panels.py`: at T*B = 1 packing was most of a call).
 
 Compute dtype: float64 for float64, float32 for float32 and float16 (float16 inputs are converted once on the
 way in, results once on the way out; the reserve is stored in the call's dtype, as ops.py expects).
@@ -56,5 +58,7 @@ index + data files race there (numba issue #4807), `jitcache.py` locks them.
 Modules: `fused.py` (the fused loops and their micro-kernel), `jitcache.py` (numba's disk cache, locked), `cells.py` (njit twins of the cell helpers,
 per-cell step loops), `network.py` (the layer/direction/step driver), `block_lstm.py` (BlockLSTM V1/V2 and grads), `philox.py` (dropout masks: the CUDA kernels'
 Philox device functions compiled for the CPU), `backend.py` (the backend contract), `workspace.py` (scratch
-kept across calls).
+kept across calls), `panels.py` (packed weights kept between small calls), `modulated.py` and `diagonal.py` (the
+BLAS loops' products of modulated and diagonal cells), `threads.py` (one thread budget), `tuning.py` (tile
+shapes measured per machine).
 """
