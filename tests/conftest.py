@@ -363,6 +363,41 @@ def assert_v1_fallback(mode: str, version: int, why: str) -> None:
             assert relative_error(got, want) < 1e-12
 
 
+def assert_agrees_with_torch_network(mode: str, backend: str, time_major: bool, torch_network) -> None:
+    """`mode` on `backend` against an independent implementation in plain torch operations, to 1e-10 in float64
+    (2 layers, bidirectional, lengths with 0, either layout): outputs, and the gradients of one loss by autograd.
+    torch_network(torch, x, h0, tw, tb, lengths, L, D) -> (y [T, B, D*H], hT [L*D, B, H]), time-major, from the
+    canonical weights and biases as tensors (tw, tb: `params_to_canonical`'s order) and x, h0 [time-major]."""
+    import torch
+    from numbarnn.config import rnn_config
+    from numbarnn.params import params_to_canonical
+    from numbarnn.testing import make_rnn_case
+    L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
+    lengths = [4, 0, 2]
+    cfg = rnn_config(L, H, I, mode, direction="bidirectional")
+    case = make_rnn_case(cfg, T, B, lengths, seed=3, time_major=time_major)
+    tm = (lambda a: a) if time_major else (lambda a: np.swapaxes(a, 0, 1))   # the call's layout <-> time-major
+    fwd = run_forward(case, backend)
+    dx, dh0, _, dparams = run_backward(case, fwd, backend)
+
+    x = torch.tensor(tm(case.x), requires_grad=True)
+    h0 = torch.tensor(tm(case.h0), requires_grad=True)
+    weights, biases = params_to_canonical(cfg, case.params)
+    tw = [torch.tensor(w, requires_grad=True) for w in weights]
+    tb = [torch.tensor(b, requires_grad=True) for b in biases]
+    y, hT = torch_network(torch, x, h0, tw, tb, lengths, L, D)
+    loss = (y * torch.tensor(tm(case.dy))).sum() + (hT * torch.tensor(tm(case.dhT))).sum()
+    loss.backward()
+
+    assert relative_error(tm(np.asarray(fwd[0])), y.detach().numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(fwd[1])), hT.detach().numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(dx)), x.grad.numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(dh0)), h0.grad.numpy()) < 1e-10
+    dw, db = params_to_canonical(cfg, np.asarray(dparams))
+    for got, want in zip(dw + db, tw + tb):
+        assert relative_error(got, want.grad.numpy()) < 1e-10
+
+
 def assert_cpu_agrees_in_lower_precision(mode: str, dtype, tol: float) -> None:
     """The cpu backend in float32 / float16 against the reference on the same inputs (2 layers, bidirectional,
     lengths with 0): outputs within `tol`, gradients within 10 * tol."""

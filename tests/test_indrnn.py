@@ -18,7 +18,8 @@ from numbarnn.kernels import common
 from numbarnn.params import (canonical_weight_shapes, from_torch_state_dict, param_regions, params_to_canonical,
                              to_torch_state_dict, unpack)
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import assert_cpu_agrees_in_lower_precision, assert_v1_fallback, planned_and_launched
+from conftest import (assert_agrees_with_torch_network, assert_cpu_agrees_in_lower_precision, assert_v1_fallback,
+                      planned_and_launched)
 
 BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("indrnn", "indrnn_relu")
@@ -158,32 +159,12 @@ ACT = {"indrnn": "tanh", "indrnn_relu": "relu"}       # torch's functions of the
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", CELLS)
 def test_agrees_with_plain_torch_to_1e10(cell, backend, time_major):
-    torch = pytest.importorskip("torch")
-    L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
-    lengths = [4, 0, 2]
-    cfg = rnn_config(L, H, I, cell, direction="bidirectional")
-    case = make_rnn_case(cfg, T, B, lengths, seed=3, time_major=time_major)
-    tm = (lambda a: a) if time_major else (lambda a: np.swapaxes(a, 0, 1))   # the call's layout <-> time-major
-    fwd = run_forward(case, backend)
-    dx, dh0, _, dparams = run_backward(case, fwd, backend)
+    pytest.importorskip("torch")
 
-    x = torch.tensor(tm(case.x), requires_grad=True)
-    h0 = torch.tensor(tm(case.h0), requires_grad=True)
-    weights, biases = params_to_canonical(cfg, case.params)            # per p: W, u ; bW, bR
-    tw = [torch.tensor(w, requires_grad=True) for w in weights]
-    tb = [torch.tensor(b, requires_grad=True) for b in biases]
-    layers = [(tw[2 * p], tw[2 * p + 1], tb[2 * p], tb[2 * p + 1]) for p in range(L * D)]
-    y, hT = torch_indrnn(getattr(torch, ACT[cell]), x, h0, layers, lengths, L, D)
-    loss = (y * torch.tensor(tm(case.dy))).sum() + (hT * torch.tensor(tm(case.dhT))).sum()
-    loss.backward()
-
-    assert relative_error(tm(np.asarray(fwd[0])), y.detach().numpy()) < 1e-10
-    assert relative_error(tm(np.asarray(fwd[1])), hT.detach().numpy()) < 1e-10
-    assert relative_error(tm(np.asarray(dx)), x.grad.numpy()) < 1e-10
-    assert relative_error(tm(np.asarray(dh0)), h0.grad.numpy()) < 1e-10
-    dw, db = params_to_canonical(cfg, np.asarray(dparams))
-    for got, want in zip(dw + db, tw + tb):
-        assert relative_error(got, want.grad.numpy()) < 1e-10
+    def network(torch, x, h0, tw, tb, lengths, L, D):     # per p: W, u ; bW, bR
+        layers = [(tw[2 * p], tw[2 * p + 1], tb[2 * p], tb[2 * p + 1]) for p in range(L * D)]
+        return torch_indrnn(getattr(torch, ACT[cell]), x, h0, layers, lengths, L, D)
+    assert_agrees_with_torch_network(cell, backend, time_major, network)
 
 
 def test_the_spec_functions_match_the_published_activations():

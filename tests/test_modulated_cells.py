@@ -18,10 +18,11 @@ from numbarnn import cli
 from numbarnn.cells import CellSpec, dsigmoid, sigmoid
 from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.kernels import common
-from numbarnn.params import params_to_canonical, param_regions
+from numbarnn.params import param_regions
 from numbarnn.reserve import reserve_entries
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import assert_cpu_agrees_in_lower_precision, assert_v1_fallback, planned_and_launched
+from conftest import (assert_agrees_with_torch_network, assert_cpu_agrees_in_lower_precision, assert_v1_fallback,
+                      planned_and_launched)
 
 BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("gru_v1", "mgu")
@@ -191,34 +192,14 @@ def torch_network(torch, step, x, h0, layers, lengths, L, D):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", CELLS)
 def test_agrees_with_plain_torch_to_1e10(cell, backend, time_major):
-    torch = pytest.importorskip("torch", reason="the independent implementation is written in torch")
+    pytest.importorskip("torch", reason="the independent implementation is written in torch")
     step, G = STEPS[cell]
-    L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
-    lengths = [4, 0, 2]
-    cfg = rnn_config(L, H, I, cell, direction="bidirectional")
-    case = make_rnn_case(cfg, T, B, lengths, seed=3, time_major=time_major)
-    tm = (lambda a: a) if time_major else (lambda a: np.swapaxes(a, 0, 1))   # the call's layout <-> time-major
-    fwd = run_forward(case, backend)
-    dx, dh0, _, dparams = run_backward(case, fwd, backend)
 
-    x = torch.tensor(tm(case.x), requires_grad=True)
-    h0 = torch.tensor(tm(case.h0), requires_grad=True)
-    weights, biases = params_to_canonical(cfg, case.params)            # per p: W_0.., R_0.. ; bW_0.., bR_0..
-    tw = [torch.tensor(w, requires_grad=True) for w in weights]
-    tb = [torch.tensor(b, requires_grad=True) for b in biases]
-    layers = [(tw[2 * G * p:2 * G * p + G], tw[2 * G * p + G:2 * G * (p + 1)], tb[2 * G * p:2 * G * p + G],
-               tb[2 * G * p + G:2 * G * (p + 1)]) for p in range(L * D)]
-    y, hT = torch_network(torch, step, x, h0, layers, lengths, L, D)
-    loss = (y * torch.tensor(tm(case.dy))).sum() + (hT * torch.tensor(tm(case.dhT))).sum()
-    loss.backward()
-
-    assert relative_error(tm(np.asarray(fwd[0])), y.detach().numpy()) < 1e-10
-    assert relative_error(tm(np.asarray(fwd[1])), hT.detach().numpy()) < 1e-10
-    assert relative_error(tm(np.asarray(dx)), x.grad.numpy()) < 1e-10
-    assert relative_error(tm(np.asarray(dh0)), h0.grad.numpy()) < 1e-10
-    dw, db = params_to_canonical(cfg, np.asarray(dparams))
-    for got, want in zip(dw + db, tw + tb):
-        assert relative_error(got, want.grad.numpy()) < 1e-10
+    def network(torch, x, h0, tw, tb, lengths, L, D):     # per p: W_0.., R_0.. ; bW_0.., bR_0..
+        layers = [(tw[2 * G * p:2 * G * p + G], tw[2 * G * p + G:2 * G * (p + 1)], tb[2 * G * p:2 * G * p + G],
+                   tb[2 * G * p + G:2 * G * (p + 1)]) for p in range(L * D)]
+        return torch_network(torch, step, x, h0, layers, lengths, L, D)
+    assert_agrees_with_torch_network(cell, backend, time_major, network)
 
 
 def test_gru_v1_differs_from_the_builtin_gru_only_where_r_applies():
