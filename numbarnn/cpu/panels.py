@@ -7,7 +7,7 @@ packing is most of the call, and at T*B in the thousands it is nothing.
 
 For calls of at most `KEEP_ROWS` rows (T*B) the panels of each configuration are kept per thread, with the
 bits of the opaque buffer they were packed from.  The next call compares its buffer with those bits (one
-sequential pass, a quarter of a pack) and packs again only where they differ.  A check of content, not of
+sequential pass, about a third of a pack) and packs again only where they differ.  A check of content, not of
 identity or of torch's version counters: a write through a NumPy view or a tensor's `.data` changes neither,
 and a stale weight would be a silently wrong result.  Larger calls pack into scratch as before (there packing
 is a small share, and keeping would hold weight-sized memory for nothing).
@@ -29,7 +29,7 @@ import numpy as np
 from ..workspace import track
 from .jitcache import njit_cached
 
-#: keep the packed panels of calls with at most this many rows (T*B): there packing is >= ~1% of the call
+#: keep the packed panels of calls with at most this many rows (T*B): there packing is >= ~5% of the call
 #: (LSTM H=512: a pack ~1.5 ms, a row's step ~0.13 ms)
 KEEP_ROWS = 256
 #: ... and at least this many weights: below, a pack costs less than the look-up (LSTM H=16: ~5 us)
@@ -94,8 +94,8 @@ class KeptPanels:
         owner: any object standing for the configuration (the caller's plan: its identity is the key);
         shapes: per pseudo-layer the shapes of its arrays (allocated on the owner's first use)."""
         store = self._store()
-        kept = store.pop(id(owner), None)
-        if kept is None or kept.owner is not owner:
+        kept = store.pop(id(owner), None)        # (an entry keeps its owner alive: its id is not reused)
+        if kept is None:
             kept = Kept(owner, np.empty_like(bits(params)),
                         [tuple(np.empty(shape, params.dtype) for shape in layer) for layer in shapes])
         store[id(owner)] = kept                             # the most recently used, last
