@@ -337,6 +337,34 @@ def planned_and_launched(case):
     return plan, log, fwd, bwd
 
 
+def assert_agrees_with_the_reference(case, got_f, got_b, tol: float = 1e-12) -> None:
+    """A backend's forward outputs (y, hT) and backward results (run_forward's, run_backward's) against the
+    reference backend's on the same case, within `tol`."""
+    want_f = run_forward(case, "reference")
+    want_b = run_backward(case, want_f, "reference")
+    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
+        if want is not None:
+            assert relative_error(got, want) < tol
+
+
+def assert_layer_runs_like_the_reference(spec):
+    """numbarnn.CudnnRNN(spec, ...) (2 layers, bidirectional, H=4, lengths with 0) on the cpu backend gives the
+    reference's outputs to 1e-12; returns the cpu layer (for checks of its weights)."""
+    import numbarnn
+    x = np.random.default_rng(0).standard_normal((5, 3, 2))
+    lengths = np.array([5, 0, 3], np.int32)
+    outs, layers = {}, {}
+    for backend in ("cpu", "reference"):
+        layer = layers[backend] = numbarnn.CudnnRNN(spec, 2, 4, direction="bidirectional", dtype="float64", seed=1,
+                                                    backend=backend)
+        y, (h,) = layer(x, sequence_lengths=lengths)
+        assert y.shape == (5, 3, 8) and h.shape == (4, 3, 4)
+        outs[backend] = (np.asarray(y), np.asarray(h))
+    for got, want in zip(outs["cpu"], outs["reference"]):
+        assert relative_error(got, want) < 1e-12
+    return layers["cpu"]
+
+
 def assert_v1_fallback(mode: str, version: int, why: str) -> None:
     """A cell whose recurrence the v2/v3 step kernels cannot run (a diagonal one, a modulated one): asked for
     `version`, the cuda backend runs v1 and says so in the launch log and the step plan (`why` + ", so v1 runs
@@ -347,8 +375,6 @@ def assert_v1_fallback(mode: str, version: int, why: str) -> None:
     from numbarnn.testing import make_rnn_case
     cfg = rnn_config(1, 5, 3, mode, direction="bidirectional")
     case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
-    want_f = run_forward(case, "reference")
-    want_b = run_backward(case, want_f, "reference")
     with settings.override(step_version=version):
         got_f = run_forward(case, "cuda")
         got_b = run_backward(case, got_f, "cuda")
@@ -358,9 +384,7 @@ def assert_v1_fallback(mode: str, version: int, why: str) -> None:
         assert log[phase].step_version == 1
         assert log[phase].note == f"v1: {why}, so v1 runs instead of v{version}"
     assert plan.version == 1 and plan.slice is None
-    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
-        if want is not None:
-            assert relative_error(got, want) < 1e-12
+    assert_agrees_with_the_reference(case, got_f, got_b)
 
 
 def assert_agrees_with_torch_network(mode: str, backend: str, time_major: bool, torch_network) -> None:

@@ -17,8 +17,9 @@ from numbarnn.config import params_size, rnn_config
 from numbarnn.kernels import common
 from numbarnn.params import (canonical_weight_shapes, from_torch_state_dict, param_regions, params_to_canonical,
                              to_torch_state_dict, unpack)
-from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import (assert_agrees_with_torch_network, assert_cpu_agrees_in_lower_precision, assert_v1_fallback,
+from numbarnn.testing import check_cell, make_rnn_case
+from conftest import (assert_agrees_with_the_reference, assert_agrees_with_torch_network,
+                      assert_cpu_agrees_in_lower_precision, assert_layer_runs_like_the_reference, assert_v1_fallback,
                       planned_and_launched)
 
 BACKENDS = ("reference", "cpu", "cuda")
@@ -189,11 +190,7 @@ def test_cuda_several_blocks_with_a_partial_last_block():
     grad = next(r for r in plan if r["kernel"] == "diagonal_gradient")
     assert grad["grid"][0] > 1 and 19 % grad["block"] != 0
     assert log["backward"].by_kernel["recurrent_backward"] == 2 * 4 and "gemm" in log["backward"].by_kernel
-    want_f = run_forward(case, "reference")
-    want_b = run_backward(case, want_f, "reference")
-    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
-        if want is not None:
-            assert relative_error(got, want) < 1e-12
+    assert_agrees_with_the_reference(case, got_f, got_b)
 
 
 @pytest.mark.parametrize("version", [2, 3])
@@ -212,18 +209,8 @@ def test_cpu_lower_precision_agrees_with_the_reference(dtype, tol):
 
 def test_layer_of_the_cell():
     """numbarnn.CudnnRNN(cell, ...) builds params with a vector u per R slot and runs like the reference."""
-    x = np.random.default_rng(0).standard_normal((5, 3, 2))
-    lengths = np.array([5, 0, 3], np.int32)
-    outs = {}
-    for backend in ("cpu", "reference"):
-        layer = numbarnn.CudnnRNN(indrnn.SPEC, 2, 4, direction="bidirectional", dtype="float64", seed=1,
-                                  backend=backend)
-        y, (h,) = layer(x, sequence_lengths=lengths)
-        assert y.shape == (5, 3, 8) and h.shape == (4, 3, 4)
-        assert [w.shape for w in layer.canonical_weights()[0]][:2] == [(4, 2), (4,)]
-        outs[backend] = (np.asarray(y), np.asarray(h))
-    for got, want in zip(outs["cpu"], outs["reference"]):
-        assert relative_error(got, want) < 1e-12
+    layer = assert_layer_runs_like_the_reference(indrnn.SPEC)
+    assert [w.shape for w in layer.canonical_weights()[0]][:2] == [(4, 2), (4,)]
 
 
 def test_numbarnn_torch_module_of_a_diagonal_cell():

@@ -20,8 +20,9 @@ from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.kernels import common
 from numbarnn.params import param_regions
 from numbarnn.reserve import reserve_entries
-from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
-from conftest import (assert_agrees_with_torch_network, assert_cpu_agrees_in_lower_precision, assert_v1_fallback,
+from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_forward
+from conftest import (assert_agrees_with_the_reference, assert_agrees_with_torch_network,
+                      assert_cpu_agrees_in_lower_precision, assert_layer_runs_like_the_reference, assert_v1_fallback,
                       planned_and_launched)
 
 BACKENDS = ("reference", "cpu", "cuda")
@@ -285,17 +286,7 @@ def test_cpu_lower_precision_agrees_with_the_reference(cell, dtype, tol):
 
 def test_cpu_inference_and_the_layer():
     """numbarnn.CudnnRNN(cell, ...) runs on the cpu backend like the reference, training and inference alike."""
-    x = np.random.default_rng(0).standard_normal((5, 3, 2))
-    lengths = np.array([5, 0, 3], np.int32)
-    outs = {}
-    for backend in ("cpu", "reference"):
-        layer = numbarnn.CudnnRNN(mgu.SPEC, 2, 4, direction="bidirectional", dtype="float64", seed=1,
-                                  backend=backend)
-        y, (h,) = layer(x, sequence_lengths=lengths)
-        assert y.shape == (5, 3, 8) and h.shape == (4, 3, 4)
-        outs[backend] = (np.asarray(y), np.asarray(h))
-    for got, want in zip(outs["cpu"], outs["reference"]):
-        assert relative_error(got, want) < 1e-12
+    assert_layer_runs_like_the_reference(mgu.SPEC)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,11 +306,7 @@ def test_cuda_several_blocks_with_a_partial_last_block(cell):
         assert row["launches"] == 3
     for name in ("modulate", "modulated_step", "modulate_backward", "recurrent_backward"):
         assert log["forward" if "backward" not in name else "backward"].by_kernel[name] == 2 * 3
-    want_f = run_forward(case, "reference")
-    want_b = run_backward(case, want_f, "reference")
-    for got, want in zip(tuple(got_f[:2]) + tuple(got_b), tuple(want_f[:2]) + tuple(want_b)):
-        if want is not None:
-            assert relative_error(got, want) < 1e-12
+    assert_agrees_with_the_reference(case, got_f, got_b)
 
 
 @pytest.mark.parametrize("version", [2, 3])
