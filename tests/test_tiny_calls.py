@@ -269,3 +269,91 @@ def test_numpy_gather_of_the_weight_views(dtype):
     third = views.array(lay.spans, lay.size, m._flat_weights, dt)
     assert views._entry is not entry
     assert np.array_equal(third, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
+
+
+def _general(module, *args):
+    """module(*args) by the general eager path (the inference fast path declined)."""
+    import numbarnn.torch as nt
+    fast = nt._NumbaRNNBase._inference
+    nt._NumbaRNNBase._inference = lambda *a: None
+    try:
+        return module(*args)
+    finally:
+        nt._NumbaRNNBase._inference = fast
+
+
+def _leaves(out) -> list:
+    torch = pytest.importorskip("torch")
+    return torch.utils._pytree.tree_leaves(out)
+
+
+@pytest.mark.parametrize("mode, kw, dtype, state", [
+    ("GRU", {}, "float32", None),
+    ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True}, "float32", "given"),
+    ("LSTM", {"proj_size": 3}, "float64", "given"),
+    ("RNN", {"nonlinearity": "relu", "batch_first": True}, "float64", None),
+    ("GRU", {"num_layers": 2, "dropout": 0.5}, "float32", "given"),   # eval mode: no dropout, the fast path
+])
+def test_inference_fast_path_equals_the_general_path(mode, kw, dtype, state):
+    """An eager CPU inference call takes the per-signature fast path (`_NumbaRNNBase._inference`) and returns,
+    bit for bit, what the general path returns (and what torch.nn returns, to rounding), for a second call of
+    the signature too, after an in-place weight change and with another batch size."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    m = getattr(nt, mode)(5, 4, **kw).to(dt).eval()
+    ref = getattr(torch.nn, mode)(5, 4, **kw).to(dt).eval()
+    calls = m._inference_calls.entries
+    D, L, P = 2 if kw.get("bidirectional") else 1, kw.get("num_layers", 1), kw.get("proj_size") or 4
+    for B in (3, 1, 3):
+        x = torch.randn((B, 2, 5) if kw.get("batch_first") else (2, B, 5), dtype=dt)
+        args = [x]
+        if state == "given":
+            h = torch.randn(L * D, B, P, dtype=dt)
+            args.append((h, torch.randn(L * D, B, 4, dtype=dt)) if mode == "LSTM" else h)
+        ref.load_state_dict(m.state_dict())
+        with torch.no_grad():
+            fast, general, want = m(*args), _general(m, *args), ref(*args)
+        assert (x.shape, dt, m.batch_first) in calls                 # the fast path ran
+        for a, b, c in zip(_leaves(fast), _leaves(general), _leaves(want)):
+            assert a.shape == b.shape == c.shape and a.dtype == b.dtype == dt
+            assert torch.equal(a, b)
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            next(m.parameters()).mul_(0.5)                   # in place: the next call sees it
+    assert len(calls) == 2                                   # one entry per signature (B = 3, B = 1)
+
+
+def test_inference_fast_path_declines_what_it_does_not_run():
+    """Gradients, active dropout, another backend, autocast and non-float32/64 input take the general path;
+    errors keep torch.nn's messages; torch's thread count is untouched."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    m = nt.GRU(5, 4, num_layers=2, dropout=0.5)
+    x = torch.randn(2, 3, 5)
+    threads_before = torch.get_num_threads()
+    m(x)                                                     # training mode, dropout active
+    with torch.no_grad():
+        m.eval()(x)
+        assert len(m._inference_calls.entries) == 1         # only the eval-mode call
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x)
+        half = nt.GRU(5, 4).to(torch.bfloat16).eval()
+        half(x.to(torch.bfloat16))
+    assert len(m._inference_calls.entries) == 1 and not half._inference_calls.entries
+    m.train()
+    m._inference_calls.entries.clear()
+    m(x)                                                     # grad mode, weights need gradients
+    with torch.no_grad(), pytest.raises(TypeError, match="float32"):
+        m(x.double())                                        # weights float32, input float64: torch.nn's error
+    assert not m._inference_calls.entries
+    ref = nt.GRU(5, 4, backend="reference").eval()
+    with torch.no_grad():
+        ref(x)
+    assert not ref._inference_calls.entries
+    with torch.no_grad(), pytest.raises(RuntimeError, match="input.size\\(-1\\) must be equal to input_size"):
+        m(torch.randn(2, 3, 6))
+    with torch.no_grad(), pytest.raises(RuntimeError, match="Expected hidden size"):
+        m(x, torch.randn(1, 3, 4))
+    assert torch.get_num_threads() == threads_before

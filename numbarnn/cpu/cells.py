@@ -46,6 +46,7 @@ from numba.extending import intrinsic
 
 from ..cells import HELPERS
 from ..cells.functions import compile_with_twins
+from . import threads
 from .jitcache import njit_cached
 
 #: below this many (row, unit) pairs per step the serial twin of a step loop runs (no parallel region).
@@ -452,7 +453,7 @@ def backward_step(cell, compute: str, has_proj: bool, parallel: bool):
 
 def parallel_step(B: int, H: int) -> bool:
     """Whether a step of B rows of H units runs the parallel twin (see PARALLEL_MIN_WORK)."""
-    return B * H >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 and B > 1
+    return B * H >= PARALLEL_MIN_WORK and threads.num_threads() > 1 and B > 1
 
 
 def pick(factory, cell, compute, has_proj, B, H):

@@ -51,6 +51,7 @@ from numba.extending import intrinsic
 from ..util import cdiv
 from . import cells
 from .cells import accumulate, load
+from . import threads
 from .jitcache import njit_cached
 
 #: vector registers the micro-kernel may fill with accumulators (of 32 with AVX-512, 16 with AVX2)
@@ -522,7 +523,7 @@ def row_groups(B: int, NR: int, macs: int) -> int:
     before its first BLAS product (network.backward)."""
     if macs < PARALLEL_MIN_MACS:
         return 1
-    return max(1, min(numba.get_num_threads(), cdiv(B, NR)))
+    return max(1, min(threads.num_threads(), cdiv(B, NR)))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def _blas_libraries() -> tuple:
 
 try:                                               # numba's internals, read by `num_threads` where present
     from numba.np.ufunc import parallel as _parallel
-    _parallel._get_num_threads                     # noqa: B018
+    _parallel._get_num_threads, _parallel._set_num_threads     # noqa: B018
 except (ImportError, AttributeError):              # pragma: no cover - another numba
     _parallel = None
 
@@ -43,6 +43,16 @@ def num_threads() -> int:
         if n > 0:
             return n
     return numba.get_num_threads()
+
+
+def set_num_threads(n: int) -> None:
+    """numba.set_num_threads(n) for 1 <= n <= NUMBA_NUM_THREADS, without its locks and checks once numba's
+    threading layer is up (numbarnn.torch sets torch's count around every call, and back: ~10 us a tiny call)."""
+    if _parallel is not None and getattr(_parallel, "_is_initialized", False) and \
+            1 <= n <= numba.config.NUMBA_NUM_THREADS:
+        _parallel._set_num_threads(n)
+    else:
+        numba.set_num_threads(n)
 
 
 @contextlib.contextmanager
