@@ -39,6 +39,9 @@ import torch
 
 from .backends import BACKENDS
 from .cells import CellSpec, get_cell, register
+from .torch_ops import _NO_SEEDS, _call
+from .torch_tensors import (_TORCH_DTYPES, RNNDtypeError, RNNShapeError, _autocast_dtype, _check_sizes, _layout,
+                            _needs_reserve, _reset_uniform, _WeightViews)
 from .validation import check_choice
 
 __all__ = ["CellModule", "LSTMCell", "GRUCell", "RNNCell"]
@@ -71,11 +74,11 @@ class CellModule(torch.nn.Module):
 
     def _setup(self, rnn_mode: str, input_size, hidden_size, bias, device, dtype, backend) -> None:
         """Parameters as torch.nn.RNNCellBase registers them (then the cell's vectors), initialised as it does."""
-        _nt._check_sizes(minimum=0, input_size=input_size, hidden_size=hidden_size)
+        _check_sizes(minimum=0, input_size=input_size, hidden_size=hidden_size)
         self.cell = rnn_mode
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
         self.backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
-        layout = _nt._layout(rnn_mode, 1, max(hidden_size, 1), max(input_size, 1), False, 0, bool(bias))
+        layout = _layout(rnn_mode, 1, max(hidden_size, 1), max(input_size, 1), False, 0, bool(bias))
         self._has_cell_state = layout.config.has_cell_state
         factory = {"device": device, "dtype": dtype}
         names = []
@@ -95,18 +98,18 @@ class CellModule(torch.nn.Module):
                 self.register_parameter("bias_ih", None)
                 self.register_parameter("bias_hh", None)
         self._weight_names = tuple(names)                          # the operator's weight order
-        self._weight_views = _nt._WeightViews()                    # the gather's cached views of the weights
+        self._weight_views = _WeightViews()                    # the gather's cached views of the weights
         self.reset_parameters()
 
     def __setstate__(self, state):
         """Cells pickled whole before the gather's cached views existed get them (state_dicts need nothing)."""
         super().__setstate__(state)
-        self.__dict__.setdefault("_weight_views", _nt._WeightViews())
+        self.__dict__.setdefault("_weight_views", _WeightViews())
 
     # -- torch.nn.RNNCellBase compatibility -----------------------------------------------------------
     def reset_parameters(self) -> None:
         """PyTorch's init: every parameter uniform(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in its order."""
-        _nt._reset_uniform(self, self.hidden_size)
+        _reset_uniform(self, self.hidden_size)
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
@@ -131,7 +134,7 @@ class CellModule(torch.nn.Module):
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"{name}: input: expected a torch.Tensor, got {type(input).__name__}")
         if input.dim() not in (1, 2):
-            raise _nt.RNNShapeError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
+            raise RNNShapeError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
         if hx is None:
             return
         if self._has_cell_state:
@@ -143,37 +146,37 @@ class CellModule(torch.nn.Module):
                     raise TypeError(f"{self.cell}_cell(): argument 'hx' (position 2) must be tuple of Tensors, "
                                     f"not {type(value).__name__} ({name}: hx is the pair (h, c))")
                 if value.dim() not in (1, 2):
-                    raise _nt.RNNShapeError(f"{name}: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D "
+                    raise RNNShapeError(f"{name}: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D "
                                             "instead")
         else:
             if not isinstance(hx, torch.Tensor):
                 raise TypeError(f"{name}: hx: expected a torch.Tensor, got {type(hx).__name__}")
             if hx.dim() not in (1, 2):
-                raise _nt.RNNShapeError(f"{name}: Expected hidden to be 1D or 2D, got {hx.dim()}D instead")
+                raise RNNShapeError(f"{name}: Expected hidden to be 1D or 2D, got {hx.dim()}D instead")
 
     def _check_sizes(self, input, states, batched: bool, autocast: bool) -> None:
         """ATen's checks of a cell call (check_rnn_cell_forward_input / _hidden, then matmul's dtype rule), their
         messages, on the batched input [B, I] and states; then numbarnn's (a float dtype, one device)."""
         name, cell = self._torch_name, self.cell
         if self._has_cell_state and states and len(states) != 2:
-            raise _nt.RNNShapeError(f"{cell}_cell expects two hidden states ({name}: hx is the pair (h, c), got "
+            raise RNNShapeError(f"{cell}_cell expects two hidden states ({name}: hx is the pair (h, c), got "
                                     f"{len(states)} tensors)")
         if input.size(1) != self.input_size:
-            raise _nt.RNNShapeError(f"input has inconsistent input_size: got {input.size(1)} expected "
+            raise RNNShapeError(f"input has inconsistent input_size: got {input.size(1)} expected "
                                     f"{self.input_size} ({name}: input shape {tuple(input.shape)})")
         B = input.size(0)
         for k, t in enumerate(states):
             shape = tuple(t.shape)
             if t.size(0) != B:
-                raise _nt.RNNShapeError(f"Input batch size {B} doesn't match hidden{k} batch size {t.size(0)} "
+                raise RNNShapeError(f"Input batch size {B} doesn't match hidden{k} batch size {t.size(0)} "
                                         f"({name}: input shape {tuple(input.shape)}, hx shape {shape})")
             if t.dim() < 2 or t.size(1) != self.hidden_size:
                 got = t.size(1) if t.dim() >= 2 else None
-                raise _nt.RNNShapeError(f"hidden{k} has inconsistent hidden_size: got {got}, expected "
+                raise RNNShapeError(f"hidden{k} has inconsistent hidden_size: got {got}, expected "
                                         f"{self.hidden_size} ({name}: hx shape {shape}, input shape "
                                         f"{tuple(input.shape)})")
             if t.dim() != 2:
-                raise _nt.RNNShapeError(f"{name}: hx[{k}] should be {'2' if batched else '1'}D for "
+                raise RNNShapeError(f"{name}: hx[{k}] should be {'2' if batched else '1'}D for "
                                         f"{'batched' if batched else 'unbatched'} input, got shape {shape}")
         w = self.weight_ih
         if not autocast:
@@ -186,12 +189,12 @@ class CellModule(torch.nn.Module):
                 if t.dtype != input.dtype:
                     raise RNNCellDtypeError(f"{name}: hx[{k}]: expected dtype {input.dtype} (the input's), got "
                                             f"{t.dtype}")
-        if input.dtype not in _nt._TORCH_DTYPES:
+        if input.dtype not in _TORCH_DTYPES:
             raise RNNCellDtypeError(f"{name}: input: expected dtype float16, bfloat16, float32 or float64, got "
                                     f"{input.dtype}")
         for what, t in (("input", input), *((f"hx[{k}]", t) for k, t in enumerate(states))):
             if t.device != w.device:
-                raise _nt.RNNShapeError(f"{name}: {what} and parameter tensors are not at the same device, found "
+                raise RNNShapeError(f"{name}: {what} and parameter tensors are not at the same device, found "
                                         f"{what} tensor at {t.device} and parameter tensor at {w.device}")
 
     def forward(self, input, hx=None):
@@ -206,7 +209,7 @@ class CellModule(torch.nn.Module):
         else:
             states = (hx if batched else hx.unsqueeze(0),)                            # ([B, H],)
         rnn_mode = self._rnn_mode()
-        autocast = _nt._autocast_dtype(x)
+        autocast = _autocast_dtype(x)
         self._check_sizes(x, states, batched, autocast is not None)
         if not self.hidden_size or not self.input_size:    # an empty cell (numbarnn's op needs H, I > 0)
             return self._empty_step(x, states, batched, autocast)
@@ -221,13 +224,13 @@ class CellModule(torch.nn.Module):
         else:
             h0, c0 = states[0].unsqueeze(0), (states[1].unsqueeze(0) if lstm else None)  # [1, B, H]
         x = x.unsqueeze(0)                                                             # [T=1, B, I]
-        is_training = _nt._needs_reserve(x, h0, c0, weights)
+        is_training = _needs_reserve(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (rnn_mode, 1, self.hidden_size, self.input_size, False, 0, bool(self.bias), 0.0, bool(is_training),
                backend)
-        seeds = torch.zeros(2, dtype=torch.int64) if torch.compiler.is_compiling() else _nt._NO_SEEDS
+        seeds = torch.zeros(2, dtype=torch.int64) if torch.compiler.is_compiling() else _NO_SEEDS
         views = self._weight_views if autocast is None else None     # (autocast: cast copies, new each call)
-        _, hT, cT, _ = _nt._call(x, h0, c0, weights, None, seeds, net, views)         # [1, B, H] each
+        _, hT, cT, _ = _call(x, h0, c0, weights, None, seeds, net, views)         # [1, B, H] each
         h1 = hT[0] if batched else hT[0, 0]
         if not lstm:
             return h1
@@ -296,16 +299,12 @@ class RNNCell(CellModule):
     def _rnn_mode(self) -> str:
         mode = _RNN_MODES.get(self.nonlinearity) if isinstance(self.nonlinearity, str) else None
         if mode is None:
-            raise _nt.RNNShapeError(f"Unknown nonlinearity: {self.nonlinearity} (RNNCell: expected 'tanh' or "
+            raise RNNShapeError(f"Unknown nonlinearity: {self.nonlinearity} (RNNCell: expected 'tanh' or "
                                     "'relu')")
         return mode
 
 
-# numbarnn.torch imports this module's classes at its end; importing it here, after they exist, lets either
-# module be imported first (a partially initialised numbarnn.torch already holds everything used above).
-from . import torch as _nt  # noqa: E402
 
-
-class RNNCellDtypeError(_nt.RNNDtypeError, RuntimeError):
+class RNNCellDtypeError(RNNDtypeError, RuntimeError):
     """A bad or mixed dtype in a cell call: numbarnn's RNNDtypeError (TypeError, ValueError) and a RuntimeError
     (what torch.nn's cells raise: matmul's "mat1 and mat2 must have the same dtype")."""

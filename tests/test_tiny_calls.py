@@ -249,6 +249,7 @@ def test_numpy_gather_of_the_weight_views(dtype):
     NumPy cannot compute in (bfloat16: the torch gather casts them)."""
     torch = pytest.importorskip("torch")
     import numbarnn.torch as nt
+    from numbarnn import torch_tensors
     dt = getattr(torch, dtype)
     m = nt.LSTM(3, 4, bias=False).to(dt)                      # (no biases: zero regions in the buffer)
     lay, views, w = m._layout, m._weight_views, m._flat_weights
@@ -256,19 +257,19 @@ def test_numpy_gather_of_the_weight_views(dtype):
     if dtype == "bfloat16":
         assert got is None
         return
-    want = nt._opaque_params(lay.spans, w, w[0], lay.size).numpy()
+    want = torch_tensors._opaque_params(lay.spans, w, w[0], lay.size).numpy()
     assert np.array_equal(got, want) and got.dtype == want.dtype
     entry = views._entry
     with torch.no_grad():
         m.weight_hh_l0.mul_(2.0)                              # in place: the same entry, the new values
     again = views.array(lay.spans, lay.size, m._flat_weights, dt)
     assert views._entry is entry
-    assert np.array_equal(again, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
+    assert np.array_equal(again, torch_tensors._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
     assert views.array(lay.spans, lay.size, m._flat_weights, torch.float16) is None      # another dtype
     m.weight_ih_l0.data = m.weight_ih_l0.data * 3.0          # new memory: rebuilt
     third = views.array(lay.spans, lay.size, m._flat_weights, dt)
     assert views._entry is not entry
-    assert np.array_equal(third, nt._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
+    assert np.array_equal(third, torch_tensors._opaque_params(lay.spans, m._flat_weights, w[0], lay.size).numpy())
 
 
 def _general(module, *args):

@@ -328,7 +328,7 @@ def test_state_dict_round_trip_both_ways(kind):
     ref2.load_state_dict(ours.state_dict(), strict=True)                # numbarnn -> torch.nn
     assert all(torch.equal(p, q) for p, q in zip(ref2.parameters(), ref.parameters()))
     # the opaque buffer the Function builds is numbarnn's from_torch_state_dict of the same state_dict
-    from numbarnn.torch import _opaque_params
+    from numbarnn.torch_tensors import _opaque_params
     layout = ours._layout
     np.testing.assert_array_equal(_opaque_params(layout.spans, ours._flat_weights, x,
                                                  params_size(layout.config)).numpy(),
@@ -628,7 +628,7 @@ def test_weight_views_hit_equals_miss(kind):
     """Calls through the cached views (hits) give exactly what the generic gather gives (a miss) and what a fresh
     module gives, in every dtype; the cache holds views of the weights (no copy) and is rebuilt only when a
     weight's tensor or memory changes."""
-    import numbarnn.torch as nt
+    from numbarnn import torch_ops
     for dtype in (F64, torch.float32, torch.bfloat16):
         ours, _ = make_pair(kind, dtype=dtype, bias=kind != "gru")
         x = torch.randn(4, 3, 2, dtype=dtype)
@@ -644,7 +644,7 @@ def test_weight_views_hit_equals_miss(kind):
             c0 = torch.zeros(ours.num_layers, 3, ours.hidden_size, dtype=dtype) if kind != "gru" else None
             net = (ours.rnn_mode, ours.num_layers, ours.hidden_size, ours.input_size, False, ours.proj_size,
                    ours.bias, 0.0, False, BACKEND)
-            miss = nt._call(x, h0, c0, ours._flat_weights, None, nt._NO_SEEDS, net)        # no views: gathered
+            miss = torch_ops._call(x, h0, c0, ours._flat_weights, None, torch_ops._NO_SEEDS, net)        # no views: gathered
         fresh, _ = make_pair(kind, dtype=dtype, bias=kind != "gru")
         for a, b, c, d in zip((first[0], *finals(first[1])), (second[0], *finals(second[1])),
                               (miss[0], miss[1], miss[2]), (fresh(x)[0], *finals(fresh(x)[1]))):

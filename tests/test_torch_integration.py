@@ -43,7 +43,7 @@ def test_the_reserve_gets_no_gradient_and_unused_outputs_none(monkeypatch):
     """The reserve output is not differentiable, and the backward is not handed materialised zero gradients for
     outputs the loss does not use (autograd allocated one as large as the reserve at every backward); the
     gradients of a loss on y alone, or on h_n alone, still match torch.nn's."""
-    import numbarnn.torch as nt
+    from numbarnn import torch_ops
 
     ours, ref = pair("lstm_proj", num_layers=2, bidirectional=True)
     x = torch.randn(4, 3, 3, dtype=F64, requires_grad=True)
@@ -53,8 +53,8 @@ def test_the_reserve_gets_no_gradient_and_unused_outputs_none(monkeypatch):
     out = rnn_op(x, *state, list(ours.parameters()), None, torch.zeros(2, dtype=torch.int64), *net)
     assert [o.requires_grad for o in out] == [True, True, True, False]
     seen = []
-    real = nt._grads
-    monkeypatch.setattr(nt, "_grads", lambda ctx, *g: (seen.append(g), real(ctx, *g))[1])
+    real = torch_ops._grads
+    monkeypatch.setattr(torch_ops, "_grads", lambda ctx, *g: (seen.append(g), real(ctx, *g))[1])
     for pick in (lambda y, s: y.sum(), lambda y, s: s[0].square().sum()):
         grads = []
         for m in (ours, ref):
@@ -199,7 +199,7 @@ def test_eager_calls_skip_the_dispatcher_and_tracing_keeps_the_operator(monkeypa
     """Plain eager calls run the operator's implementation directly (its dispatcher round trip costs as much as
     a small forward), with and without gradients; anything that traces (make_fx: a dispatch mode) still meets
     the registered operator, which the graph keeps as one node."""
-    import numbarnn.torch as nt
+    from numbarnn import torch_ops
 
     ours, ref = pair("lstm", num_layers=2)
     x = torch.randn(3, 2, 3, dtype=F64)
@@ -217,7 +217,7 @@ def test_eager_calls_skip_the_dispatcher_and_tracing_keeps_the_operator(monkeypa
     graph = make_fx(lambda v: ours(v)[0])(x)
     assert any("numbarnn.rnn" in str(n.target) for n in graph.graph.nodes)
     torch.testing.assert_close(graph(x), ref(x)[0])
-    assert nt._eager((x,)) and not nt._eager((x.to("meta"),))
+    assert torch_ops._eager((x,)) and not torch_ops._eager((x.to("meta"),))
 
 
 def test_inference_mode_matches_torch_nn():
