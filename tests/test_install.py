@@ -52,7 +52,8 @@ def test_base_install_has_no_cuda_toolkit_wheels_and_runs_check(tmp_path):
     exe = bin_dir / "numbarnn"
     quick = _run([exe, "check", "--quick"], cwd=tmp_path)
     assert quick.returncode == 0, quick.stdout + quick.stderr
-    sim = _run([exe, "check", "--mode", "gru", "--layers", "1", "--units", "3"], cwd=tmp_path)   # + simulator
+    sim = _run([exe, "check", "--mode", "gru", "--layers", "1", "--units", "3", "--backends", "reference,cuda"],
+               cwd=tmp_path)                     # + the simulator (the cpu backend would compile its loops: ~18 s)
     assert sim.returncode == 0 and "| cuda " in sim.stdout, sim.stdout + sim.stderr
     kernels = _run([exe, "kernels", "--only", "gemm_v1_nn"], cwd=tmp_path)
     if kernels.returncode != 0:                  # no toolkit here: it says how to get it
