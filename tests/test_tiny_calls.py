@@ -79,8 +79,8 @@ def test_plans_changed_key_misses(change):
 
 
 def test_plans_follow_the_thread_count_and_the_tile():
-    """Row groups follow numba's thread count, panel shapes the tile shape, the loops the cell: all in the keys
-    (a call with another thread count gets the same results)."""
+    """Row groups follow numba's thread count, panel shapes the vector width and tile shape, the loops the cell:
+    all in the keys (a call with another thread count gets the same results)."""
     case = _case(T=4, B=16, H=32, I=32)
     ref = _run(case)
     old = numba.get_num_threads()
@@ -90,12 +90,13 @@ def test_plans_follow_the_thread_count_and_the_tile():
     finally:
         numba.set_num_threads(old)
     call = RNNCall(case.cfg, 4, 16, np.dtype(np.float32), True, True, (4,) * 16)
-    ct, cell, tile = np.dtype(np.float32), case.cfg.cell, fused.tile_shape(4)
+    ct, cell, tile = np.dtype(np.float32), case.cfg.cell, fused.geometry(4)
     for plan in (network._fused_plan, network._backward_plan):
         one = plan(call, ct, tile, 1, cell)
         assert plan(call, ct, tile, 1, cell) is one                              # a hit
         assert plan(call, ct, tile, 2, cell) is not one                          # threads
-        assert plan(call, ct, (tile[0], tile[1] * 2), 1, cell) is not one        # tile
+        assert plan(call, ct, (tile[0], tile[1], tile[2] * 2), 1, cell) is not one   # tile
+        assert plan(call, ct, (tile[0] // 2,) + tile[1:], 1, cell) is not one    # vector width
         assert plan(call, np.dtype(np.float64), tile, 1, cell) is not one        # compute dtype
         assert plan(RNNCall(case.cfg, 5, 16, np.dtype(np.float32), True, True, (5,) * 16), ct, tile, 1,
                     cell) is not one                                             # the call
@@ -117,7 +118,7 @@ def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
     params = rng.standard_normal(params_size(cfg)).astype(ct)
     lp = unpack(cfg, params)[0]
     P, G = cfg.P, cfg.G
-    z = network._fused_sizes(cfg, I, ct, fused.tile_shape(G))
+    z = network._fused_sizes(cfg, I, ct, fused.geometry(G))
     HP = z.HP
     h = rng.standard_normal((B, P)).astype(ct)
     c = rng.standard_normal((B, H)).astype(ct)

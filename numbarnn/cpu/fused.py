@@ -116,6 +116,13 @@ def tile_shape(G: int) -> tuple[int, int]:
     return _chosen_shape(G, registers(), simd_bytes())
 
 
+def geometry(G: int) -> tuple[int, int, int]:
+    """(vector width in bytes, V, NR): what a fused loop's compiled code and its panels' shapes depend on besides
+    the call, for a product of G vectors.  The plans' caches key it (network.py): the tuner may change the tile,
+    and tests build the loops for another ISA's width in the same process."""
+    return (simd_bytes(),) + tile_shape(G)
+
+
 @functools.cache
 def _chosen_shape(G: int, regs: int, simd: int) -> tuple[int, int]:
     """`tile_shape` as this machine measured it (`tuning.chosen`; the static rule with NUMBARNN_CPU_TUNE=0)."""

@@ -146,8 +146,9 @@ class _FusedSizes:
 
 
 @functools.lru_cache(maxsize=256)
-def _fused_sizes(cfg, I_l: int, ct, tile: tuple) -> _FusedSizes:
-    """(tile: `fused.tile_shape(G)`, in the key: tests and the tuner change it)"""
+def _fused_sizes(cfg, I_l: int, ct, geometry: tuple) -> _FusedSizes:
+    """(geometry: `fused.geometry(G)`, the vector width and tile shape, in the key: the tuner changes the tile,
+    tests the width)"""
     H, P, G = cfg.H, cfg.P, cfg.G
     LANES, MQ = fused.lanes_for(ct), fused.COLUMN_VECTORS
     NT = cdiv(H, LANES)
@@ -239,16 +240,16 @@ class _FusedPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def _fused_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _FusedPlan:
-    """The fused forward's plan of a call, worked out once per call signature, compute dtype, tile shape, thread
-    count and cell (all in the key: tests and the tuner change the tile, row groups follow the threads, a cell
-    may be registered again under its name)."""
+def _fused_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell) -> _FusedPlan:
+    """The fused forward's plan of a call, worked out once per call signature, compute dtype, vector width and
+    tile shape (`fused.geometry`), thread count and cell (all in the key: the tuner changes the tile, tests the
+    width, row groups follow the threads, a cell may be registered again under its name)."""
     from ..params import _layer_spans
     cfg, B = call.config, call.B
     _, _, _, n_active, padded, ran, _ = _rows(call)
     layers = []
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
-        z = _fused_sizes(cfg, cfg.layer_input_size(layer), ct, tile)
+        z = _fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
         groups = fused.row_groups(B, fused.rows_for(cfg.G), int(n_active.sum()) * z.macs)
         loop = fused.forward_loop(cell, _name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
@@ -377,7 +378,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
     use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
     if use_fused:                                             # (reads the weights from params: no views)
-        plan = _fused_plan(call, ct, fused.tile_shape(cell.G), threads.num_threads(), cell)
+        plan = _fused_plan(call, ct, fused.geometry(cell.G), threads.num_threads(), cell)
         layers, none3 = None, plan.none3
     else:
         layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
@@ -448,9 +449,10 @@ class _BackwardPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_plan(call: RNNCall, ct, tile: tuple, threads: int, cell) -> _BackwardPlan:
+def _backward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell) -> _BackwardPlan:
     """The fused backward's row groups, loops and panel shapes of a call, once per call signature, compute dtype,
-    the column tile's shape (`fused.tile_shape(MV)`), thread count and cell (all in the key, as `_fused_plan`)."""
+    vector width and column tile (`fused.geometry(MV)`), thread count and cell (all in the key, as
+    `_fused_plan`)."""
     cfg, B = call.config, call.B
     H, P, G = cfg.H, cfg.P, cfg.G
     lens, _, by_length, _, _, _, _ = _rows(call)
@@ -498,7 +500,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         dq = scratch("dq", (B, H), ct)                       # [B, H] dgh_2 R_2 of a step
     if use_fused:
         MV = fused.COLUMN_VECTORS
-        plan = _backward_plan(call, ct, fused.tile_shape(MV), threads.num_threads(), cell)
+        plan = _backward_plan(call, ct, fused.geometry(MV), threads.num_threads(), cell)
         no_vec, none3 = plan.no_vec, plan.none3
     else:
         step = cells.pick(cells.backward_step, cell, ct, cfg.has_proj, B, H)
