@@ -271,3 +271,63 @@ def test_cpu_float32_agrees_with_the_reference():
         assert relative_error(got, want) < 1e-5
     for got, want in zip(run_backward(case, got_f, "cpu"), run_backward(case, want_f, "reference")):
         assert relative_error(got, want) < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# the cuda backend (simulator: blocks of P-1 threads, so P = 3 runs two blocks, the last one partial)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, kw", [
+    ("lstm", {}), ("gru", dict(time_major=False, dropout=0.5)), ("lstm", dict(num_proj=2)),
+    ("rnn_tanh", dict(is_training=False)),
+])
+def test_cuda_agrees_with_the_reference(mode, kw):
+    from conftest import compare_backends
+    case = _case(mode, **kw)
+    fwd_cuda, _, _, _ = compare_backends(case)
+    if case.is_training:                                      # the masks bit for bit
+        for got, want in zip(_masks(case, fwd_cuda[3].copy_to_host() if hasattr(fwd_cuda[3], "copy_to_host")
+                                    else fwd_cuda[3]), _masks(case, run_forward(case, "reference")[3])):
+            assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
+    from numbarnn import settings
+    from numbarnn.kernels import driver
+    from conftest import assert_agrees_with_the_reference
+    case = _case("gru", zoneout=0.25, direction="unidirectional")
+    with settings.override(step_version=version):
+        got_f = run_forward(case, "cuda")
+        got_b = run_backward(case, got_f, "cuda")
+        log = driver.last_launch_count()
+    for phase in ("forward", "backward"):
+        assert log[phase].step_version == 1
+        assert log[phase].note == (f"v1: zoneout=0.25 mixes h_prev into each step's h' (kernels/zoneout.py, launched "
+                                   f"between v1's step kernels); the v2/v3 step kernels have no such hook, so v1 "
+                                   f"runs instead of v{version}")
+        assert log[phase].by_kernel.get("zoneout_forward_step" if phase == "forward" else "zoneout_split_step")
+    assert_agrees_with_the_reference(case, got_f, got_b)
+
+
+def test_cuda_launch_plan_lists_the_zoneout_kernels():
+    from conftest import planned_and_launched
+    plan, log, _, _ = planned_and_launched(_case("lstm", direction="unidirectional"))
+    kernels = {r["kernel"] for r in plan}
+    assert {"zoneout_forward_step", "zoneout_split_step", "zoneout_carry_step", "fill (zoneout_no_dy = 0)"} <= kernels
+
+
+def test_zoneout_kernels_compile_for_sm_80_without_the_simulator():
+    import os
+    import subprocess
+    import sys
+    code = ("from numba import cuda\n"
+            "from numbarnn.kernels import zoneout\n"
+            "for name, dt, fn, sig, block in zoneout.kernel_specs():\n"
+            "    if dt == 'float32' or name == 'zoneout_forward_step':\n"
+            "        cuda.compile_ptx(fn, sig, cc=(8, 0))\n"
+            "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+

@@ -27,7 +27,7 @@ from .jitcache import njit_cached
 zoneout_update = compile_with_twins(_cuda_philox.zoneout_update.py_func, {}, njit(inline="always"))
 
 
-@njit(parallel=True)
+@njit_cached(parallel=True)
 def _mask(
     out,        # [T, B, P] uint8: 1 = take h_new, 0 = keep h_prev (written)
     pl,         # uint64: the pseudo-layer l*D + d
