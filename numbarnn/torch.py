@@ -82,7 +82,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from . import ops
 from .backends import BACKENDS
 from .cells import get_cell
-from .config import RNNCall, RNNConfig, encode_host_reserved, rnn_config
+from .config import RNNCall, RNNConfig, check_zoneout, encode_host_reserved, rnn_config
 from .params import params_size, unpack
 from .reserve import NONCE_SIZE, reserve_size
 from .validation import check_choice
@@ -225,7 +225,8 @@ def _op_attrs(cfg: RNNConfig, backend: str) -> dict:
     """The op attributes of a call of the network `cfg` (time-major, linear input: torch.nn's RNNs); one dict per
     network and backend, shared (callers pass it as **attrs: never written)."""
     return dict(rnn_mode=cfg.rnn_mode, input_mode="linear_input", direction=cfg.direction, dropout=cfg.dropout,
-                seed=cfg.seed, seed2=cfg.seed2, num_proj=cfg.num_proj, time_major=True, backend=backend or None)
+                seed=cfg.seed, seed2=cfg.seed2, num_proj=cfg.num_proj, time_major=True, backend=backend or None,
+                **({"zoneout": cfg.zoneout} if cfg.zoneout else {}))
 
 
 def _lengths_array(lengths):
@@ -404,14 +405,15 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
                    params_size(cfg), cfg.has_cell_state)
 
 
-def _call_config(layout: _Layout, dropout: float, seeds) -> RNNConfig:
-    """The network of one call: the layout's, with this call's dropout and Philox keys."""
-    return _config_with(layout.config, dropout, *seeds) if dropout else layout.config
+def _call_config(layout: _Layout, dropout: float, seeds, zoneout: float = 0.0) -> RNNConfig:
+    """The network of one call: the layout's, with this call's dropout, zoneout and Philox keys."""
+    return _config_with(layout.config, dropout, *seeds, zoneout) if dropout or zoneout else layout.config
 
 
 @functools.lru_cache(maxsize=256)
-def _config_with(c: RNNConfig, dropout: float, seed: int, seed2: int) -> RNNConfig:
-    return rnn_config(c.L, c.H, c.I, c.rnn_mode, "linear_input", c.direction, c.num_proj, dropout, seed, seed2)
+def _config_with(c: RNNConfig, dropout: float, seed: int, seed2: int, zoneout: float = 0.0) -> RNNConfig:
+    return rnn_config(c.L, c.H, c.I, c.rnn_mode, "linear_input", c.direction, c.num_proj, dropout, seed, seed2,
+                      zoneout)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -442,26 +444,28 @@ def _seeds(seeds: torch.Tensor) -> tuple:
 def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weights: List[torch.Tensor],
            lengths: Optional[List[int]], seeds: torch.Tensor, cell: str, num_layers: int, hidden_size: int,
            input_size: int, bidirectional: bool, proj_size: int, bias: bool, dropout: float, is_training: bool,
-           backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           backend: str, zoneout: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """numbarnn's CudnnRNNV3 on tensors: x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] (cells with a state, else
     None), weights in torch.nn's order -> (y [T, B, D*P], h_n [L*D, B, P], c_n [L*D, B, H] (empty without a
-    cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T."""
+    cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T.
+    zoneout: haste's zoneout of h (SPEC 6.1; its masks from `seeds` when is_training, else the expectation)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     params = _opaque_params(layout.spans, weights, x, layout.size, _compute_dtype(x))                 # [N]
     y, hT, cT, reserve = _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size,
-                                      bidirectional, proj_size, bias, dropout, is_training, backend)
+                                      bidirectional, proj_size, bias, dropout, is_training, backend, zoneout)
     return (y, hT, x.new_empty((0,)) if cT is None else cT,
             params.new_empty((0,)) if reserve is None else reserve)
 
 
 def _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
-                 proj_size, bias, dropout, is_training, backend, layout: Optional[_Layout] = None) -> tuple:
+                 proj_size, bias, dropout, is_training, backend, zoneout=0.0, layout: Optional[_Layout] = None
+                 ) -> tuple:
     """`_rnn_impl` with the weights already gathered (params [N] in the compute dtype) -> (y, h_n, c_n or None
     without a cell state, reserve or None unless is_training): the eager calls' way in, which makes no empty
     tensors for outputs nobody reads.  (layout: `_layout` of these arguments when the caller has it.)"""
     if layout is None:
         layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, _seeds(seeds))
+    cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)
     lstm = layout.cell_state
     dtype = _compute_dtype(x)
     x_, h0_ = _as(x, dtype), _as(h0, dtype)
@@ -484,9 +488,9 @@ rnn_op = torch.library.custom_op("numbarnn::rnn", _rnn_impl, mutates_args=())
 
 @rnn_op.register_fake
 def _rnn_fake(x, h0, c0, weights, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
-              proj_size, bias, dropout, is_training, backend):
+              proj_size, bias, dropout, is_training, backend, zoneout):
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, (0, 0))
+    cfg = _call_config(layout, dropout, (0, 0), zoneout)
     T, B = x.shape[0], x.shape[1]
     D, P, H = cfg.D, cfg.P, cfg.H
     dtype = _compute_dtype(x)
@@ -500,24 +504,25 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
                     lengths: Optional[List[int]], seeds: torch.Tensor, y: torch.Tensor, hT: torch.Tensor,
                     cT: torch.Tensor, reserve: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor,
                     dcT: torch.Tensor, cell: str, num_layers: int, hidden_size: int, input_size: int,
-                    bidirectional: bool, proj_size: int, bias: bool, dropout: float,
-                    backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    bidirectional: bool, proj_size: int, bias: bool, dropout: float, backend: str,
+                    zoneout: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """numbarnn's CudnnRNNBackpropV3 for a call of `rnn_op` (its inputs, the weights as the opaque buffer params
     [N], its outputs and reserve; the upstream gradients dy, dhT, dcT) -> (dx, dh0, dc0 (empty without a cell
     state), dparams [N] in the opaque layout).  No tensor-list argument, so torch's per-example fallback batches
     it where no batching rule applies (gradcheck's batched gradients)."""
     dx, dh0, dc0, dparams = _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT,
                                               cell, num_layers, hidden_size, input_size, bidirectional, proj_size,
-                                              bias, dropout, backend)
+                                              bias, dropout, backend, zoneout)
     return dx, dh0, x.new_empty((0,)) if dc0 is None else dc0, dparams
 
 
 def _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
-                      hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend) -> tuple:
+                      hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend,
+                      zoneout=0.0) -> tuple:
     """`_rnn_backward_impl` with dc0 None without a cell state: the eager backward's way in (no empty tensor for
     a gradient nobody reads)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, _seeds(seeds))
+    cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)
     lstm = layout.cell_state
     dtype = _compute_dtype(x)
     x_, h0_, y_, hT_, dy_, dhT_ = (_as(t, dtype) for t in (x, h0, y, hT, dy, dhT))
@@ -541,7 +546,7 @@ rnn_backward_op = torch.library.custom_op("numbarnn::rnn_backward", _rnn_backwar
 
 @rnn_backward_op.register_fake
 def _rnn_backward_fake(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
-                       hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend):
+                       hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend, zoneout):
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     return (torch.empty_like(x), torch.empty_like(h0),
             torch.empty_like(c0) if layout.config.has_cell_state else x.new_empty((0,)),
@@ -555,14 +560,15 @@ def _save(ctx, x, h0, c0, weights, lengths, seeds, net, output) -> None:
     (300 MB for a 2-layer LSTM of T=400 B=32 H=512)."""
     ctx.net, ctx.lengths, ctx.n_weights = tuple(net), lengths, len(weights)
     ctx.save_for_backward(x, h0, c0, seeds, *weights, *output)
-    ctx.mark_non_differentiable(output[3])          # the reserve space
+    if output[3] is not None:                       # (None: an eager call without one, zoneout's eval mode)
+        ctx.mark_non_differentiable(output[3])      # the reserve space
     ctx.set_materialize_grads(False)
 
 
 def _grads(ctx, dy, dhT, dcT) -> tuple:
     """(dx, dh0, dc0 or None, [dweight, ...]) of a call saved by `_save`: numbarnn's backward kernels, or under
     create_graph=True gradients that are themselves differentiable (`_differentiable_grads`)."""
-    cell, L, H, I, bidirectional, P, bias, dropout, is_training, backend = ctx.net
+    cell, L, H, I, bidirectional, P, bias, dropout, is_training, backend, zoneout = _net(ctx.net)
     x, h0, c0, seeds, *rest = ctx.saved_tensors
     weights, (y, hT, cT, reserve) = rest[:ctx.n_weights], rest[ctx.n_weights:]
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
@@ -570,7 +576,7 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
     dy, dhT = (torch.zeros_like(o) if g is None else g for g, o in ((dy, y), (dhT, hT)))
     if lstm and dcT is None:
         dcT = torch.zeros_like(cT)                  # (without a cell state dcT is never read)
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or (zoneout and not is_training):   # (zoneout's expectation: torch's gradients)
         return _differentiable_grads(ctx.net, ctx.lengths, seeds, x, h0, c0, weights, dy, dhT, dcT)
     if not is_training:
         raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
@@ -584,8 +590,17 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
         cT = x.new_empty((0,))                        # takes tensors)
     dx, dh0, dc0, dparams = backward(   # (rnn_backward_op takes tensors: cT, empty without a cell state, for dcT)
         x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
-        cell, L, H, I, bidirectional, P, bias, dropout, backend)
+        cell, L, H, I, bidirectional, P, bias, dropout, backend, zoneout)
     return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
+
+
+def _net(net) -> tuple:
+    """rnn_op's arguments from `cell` on: (cell, num_layers, hidden_size, input_size, bidirectional, proj_size,
+    bias, dropout, is_training, backend, zoneout); every caller passes all eleven (the operator's inputs must be
+    the arguments given: a default filled in by the schema would not be one of them for torch.compile)."""
+    if len(net) != 11:
+        raise TypeError(f"net: expected rnn_op's 11 arguments from cell on (zoneout last), got {len(net)}")
+    return tuple(net)
 
 
 def _select(t, d, i):
@@ -664,7 +679,7 @@ class _RNNFunction(torch.autograd.Function):
         its masks depend on the batch size); otherwise one call per element."""
         n = info.batch_size
         x_d, h_d, c_d, s_d, _, _, *w_d = in_dims
-        dropout = net[7]
+        dropout = net[7] or net[10]                        # (zoneout's masks depend on the batch size too)
         if x_d is not None and s_d is None and lengths is None and not dropout and all(d is None for d in w_d):
             xs = x.movedim(x_d, 1)                                             # [T, n, B, I]
             T, B = xs.shape[0], xs.shape[2]
@@ -754,11 +769,12 @@ def _call(x, h0, c0, weights, lengths, seeds, net, views: Optional[_WeightViews]
 def _network_function(net, lengths, seeds):
     """(x, h0, c0 or absent, *weights) -> (y, hT, cT): the call's network in torch operations (torch_network)."""
     from . import torch_network
-    cell, L, H, I, bidirectional, P, bias, dropout, _, _ = net
+    cell, L, H, I, bidirectional, P, bias, dropout, is_training, _, zoneout = _net(net)
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
-    cfg = _call_config(layout, dropout, _seeds(seeds))
+    cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)
     lstm = cfg.has_cell_state
     keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
+    zoneout_keys = (cfg.seed, cfg.seed2) if zoneout and is_training else None    # else: the expectation
 
     def fn(x, h0, *rest):
         c0 = rest[0] if lstm else None
@@ -771,7 +787,7 @@ def _network_function(net, lengths, seeds):
             else:
                 layers[p]["V"][slot[1]] = w.to(dtype)
         y, hT, cT = torch_network.forward(cfg, layers, x.to(dtype), h0.to(dtype),
-                                          c0.to(dtype) if lstm else None, lengths, keys)
+                                          c0.to(dtype) if lstm else None, lengths, keys, zoneout_keys)
         out = x.dtype
         return y.to(out), hT.to(out), (cT.to(out) if lstm else x.new_empty((0,)))
 
@@ -838,7 +854,8 @@ class _NumbaRNNBase(torch.nn.Module):
     operator.  Arguments are checked as torch.nn checks them, with torch.nn's messages."""
 
     def __init__(self, mode: str, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, backend=None):
+                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, backend=None,
+                 zoneout=0.0):
         super().__init__()
         self.mode = mode   # torch.nn's spelling: "LSTM", "GRU", "RNN_TANH", "RNN_RELU"; or a registered cell
         self.rnn_mode = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}.get(mode, mode)
@@ -850,6 +867,7 @@ class _NumbaRNNBase(torch.nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional, self.proj_size = bool(bidirectional), proj_size
+        self.zoneout = check_zoneout(zoneout)        # haste's zoneout of h (SPEC 6.1): [0, 1), 0 = none
         self.backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
         self._layout = _layout(self.rnn_mode, num_layers, hidden_size, input_size, self.bidirectional, proj_size,
                                bias)                      # numbarnn's checks of the network (rnn_config)
@@ -868,6 +886,7 @@ class _NumbaRNNBase(torch.nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("_weight_views", _WeightViews())
         self.__dict__.setdefault("_cell_state", get_cell(self.rnn_mode).cell_state)
+        self.__dict__.setdefault("zoneout", 0.0)
 
     # -- torch.nn.RNNBase compatibility ---------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -902,6 +921,8 @@ class _NumbaRNNBase(torch.nn.Module):
             s += ", dropout={dropout}"
         if self.bidirectional is not False:
             s += ", bidirectional={bidirectional}"
+        if self.zoneout != 0:
+            s += ", zoneout={zoneout}"
         if self.backend is not None:
             s += ", backend={backend!r}"
         return s.format(**self.__dict__)
@@ -981,14 +1002,18 @@ class _NumbaRNNBase(torch.nn.Module):
         gradient may be needed (eval mode too, then with dropout 0) or dropout is active; a fresh Philox key per
         call with active dropout, drawn from torch's default generator."""
         dropout_active = self.training and self.dropout > 0 and self.num_layers > 1
+        zoneout_active = self.training and self.zoneout > 0
         needs_grad = _needs_reserve(x, h0, c0, weights)
-        if dropout_active:
+        if dropout_active or zoneout_active:
             seeds = torch.randint(0, 2 ** 32, (2,), dtype=torch.int64)
         elif torch.compiler.is_compiling():
             seeds = torch.zeros(2, dtype=torch.int64)
         else:
             seeds = _NO_SEEDS                   # (never written: the ops only read it)
-        return seeds, (self.dropout if dropout_active else 0.0), bool(needs_grad or dropout_active), needs_grad
+        is_training = bool(needs_grad or dropout_active or zoneout_active)
+        if self.zoneout > 0 and not self.training:   # zoneout's expectation (the op's inference; its gradient:
+            is_training = False                      # torch's, `_grads`)
+        return seeds, (self.dropout if dropout_active else 0.0), is_training, needs_grad
 
     def forward(self, input, hx=None):
         weights = self._flat_weights
@@ -1026,7 +1051,7 @@ class _NumbaRNNBase(torch.nn.Module):
         seeds, dropout, is_training, needs_grad = self._call_args(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (self.rnn_mode, self.num_layers, self.hidden_size, self.input_size, self.bidirectional,
-               self.proj_size, self.bias, dropout, is_training, backend)
+               self.proj_size, self.bias, dropout, is_training, backend, self.zoneout)
         views = self._weight_views if autocast is None else None       # (autocast: cast copies, new each call)
         y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net, views, needs_grad)   # [T, B, D*P], [L*D, B, P],
         #                                                                                 [L*D, B, H]
@@ -1063,15 +1088,17 @@ def _repack(y: torch.Tensor, lengths: tuple, like: PackedSequence) -> PackedSequ
 
 class LSTM(_NumbaRNNBase):
     """torch.nn.LSTM on numbarnn: ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None)``.
+    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0)``.
 
     ``forward(input, hx=None) -> (output, (h_n, c_n))``; see the module docstring for what differs.
+    ``zoneout``: haste's zoneout of h (its argument name; SPEC 6.1): in training each step keeps h_prev with
+    probability zoneout (Philox masks drawn per call, like dropout's), in eval mode h' = p*h_prev + (1-p)*h_new.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
         super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         proj_size, device, dtype, backend)
+                         proj_size, device, dtype, backend, zoneout)
 
 
 def _no_proj(proj_size) -> None:
@@ -1084,34 +1111,35 @@ class RNNBase(_NumbaRNNBase):
     """A torch module of any registered cell, parameters named as torch.nn.RNNBase names them (plus one
     ``<vector>_l{k}[_reverse]`` per cell vector): ``RNNBase(cell, input_size, hidden_size, num_layers=1,
     bias=True, batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *,
-    backend=None)``.  `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if need be).
+    backend=None, zoneout=0.0)``.  `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if need
+    be); ``zoneout`` as `LSTM`'s (haste's IndRNN takes it too).
 
     ``forward(input, hx=None) -> (output, (h_n, c_n))`` for cells with a cell state, ``(output, h_n)`` otherwise.
     """
 
     def __init__(self, cell, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
         from .cells import CellSpec, register
         if isinstance(cell, CellSpec):
             register(cell)
             cell = cell.name
         super().__init__(get_cell(cell).name, input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size, device, dtype, backend)
+                         bidirectional, proj_size, device, dtype, backend, zoneout)
 
 
 class GRU(_NumbaRNNBase):
     """torch.nn.GRU on numbarnn: ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None)`` (torch.nn's
-    positional order; proj_size only 0, as torch.nn.GRU takes it).
+    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0)``
+    (torch.nn's positional order; proj_size only 0, as torch.nn.GRU takes it; ``zoneout`` as `LSTM`'s).
 
     ``forward(input, hx=None) -> (output, h_n)``.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
         _no_proj(proj_size)
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         0, device, dtype, backend)
+                         0, device, dtype, backend, zoneout)
 
 
 class RNN(_NumbaRNNBase):
@@ -1168,6 +1196,8 @@ def torch_nn_supports(case) -> str | None:
         return "torch.nn has no skip_input"
     if case.is_training and cfg.dropout > 0 and cfg.L > 1:
         return "torch.nn's dropout masks differ from numbarnn's Philox masks"
+    if cfg.zoneout:
+        return "torch.nn has no zoneout"
     if case.lengths is not None and min(case.lengths, default=1) < 1:
         return "torch.nn rejects length-0 sequences"
     return None

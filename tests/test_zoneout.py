@@ -331,3 +331,58 @@ def test_zoneout_kernels_compile_for_sm_80_without_the_simulator():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
+
+# ----------------------------------------------------------------------------------------------
+# numbarnn.torch: zoneout= on the modules (haste's argument name)
+# ----------------------------------------------------------------------------------------------
+
+def _module(cls_name, zoneout, **kw):
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    torch.manual_seed(0)
+    if cls_name == "indrnn":
+        import numbarnn.contrib.indrnn  # noqa: F401  (registers the cell)
+        return nt.RNNBase("indrnn", 2, 3, dtype=torch.float64, zoneout=zoneout, **kw)
+    return getattr(nt, cls_name)(2, 3, dtype=torch.float64, zoneout=zoneout, **kw)
+
+
+@pytest.mark.parametrize("cls_name, kw", [("LSTM", dict(bidirectional=True)), ("GRU", dict(num_layers=2)),
+                                          ("indrnn", {})])
+def test_torch_module_gradcheck_in_training_and_eval(cls_name, kw):
+    torch = pytest.importorskip("torch")
+    module = _module(cls_name, 0.4, **kw)
+    x = torch.randn(3, 2, 2, dtype=torch.float64, requires_grad=True)
+
+    def run(x, *weights):
+        torch.manual_seed(1)                          # the same Philox keys at every call: a fixed mask
+        return module(x)[0]
+
+    weights = [w for w in module.parameters()]
+    for training in (True, False):
+        module.train(training)
+        assert torch.autograd.gradcheck(run, (x, *weights), eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+def test_torch_module_masks_and_expectation():
+    torch = pytest.importorskip("torch")
+    module, plain = _module("GRU", 0.5), _module("GRU", 0.0)
+    assert "zoneout=0.5" in repr(module) and "zoneout" not in repr(plain)
+    x = torch.randn(4, 2, 2, dtype=torch.float64)
+    torch.manual_seed(3)
+    a = module(x)[0]
+    torch.manual_seed(3)
+    assert torch.equal(a, module(x)[0])                       # masks a function of the drawn keys
+    assert not torch.equal(a, module(x)[0])                   # fresh keys per call
+    assert not torch.equal(a, plain(x)[0])
+    module.eval()
+    plain.eval()
+    one = x[:1]
+    h_new = plain(one)[0]
+    assert torch.allclose(module(one)[0], 0.5 * h_new, rtol=0, atol=1e-15)   # h0 = 0: p*0 + (1-p)*h_new
+
+
+@pytest.mark.parametrize("bad, error", [(1.0, ValueError), (-0.5, ValueError), ("0.1", TypeError)])
+def test_torch_module_refuses_bad_zoneout(bad, error):
+    pytest.importorskip("torch")
+    with pytest.raises(error, match="zoneout"):
+        _module("LSTM", bad)
