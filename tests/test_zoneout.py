@@ -278,8 +278,7 @@ def test_cpu_float32_agrees_with_the_reference():
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, kw", [
-    ("lstm", {}), ("gru", dict(time_major=False, dropout=0.5)), ("lstm", dict(num_proj=2)),
-    ("rnn_tanh", dict(is_training=False)),
+    ("gru", dict(time_major=False, dropout=0.5)), ("lstm", dict(num_proj=2)), ("rnn_tanh", dict(is_training=False)),
 ])
 def test_cuda_agrees_with_the_reference(mode, kw):
     from conftest import compare_backends
@@ -315,6 +314,22 @@ def test_cuda_launch_plan_lists_the_zoneout_kernels():
     plan, log, _, _ = planned_and_launched(_case("lstm", direction="unidirectional"))
     kernels = {r["kernel"] for r in plan}
     assert {"zoneout_forward_step", "zoneout_split_step", "zoneout_carry_step", "fill (zoneout_no_dy = 0)"} <= kernels
+
+
+def test_explain_shows_the_masks_the_kernels_and_the_step_kernel_fallback(capsys):
+    from numbarnn import cli
+    assert cli.main(["explain", "--mode", "gru", "--zoneout", "0.2", "--units", "3", "--time", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "gru L=1 H=3 I=2 T=2 B=2 zoneout=0.2" in out and "zmask0" in out
+    assert "zoneout_forward_step" in out and "zoneout_split_step" in out and "zoneout_carry_step" in out
+    assert "step kernels: v1: zoneout=0.2 mixes h_prev into each step's h'" in out    # the GPU plan's v3 falls back
+
+
+def test_check_cli_runs_a_zoneout_network(capsys):
+    from numbarnn import cli
+    assert cli.main(["check", "--mode", "lstm", "--zoneout", "0.3", "--lengths", "2,0", "--dtype", "float64",
+                     "--backends", "reference,cpu"]) == 0
+    assert "zoneout=0.3" in capsys.readouterr().out
 
 
 def test_zoneout_kernels_compile_for_sm_80_without_the_simulator():
