@@ -35,6 +35,10 @@ after them).
   draws: each call draws ``(seed, seed2)`` with ``torch.randint`` from torch's default CPU generator (inside a
   compiled graph too), so masks differ from call to call and ``torch.manual_seed`` makes runs reproducible.
   Masks therefore differ from torch.nn's for the same seed (the distribution is the same).
+* **Zoneout** (keyword ``zoneout``, haste's name; default 0.0, none): haste's zoneout of h (SPEC 6.1).  Training
+  mode keeps h_prev where a Philox mask drawn like dropout's (fresh keys per call) is 0; eval mode takes the
+  expectation ``p*h_prev + (1-p)*h_new`` (the op's inference; its gradient, when one is asked for, comes from
+  ``torch_network``, as haste's eval-mode zoneout is an ordinary differentiable expression).
 * **Errors** are raised before any work: shape errors as ``RNNShapeError`` (a ``ValueError`` and a
   ``RuntimeError``, whichever torch.nn raises), dtype errors as ``RNNDtypeError`` (``TypeError`` and
   ``ValueError``).
