@@ -4,7 +4,7 @@
     python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
     python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
-    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN, classic GRU, MGU) beside the LSTM
+    python bench/bench_cpu.py --cells         # contrib cells (IndRNN, classic GRU, MGU), zoneout, beside the LSTM
     python bench/bench_cpu.py --train         # a training loop, numbarnn.torch beside torch.nn (bench_train_loop.py)
     python bench/bench_cpu.py --memory        # peak memory of training, each in its own process (bench_memory.py)
 
@@ -52,6 +52,7 @@ class Shape:
     I: int
     L: int = 1
     direction: str = "unidirectional"
+    zoneout: float = 0.0
 
 
 SHAPES = (
@@ -70,7 +71,8 @@ CELLS = (Shape("LSTM T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256),
          Shape("IndRNN (tanh) T=100 B=32 I=H=256", "indrnn", 100, 32, 256, 256),
          Shape("IndRNN (relu) T=100 B=32 I=H=256", "indrnn_relu", 100, 32, 256, 256),
          Shape("classic GRU (gru_v1) T=100 B=32 I=H=256", "gru_v1", 100, 32, 256, 256),
-         Shape("MGU T=100 B=32 I=H=256", "mgu", 100, 32, 256, 256))
+         Shape("MGU T=100 B=32 I=H=256", "mgu", 100, 32, 256, 256),
+         Shape("LSTM zoneout=0.1 T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256, zoneout=0.1))
 FMA_PORTS = 2          # FMA units per core: Zen 3, Zen 4 and Intel's server cores (AVX2/AVX-512) have two
 
 
@@ -78,7 +80,7 @@ def make_case(shape: Shape, dtype=np.float32):
     """Inputs ~ 0.1 N(0, 1); params ~ N(0, 1) * 0.5/sqrt(H) (torch.nn's init scale): a contracting recurrence,
     so float32 agrees with float64 after 100 steps (0.1 N(0, 1) weights at H=512 make RNN-tanh chaotic)."""
     from dataclasses import replace
-    cfg = rnn_config(shape.L, shape.H, shape.I, shape.mode, direction=shape.direction)
+    cfg = rnn_config(shape.L, shape.H, shape.I, shape.mode, direction=shape.direction, zoneout=shape.zoneout)
     case = make_rnn_case(cfg, shape.T, shape.B, None, seed=0, dtype=dtype, scale=0.1)
     return replace(case, params=(case.params * np.float32(5.0 / np.sqrt(shape.H))).astype(dtype))
 
@@ -395,8 +397,8 @@ def main(argv=None) -> int:
         import numbarnn.contrib.gru_v1  # noqa: F401  (registers gru_v1)
         import numbarnn.contrib.indrnn  # noqa: F401  (registers indrnn, indrnn_relu)
         import numbarnn.contrib.mgu  # noqa: F401  (registers mgu)
-        shapes = tuple(Shape(s.label.replace("T=100 B=32 I=H=256", "T=8 B=4 I=H=16"), s.mode, 8, 4, 16, 16)
-                       for s in CELLS) if args.quick else CELLS
+        shapes = tuple(Shape(s.label.replace("T=100 B=32 I=H=256", "T=8 B=4 I=H=16"), s.mode, 8, 4, 16, 16,
+                             zoneout=s.zoneout) for s in CELLS) if args.quick else CELLS
         rows = cpu_rows(shapes, ("cpu",), args.reps, args.settle)
         print(f"cpu backend, threads: {numba.get_num_threads()} (numba), float32, median of {args.reps} rounds")
         print(markdown(rows))

@@ -69,6 +69,7 @@ class Spec:
     cell_clip: float | None = None  # None: the op's default (V1 3.0, V2 0.0 = off)
     forget_bias: float = 1.0        # V1 only
     seq_len_max: int | None = None  # BlockLSTM; None = T
+    zoneout: float = 0.0            # haste's zoneout of h (SPEC 6.1), 0 = none
 
     @property
     def I(self) -> int:  # noqa: E743 - the SPEC's letter
@@ -111,12 +112,14 @@ class Spec:
             parts.append("batch-major")
         if self.dropout:
             parts.append(f"dropout={self.dropout:g}")
+        if self.zoneout:
+            parts.append(f"zoneout={self.zoneout:g}")
         return " ".join(parts + [self.dtype])
 
     def rnn_config(self):
         from .config import rnn_config
         return rnn_config(self.layers, self.units, self.I, self.mode, self.input_mode, self.direction, self.proj,
-                          self.dropout, self.seed, self.seed2)
+                          self.dropout, self.seed, self.seed2, zoneout=self.zoneout)
 
     def rnn_call(self, is_training: bool = True):
         import numpy as np

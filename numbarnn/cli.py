@@ -60,7 +60,7 @@ def rows_table(rows) -> str:
 #: Spec field -> argparse dest of the config flags (all default to None: "not given")
 CONFIG_DESTS = ("mode", "layers", "units", "input_size", "direction", "input_mode", "proj", "batch", "time",
                 "lengths", "dtype", "dropout", "seed", "seed2", "data_seed", "batch_major", "blocklstm", "peephole",
-                "v1", "cell_clip", "forget_bias", "seq_len_max")
+                "v1", "cell_clip", "forget_bias", "seq_len_max", "zoneout")
 
 
 def _int_list(text: str) -> tuple:
@@ -115,6 +115,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                    "to the largest)")
     g.add_argument("--dtype", choices=DTYPES)
     g.add_argument("--dropout", type=float, help="dropout probability (applies with L > 1)")
+    g.add_argument("--zoneout", type=float, help="haste's zoneout probability of h, in [0, 1) (SPEC 6.1)")
     g.add_argument("--seed", type=int, help="op attribute seed (dropout)")
     g.add_argument("--seed2", type=int, help="op attribute seed2 (dropout)")
     g.add_argument("--data-seed", dest="data_seed", type=int, help="seed of the random inputs and params")
@@ -351,6 +352,9 @@ def cmd_explain(args) -> int:
     print(format_table(("name", "offset", "shape", "meaning"), rows))
     if cfg.dropout > 0 and cfg.L > 1:
         print("  (keep flags: a pure function of (seed, seed2, layer, t, b, j), SPEC 6)")
+    if cfg.zoneout:
+        print(f"  (zoneout={cfg.zoneout:g}: h' = h_new where zmask is 1, else h_prev; the mask a pure function of "
+              f"(seed, seed2, pseudo-layer, t, b, j), SPEC 6.1; inference takes p*h_prev + (1-p)*h_new)")
     print("host_reserved: int8 fingerprint of the forward call (mode, shapes, dtype, lengths, dropout, seeds) and "
           "its nonce, checked by backprop (a reserve_space from another forward call is an error)")
 
@@ -360,7 +364,7 @@ def cmd_explain(args) -> int:
     else:
         plan = module.launch_plan(call)
         print(plan if isinstance(plan, str) else plan_table(plan, call))
-        if cfg.cell.diagonal or cfg.cell.modulated:   # the step kernels it falls back to, and why
+        if cfg.cell.diagonal or cfg.cell.modulated or cfg.zoneout:   # the step kernels it falls back to, and why
             note = module.driver.step_plan(call, "forward", simulator=False).note
             if note:
                 print(f"  step kernels: {note}")

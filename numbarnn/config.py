@@ -39,6 +39,7 @@ class RNNConfig:
     dropout: float = 0.0
     seed: int = 0
     seed2: int = 0
+    zoneout: float = 0.0   # haste's zoneout probability of the state h (SPEC 6.1); 0 = none
 
     # fixed letters ------------------------------------------------------------------------------
     @property
@@ -117,7 +118,7 @@ class RNNConfig:
 
 
 def rnn_config(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="linear_input",
-               direction="unidirectional", num_proj=0, dropout=0.0, seed=0, seed2=0) -> RNNConfig:
+               direction="unidirectional", num_proj=0, dropout=0.0, seed=0, seed2=0, zoneout=0.0) -> RNNConfig:
     """Validate the op attributes (SPEC 3, 11) and resolve auto_select."""
     cell = get_cell(check_choice("rnn_mode", rnn_mode, cell_names()))
     input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
@@ -135,12 +136,23 @@ def rnn_config(num_layers, num_units, input_size, rnn_mode="lstm", input_mode="l
     dropout = check_float("dropout", dropout, 0.0, 1.0)
     seed = check_int("seed", seed)
     seed2 = check_int("seed2", seed2)
+    zoneout = check_zoneout(zoneout)
     if input_mode == "auto_select":
         input_mode = "skip_input" if I == H else "linear_input"
     elif input_mode == "skip_input" and I != H:
         raise ValueError(f"input_mode: 'skip_input' requires input_size == num_units, got input_size={I}, "
                          f"num_units={H}")
-    return RNNConfig(rnn_mode, L, H, I, input_mode, direction, num_proj, dropout, seed, seed2)
+    return RNNConfig(rnn_mode, L, H, I, input_mode, direction, num_proj, dropout, seed, seed2, zoneout)
+
+
+def check_zoneout(zoneout) -> float:
+    """haste's zoneout probability: a real number in [0, 1) (1 would freeze the state for ever)."""
+    if isinstance(zoneout, (bool, np.bool_)) or not isinstance(zoneout, (int, float, np.integer, np.floating)):
+        raise ArgumentTypeError(f"zoneout: expected a float in [0, 1), got {type(zoneout).__name__} {zoneout!r}")
+    zoneout = float(zoneout)
+    if not 0.0 <= zoneout < 1.0:          # (NaN fails too)
+        raise ValueError(f"zoneout: expected a probability in [0, 1), got {zoneout!r}")
+    return zoneout
 
 
 def params_size(cfg: RNNConfig) -> int:
@@ -175,6 +187,16 @@ class RNNCall:
         """Dropout applies to the inputs of layers 1..L-1, only in training with p > 0."""
         return self.is_training and self.config.dropout > 0.0 and self.config.L > 1
 
+    @property
+    def zoneout_active(self) -> bool:
+        """Training with zoneout > 0: each step keeps h_prev where the Philox mask is 0 (SPEC 6.1, reserve zmask_l)."""
+        return self.is_training and self.config.zoneout > 0.0
+
+    @property
+    def zoneout_expected(self) -> bool:
+        """Inference with zoneout > 0: h' = p*h_prev + (1-p)*h_new, zoneout's expectation (SPEC 6.1)."""
+        return not self.is_training and self.config.zoneout > 0.0
+
     def lengths_array(self) -> np.ndarray:
         return np.asarray(self.lengths, dtype=np.int32).reshape(self.B)
 
@@ -189,7 +211,9 @@ class RNNCall:
                 "dropout": c.dropout if self.dropout_active else 0.0,
                 "seed": c.seed if self.dropout_active else 0, "seed2": c.seed2 if self.dropout_active else 0,
                 "T": self.T, "B": self.B, "dtype": str(self.dtype), "time_major": self.time_major,
-                "lengths": self.lengths}
+                "lengths": self.lengths,
+                **({"zoneout": c.zoneout, "zoneout_seed": c.seed, "zoneout_seed2": c.seed2}
+                   if self.zoneout_active else {})}
 
 
 @functools.lru_cache(maxsize=256)
@@ -279,7 +303,8 @@ def _signature(arrays, sequence_lengths, attrs) -> tuple | None:
 
 
 def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode, direction,
-                     dropout, seed, seed2, num_proj, is_training, time_major, num_layers=None, num_units=None):
+                     dropout, seed, seed2, num_proj, is_training, time_major, num_layers=None, num_units=None,
+                     zoneout=0.0):
     """Checks of CudnnRNNV3's inputs.  Returns (call, arrays) with arrays = dict of the checked arrays.
 
     `num_layers`/`num_units` are not op attributes in TF (they come from the params size and input_h);
@@ -289,7 +314,7 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     """
     key = _signature((input, input_h, input_c, params), sequence_lengths,
                      (rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, is_training, time_major,
-                      num_layers, num_units))
+                      num_layers, num_units, zoneout))
     hit = _VALIDATED.get(key) if key is not None else None
     if hit is not None and hit[0] is registered_cell(hit[1].config.rnn_mode):   # (a cell replaced since: check again)
         call = hit[1]
@@ -298,7 +323,7 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
     call, arrays = _validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
                                      input_mode=input_mode, direction=direction, dropout=dropout, seed=seed,
                                      seed2=seed2, num_proj=num_proj, is_training=is_training, time_major=time_major,
-                                     num_layers=num_layers, num_units=num_units)
+                                     num_layers=num_layers, num_units=num_units, zoneout=zoneout)
     if key is not None:
         if len(_VALIDATED) >= _VALIDATED_MAX:
             _VALIDATED.clear()
@@ -307,7 +332,7 @@ def validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_m
 
 
 def _validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_mode, input_mode, direction,
-                      dropout, seed, seed2, num_proj, is_training, time_major, num_layers, num_units):
+                      dropout, seed, seed2, num_proj, is_training, time_major, num_layers, num_units, zoneout=0.0):
     if not isinstance(time_major, (bool, np.bool_)):
         raise ArgumentTypeError(f"time_major: expected a bool, got {time_major!r}")
     if not isinstance(is_training, (bool, np.bool_)):
@@ -340,7 +365,8 @@ def _validate_forward(input, input_h, input_c, params, sequence_lengths, *, rnn_
                                            direction, num_proj)
         num_layers = L_inf if num_layers is None else num_layers
         num_units = H_inf if num_units is None else num_units
-    cfg = rnn_config(num_layers, num_units, I, rnn_mode, input_mode, direction, num_proj, dropout, seed, seed2)
+    cfg = rnn_config(num_layers, num_units, I, rnn_mode, input_mode, direction, num_proj, dropout, seed, seed2,
+                     zoneout)
     batches = {"input_h": hs[1] if time_major else hs[0]}
     if is_lstm and len(shape_of(c0)) == 3:
         batches["input_c"] = shape_of(c0)[1] if time_major else shape_of(c0)[0]
@@ -471,6 +497,9 @@ def check_host_reserved(call: RNNCall, host_reserved, reserve_space, expected_re
         raise ValueError("reserve_space: expected the reserve_space returned by the training forward call, got None")
     recorded = decode_host_reserved(host_reserved)
     mine = {**call.fingerprint(), "reserve_size": int(expected_reserve_size)}
+    for key in ("zoneout", "zoneout_seed", "zoneout_seed2"):   # (recorded only with zoneout: either side may lack it)
+        mine.setdefault(key, recorded.get(key) if key != "zoneout" else 0.0)
+        recorded.setdefault("zoneout", 0.0)
     for key, value in mine.items():
         if key == "reserve_size":
             continue

@@ -57,3 +57,19 @@ def check_mask_args(layer, T, B, W) -> tuple[int, int, int, int]:
 def dropout_scale(p: float) -> float:
     """Inverted dropout: kept values scale by 1/(1-p); p == 1 drops everything (scale unused)."""
     return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+
+
+#: Philox counter word 2 of the zoneout masks (dropout's is 0): a stream of its own under the same key
+ZONEOUT_STREAM = 1
+
+
+def check_zoneout_mask_args(pseudo_layer, T, B, P) -> tuple[int, int, int, int]:
+    """Validate pseudo_layer >= 0 and T, B, P >= 0, and that every zoneout element index fits in uint64."""
+    pseudo_layer = check_int("pseudo_layer", pseudo_layer, minimum=0)
+    T = check_int("T", T, minimum=0)
+    B = check_int("B", B, minimum=0)
+    P = check_int("P", P, minimum=0)
+    if (pseudo_layer + 1) * T * B * P > 2 ** 64:
+        raise ValueError(f"pseudo_layer: expected (pseudo_layer+1)*T*B*P <= 2**64 (element indices fit in uint64), "
+                         f"got pseudo_layer={pseudo_layer}, T={T}, B={B}, P={P}")
+    return pseudo_layer, T, B, P

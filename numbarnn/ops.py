@@ -92,17 +92,19 @@ def _nonce_writer(be):
 
 def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mode="lstm",
                  input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0, num_proj=0,
-                 is_training=True, time_major=True, backend=None, _nonce=None):
+                 is_training=True, time_major=True, backend=None, _nonce=None, *, zoneout=0.0):
     """CudnnRNNV3: -> (output, output_h, output_c, reserve_space, host_reserved).
 
     output [T, B, D*P] (batch-major: [B, T, D*P]), output_h [L*D, B, P], output_c [L*D, B, H] (LSTM; other
     modes: empty (0,)), reserve_space 1-D (empty unless is_training), host_reserved int8 1-D fingerprint.
     (_nonce: a fixed reserve tag instead of a fresh random one: numbarnn.torch's operator, whose outputs must be
     a function of its inputs.)
+    zoneout: haste's zoneout probability of h in [0, 1) (SPEC 6.1): training keeps h_prev where a Philox mask of
+    (seed, seed2) is 0, inference takes the expectation p*h_prev + (1-p)*h_new.
     """
     call, a = validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
                                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
-                               num_proj=num_proj, is_training=is_training, time_major=time_major)
+                               num_proj=num_proj, is_training=is_training, time_major=time_major, zoneout=zoneout)
     be = get_backend(backend)
     lstm = call.config.has_cell_state
     x, h0, c0 = _time_major(be, call, a["input"], a["input_h"], a["input_c"] if lstm else None)
@@ -123,15 +125,16 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mod
 def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
                           output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
                           rnn_mode="lstm", input_mode="linear_input", direction="unidirectional", dropout=0.0,
-                          seed=0, seed2=0, num_proj=0, time_major=True, backend=None):
+                          seed=0, seed2=0, num_proj=0, time_major=True, backend=None, *, zoneout=0.0):
     """CudnnRNNBackpropV3: -> (input_backprop, input_h_backprop, input_c_backprop, params_backprop).
 
     Shaped like input, input_h, input_c, params; params_backprop is a fresh buffer in the opaque layout.
     For non-LSTM modes input_c_backprop is zeros shaped like input_c (empty if it was None).
+    zoneout: the forward call's (its masks are read from reserve_space).
     """
     call, a = validate_forward(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
                                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
-                               num_proj=num_proj, is_training=True, time_major=time_major)
+                               num_proj=num_proj, is_training=True, time_major=time_major, zoneout=zoneout)
     lstm = call.config.has_cell_state
     arrays = (output, output_h, output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space)
     key = _backward_signature(call, arrays, host_reserved)

@@ -10,6 +10,7 @@ Entries at t >= len[b] are 0.  In the input's dtype::
                          m_l     [D, T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
                          mod_l   [D, T, B, H]     a modulated cell (CellSpec.modulated): the modulation m
                          y_l     [T, B, D*P]      layer l's output h' (before dropout; y_{L-1} is `output`)
+    for l in 0..L-1:     zmask_l [D, T, B, P]     zoneout mask 0/1 of h' (training, zoneout > 0; 1 = h takes h_new)
     for l in 1..L-1:     keep_l  [T, B, D*P]      dropout keep flags 0/1 of layer l's input (training, p > 0)
     last:                nonce   [4]              this forward call's random tag, also recorded in host_reserved
 
@@ -84,6 +85,9 @@ def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
             add(f"mod{layer}", (D, T, B, H), f"layer {layer}: the modulation m of the state (R_g (m ⊙ h) for "
                                              f"gates {', '.join(cell.modulated)})")
         add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")
+    if call.zoneout_active:
+        for layer in range(cfg.L):
+            add(f"zmask{layer}", (D, T, B, P), f"layer {layer}: zoneout mask (1 = h takes h_new, 0 = keeps h_prev)")
     if call.dropout_active:
         for layer in range(1, cfg.L):
             add(f"keep{layer}", (T, B, D * P), f"layer {layer}: dropout keep flags (0/1) of its input")

@@ -51,7 +51,8 @@ class RNNCase:
     def attrs(self) -> dict:
         c = self.cfg
         return dict(rnn_mode=c.rnn_mode, input_mode=c.input_mode, direction=c.direction, dropout=c.dropout,
-                    seed=c.seed, seed2=c.seed2, num_proj=c.num_proj, time_major=self.time_major)
+                    seed=c.seed, seed2=c.seed2, num_proj=c.num_proj, time_major=self.time_major,
+                    **({"zoneout": c.zoneout} if c.zoneout else {}))
 
     def astype(self, dtype) -> "RNNCase":
         cast = (lambda a: None if a is None else a.astype(dtype))

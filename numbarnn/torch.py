@@ -35,6 +35,10 @@ after them).
   draws: each call draws ``(seed, seed2)`` with ``torch.randint`` from torch's default CPU generator (inside a
   compiled graph too), so masks differ from call to call and ``torch.manual_seed`` makes runs reproducible.
   Masks therefore differ from torch.nn's for the same seed (the distribution is the same).
+* **Zoneout** (keyword ``zoneout``, haste's name; default 0.0, none): haste's zoneout of h (SPEC 6.1).  Training
+  mode keeps h_prev where a Philox mask drawn like dropout's (fresh keys per call) is 0; eval mode takes the
+  expectation ``p*h_prev + (1-p)*h_new`` (the op's inference; its gradient, when one is asked for, comes from
+  ``torch_network``, as haste's eval-mode zoneout is an ordinary differentiable expression).
 * **Errors** are raised before any work: shape errors as ``RNNShapeError`` (a ``ValueError`` and a
   ``RuntimeError``, whichever torch.nn raises), dtype errors as ``RNNDtypeError`` (``TypeError`` and
   ``ValueError``).
@@ -78,11 +82,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from .backends import BACKENDS, get_backend, get_default_backend
 from .cells import get_cell
-from .config import validate_forward
+from .config import check_zoneout, validate_forward
 from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell
 from .torch_ops import _NO_SEEDS, _call, _eager, rnn_backward_op, rnn_op
 from .torch_tensors import (_CPU, _NUMPY_GATHER, _TORCH_DTYPES, RNNDtypeError, RNNShapeError, _array,
-                            _autocast_dtype, _check_sizes, _device_scope, _InferenceCalls, _layout, _needs_reserve,
+                            _autocast_dtype, _call_config, _check_sizes, _device_scope, _InferenceCalls, _layout, _needs_reserve,
                             _op_attrs, _reset_uniform, _WeightViews)
 from .validation import check_choice
 
@@ -115,7 +119,8 @@ class _NumbaRNNBase(torch.nn.Module):
     operator.  Arguments are checked as torch.nn checks them, with torch.nn's messages."""
 
     def __init__(self, mode: str, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, backend=None):
+                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, backend=None,
+                 zoneout=0.0):
         super().__init__()
         self.mode = mode   # torch.nn's spelling: "LSTM", "GRU", "RNN_TANH", "RNN_RELU"; or a registered cell
         self.rnn_mode = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}.get(mode, mode)
@@ -127,6 +132,7 @@ class _NumbaRNNBase(torch.nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional, self.proj_size = bool(bidirectional), proj_size
+        self.zoneout = check_zoneout(zoneout)        # haste's zoneout of h (SPEC 6.1): [0, 1), 0 = none
         self.backend = None if backend is None else check_choice("backend", backend, tuple(BACKENDS))
         self._layout = _layout(self.rnn_mode, num_layers, hidden_size, input_size, self.bidirectional, proj_size,
                                bias)                      # numbarnn's checks of the network (rnn_config)
@@ -147,6 +153,7 @@ class _NumbaRNNBase(torch.nn.Module):
         self.__dict__.setdefault("_weight_views", _WeightViews())
         self.__dict__.setdefault("_inference_calls", _InferenceCalls())
         self.__dict__.setdefault("_cell_state", get_cell(self.rnn_mode).cell_state)
+        self.__dict__.setdefault("zoneout", 0.0)
 
     # -- torch.nn.RNNBase compatibility ---------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -181,6 +188,8 @@ class _NumbaRNNBase(torch.nn.Module):
             s += ", dropout={dropout}"
         if self.bidirectional is not False:
             s += ", bidirectional={bidirectional}"
+        if self.zoneout != 0:
+            s += ", zoneout={zoneout}"
         if self.backend is not None:
             s += ", backend={backend!r}"
         return s.format(**self.__dict__)
@@ -260,22 +269,28 @@ class _NumbaRNNBase(torch.nn.Module):
         gradient may be needed (eval mode too, then with dropout 0) or dropout is active; a fresh Philox key per
         call with active dropout, drawn from torch's default generator."""
         dropout_active = self.training and self.dropout > 0 and self.num_layers > 1
+        zoneout_active = self.training and self.zoneout > 0
         needs_grad = _needs_reserve(x, h0, c0, weights)
-        if dropout_active:
+        if dropout_active or zoneout_active:
             seeds = torch.randint(0, 2 ** 32, (2,), dtype=torch.int64)
         elif torch.compiler.is_compiling():
             seeds = torch.zeros(2, dtype=torch.int64)
         else:
             seeds = _NO_SEEDS                   # (never written: the ops only read it)
-        return seeds, (self.dropout if dropout_active else 0.0), bool(needs_grad or dropout_active), needs_grad
+        is_training = bool(needs_grad or dropout_active or zoneout_active)
+        if self.zoneout > 0 and not self.training:   # zoneout's expectation (the op's inference; its gradient:
+            is_training = False                      # torch's, `_grads`)
+        return seeds, (self.dropout if dropout_active else 0.0), is_training, needs_grad
 
     def _inference(self, x: torch.Tensor, hx, weights):
-        """(output, h_n[, c_n]) of an eager CPU call that needs no gradient and no dropout, padded and batched
+        """(output, h_n[, c_n]) of an eager CPU call that needs no gradient and draws no masks (dropout, zoneout's
+        training mode; eval-mode zoneout is its expectation, taken here), padded and batched
         [T, B, I] input in float32/float64 with weights of its dtype, on the cpu backend; None for every other
         call (the general path below then runs it, with the same checks and results).  What depends only on
         the call's signature is made once (`_InferenceCalls`)."""
         if not (x.is_cpu and x.dim() == 3 and x.dtype in _NUMPY_GATHER and x.shape[0] > 0) or (
-                self.training and self.dropout > 0 and self.num_layers > 1) or _autocast_dtype(x) is not None:
+                self.training and (self.zoneout > 0 or self.dropout > 0 and self.num_layers > 1)) or \
+                _autocast_dtype(x) is not None:                  # (training masks: keys drawn per call)
             return None
         lstm = self._cell_state
         if hx is not None:                                   # torch.nn's checks (its messages) of a given state
@@ -290,7 +305,7 @@ class _NumbaRNNBase(torch.nn.Module):
         params = self._weight_views.array(self._layout.spans, self._layout.size, weights, x.dtype)     # [N]
         if params is None:
             return None
-        key = (x.shape, x.dtype, self.batch_first)
+        key = (x.shape, x.dtype, self.batch_first, self.zoneout)
         entry = self._inference_calls.entries.get(key)
         if entry is None:
             if (self.backend or get_default_backend()) != "cpu":
@@ -300,7 +315,8 @@ class _NumbaRNNBase(torch.nn.Module):
             L_D, B, dtype = self._config.L * self._config.D, xt.shape[1], _NUMPY_GATHER[x.dtype]
             zeros_h = np.zeros((L_D, B, self._config.P), dtype)                   # [L*D, B, P]
             zeros_c = np.zeros((L_D, B, self._config.H), dtype) if lstm else None  # [L*D, B, H]
-            attrs = {k: v for k, v in _op_attrs(self._config, "").items() if k != "backend"}
+            cfg = _call_config(self._layout, 0.0, (0, 0), self.zoneout)              # (eval: zoneout's expectation)
+            attrs = {k: v for k, v in _op_attrs(cfg, "").items() if k != "backend"}
             call, _ = validate_forward(np.zeros(tuple(xt.shape), dtype), zeros_h, zeros_c, params, None,
                                        is_training=False, **attrs)
             entry = self._inference_calls.entries[key] = (call, get_backend("cpu"), zeros_h, zeros_c)
@@ -355,7 +371,7 @@ class _NumbaRNNBase(torch.nn.Module):
         seeds, dropout, is_training, needs_grad = self._call_args(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (self.rnn_mode, self.num_layers, self.hidden_size, self.input_size, self.bidirectional,
-               self.proj_size, self.bias, dropout, is_training, backend)
+               self.proj_size, self.bias, dropout, is_training, backend, self.zoneout)
         views = self._weight_views if autocast is None else None       # (autocast: cast copies, new each call)
         y, hT, cT, _ = _call(x, h0, c0, weights, lengths, seeds, net, views, needs_grad)   # [T, B, D*P], [L*D, B, P],
         #                                                                                 [L*D, B, H]
@@ -384,15 +400,17 @@ def _repack(y: torch.Tensor, lengths: tuple, like: PackedSequence) -> PackedSequ
 
 class LSTM(_NumbaRNNBase):
     """torch.nn.LSTM on numbarnn: ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None)``.
+    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0)``.
 
     ``forward(input, hx=None) -> (output, (h_n, c_n))``; see the module docstring for what differs.
+    ``zoneout``: haste's zoneout of h (its argument name; SPEC 6.1): in training each step keeps h_prev with
+    probability zoneout (Philox masks drawn per call, like dropout's), in eval mode h' = p*h_prev + (1-p)*h_new.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
         super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         proj_size, device, dtype, backend)
+                         proj_size, device, dtype, backend, zoneout)
 
 
 def _no_proj(proj_size) -> None:
@@ -405,34 +423,35 @@ class RNNBase(_NumbaRNNBase):
     """A torch module of any registered cell, parameters named as torch.nn.RNNBase names them (plus one
     ``<vector>_l{k}[_reverse]`` per cell vector): ``RNNBase(cell, input_size, hidden_size, num_layers=1,
     bias=True, batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *,
-    backend=None)``.  `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if need be).
+    backend=None, zoneout=0.0)``.  `cell` is an rnn_mode name or a `numbarnn.cells.CellSpec` (registered if need
+    be); ``zoneout`` as `LSTM`'s (haste's IndRNN takes it too).
 
     ``forward(input, hx=None) -> (output, (h_n, c_n))`` for cells with a cell state, ``(output, h_n)`` otherwise.
     """
 
     def __init__(self, cell, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
         from .cells import CellSpec, register
         if isinstance(cell, CellSpec):
             register(cell)
             cell = cell.name
         super().__init__(get_cell(cell).name, input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size, device, dtype, backend)
+                         bidirectional, proj_size, device, dtype, backend, zoneout)
 
 
 class GRU(_NumbaRNNBase):
     """torch.nn.GRU on numbarnn: ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None)`` (torch.nn's
-    positional order; proj_size only 0, as torch.nn.GRU takes it).
+    dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0)``
+    (torch.nn's positional order; proj_size only 0, as torch.nn.GRU takes it; ``zoneout`` as `LSTM`'s).
 
     ``forward(input, hx=None) -> (output, h_n)``.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
         _no_proj(proj_size)
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         0, device, dtype, backend)
+                         0, device, dtype, backend, zoneout)
 
 
 class RNN(_NumbaRNNBase):
@@ -489,6 +508,8 @@ def torch_nn_supports(case) -> str | None:
         return "torch.nn has no skip_input"
     if case.is_training and cfg.dropout > 0 and cfg.L > 1:
         return "torch.nn's dropout masks differ from numbarnn's Philox masks"
+    if cfg.zoneout:
+        return "torch.nn has no zoneout"
     if case.lengths is not None and min(case.lengths, default=1) < 1:
         return "torch.nn rejects length-0 sequences"
     return None

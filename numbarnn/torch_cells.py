@@ -227,7 +227,7 @@ class CellModule(torch.nn.Module):
         is_training = _needs_reserve(x, h0, c0, weights)
         backend = self.backend or ("cuda" if x.is_cuda else "")
         net = (rnn_mode, 1, self.hidden_size, self.input_size, False, 0, bool(self.bias), 0.0, bool(is_training),
-               backend)
+               backend, 0.0)                                            # (no dropout, no zoneout)
         seeds = torch.zeros(2, dtype=torch.int64) if torch.compiler.is_compiling() else _NO_SEEDS
         views = self._weight_views if autocast is None else None     # (autocast: cast copies, new each call)
         _, hT, cT, _ = _call(x, h0, c0, weights, None, seeds, net, views)         # [1, B, H] each

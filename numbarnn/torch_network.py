@@ -28,7 +28,7 @@ import torch
 from .cells import get_cell
 from .cells.functions import HELPERS, compile_with_twins
 from .dropout import dropout_scale
-from .reference.philox import dropout_keep_mask
+from .reference.philox import dropout_keep_mask, zoneout_update_mask
 
 #: the torch twin of each helper a cell's forward may call (derivatives: autograd's)
 TORCH_TWINS = {HELPERS["sigmoid"]: torch.sigmoid, HELPERS["tanh"]: torch.tanh, HELPERS["relu"]: torch.relu,
@@ -87,13 +87,14 @@ def _cell_step(cell, forward, gx, gh, v, h, c, H):
     return m, (c_new if cell.cell_state else None)
 
 
-def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
+def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None, zoneout_keys=None):
     """The network forward in torch operations (differentiable to any order).
 
     cfg: the RNNConfig; layers: per pseudo-layer dict of tensors W [G*H, I_l], R [G*H, P] (a diagonal
     recurrence: [G*H], the vectors u_g stacked), bW, bR [G*H] (None:
     zeros), W_proj [P, H] or None, V: list of [H] cell vectors; x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] or
-    None; lengths: B ints or None (all T); dropout_keys: (seed, seed2) when dropout is active, else None.
+    None; lengths: B ints or None (all T); dropout_keys: (seed, seed2) when dropout is active, else None;
+    zoneout_keys: (seed, seed2) of zoneout's training masks (SPEC 6.1), None: its expectation (cfg.zoneout > 0).
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None)."""
     cell = get_cell(cfg.rnn_mode)
     cell_forward = torch_cell_forward(cfg.rnn_mode)
@@ -119,6 +120,10 @@ def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
                 gx = gx + lp["bW"]
             h = h0[p]                                                     # [B, P]
             c = c0[p] if cell.cell_state else None                        # [B, H]
+            update = None                                                 # [T, B, P] zoneout: h takes h_new
+            if cfg.zoneout and zoneout_keys is not None:
+                update = torch.as_tensor(zoneout_update_mask(zoneout_keys[0], zoneout_keys[1], p, T, B, P,
+                                                             cfg.zoneout), device=x.device)
             per_step = []                                                 # h' of step s, [B, P]
             for s in range(T):
                 t = torch.full_like(rows, s) if d == 0 else rev[s]        # [B] time index of each row
@@ -134,6 +139,10 @@ def forward(cfg, layers, x, h0, c0, lengths=None, dropout_keys=None):
                 m, c_new = _cell_step(cell, cell_forward, gx[t, rows], gh, lp["V"],
                                       None if cfg.has_proj else h, c, H)
                 h_new = m @ lp["W_proj"].T if lp["W_proj"] is not None else m   # [B, P]
+                if update is not None:                                    # haste's zoneout (SPEC 6.1)
+                    h_new = torch.where(update[t, rows], h_new, h)
+                elif cfg.zoneout:
+                    h_new = cfg.zoneout * h + (1.0 - cfg.zoneout) * h_new
                 active = valid[s][:, None]                                # [B, 1]
                 h = torch.where(active, h_new, h)
                 if c is not None:

@@ -39,26 +39,28 @@ def _seeds(seeds: torch.Tensor) -> tuple:
 def _rnn_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor], weights: List[torch.Tensor],
            lengths: Optional[List[int]], seeds: torch.Tensor, cell: str, num_layers: int, hidden_size: int,
            input_size: int, bidirectional: bool, proj_size: int, bias: bool, dropout: float, is_training: bool,
-           backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           backend: str, zoneout: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """numbarnn's CudnnRNNV3 on tensors: x [T, B, I], h0 [L*D, B, P], c0 [L*D, B, H] (cells with a state, else
     None), weights in torch.nn's order -> (y [T, B, D*P], h_n [L*D, B, P], c_n [L*D, B, H] (empty without a
-    cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T."""
+    cell state), reserve [R] (empty unless is_training)).  lengths: B ints (a packed batch) or None = all T.
+    zoneout: haste's zoneout of h (SPEC 6.1; its masks from `seeds` when is_training, else the expectation)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     params = _opaque_params(layout.spans, weights, x, layout.size, _compute_dtype(x))                 # [N]
     y, hT, cT, reserve = _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size,
-                                      bidirectional, proj_size, bias, dropout, is_training, backend)
+                                      bidirectional, proj_size, bias, dropout, is_training, backend, zoneout)
     return (y, hT, x.new_empty((0,)) if cT is None else cT,
             params.new_empty((0,)) if reserve is None else reserve)
 
 
 def _rnn_forward(x, h0, c0, params, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
-                 proj_size, bias, dropout, is_training, backend, layout: Optional[_Layout] = None) -> tuple:
+                 proj_size, bias, dropout, is_training, backend, zoneout=0.0, layout: Optional[_Layout] = None
+                 ) -> tuple:
     """`_rnn_impl` with the weights already gathered (params [N] in the compute dtype) -> (y, h_n, c_n or None
     without a cell state, reserve or None unless is_training): the eager calls' way in, which makes no empty
     tensors for outputs nobody reads.  (layout: `_layout` of these arguments when the caller has it.)"""
     if layout is None:
         layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, _seeds(seeds))
+    cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)
     lstm = layout.cell_state
     dtype = _compute_dtype(x)
     x_, h0_ = _as(x, dtype), _as(h0, dtype)
@@ -81,9 +83,9 @@ rnn_op = torch.library.custom_op("numbarnn::rnn", _rnn_impl, mutates_args=())
 
 @rnn_op.register_fake
 def _rnn_fake(x, h0, c0, weights, lengths, seeds, cell, num_layers, hidden_size, input_size, bidirectional,
-              proj_size, bias, dropout, is_training, backend):
+              proj_size, bias, dropout, is_training, backend, zoneout):
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, (0, 0))
+    cfg = _call_config(layout, dropout, (0, 0), zoneout)
     T, B = x.shape[0], x.shape[1]
     D, P, H = cfg.D, cfg.P, cfg.H
     dtype = _compute_dtype(x)
@@ -97,24 +99,25 @@ def _rnn_backward_impl(x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Ten
                     lengths: Optional[List[int]], seeds: torch.Tensor, y: torch.Tensor, hT: torch.Tensor,
                     cT: torch.Tensor, reserve: torch.Tensor, dy: torch.Tensor, dhT: torch.Tensor,
                     dcT: torch.Tensor, cell: str, num_layers: int, hidden_size: int, input_size: int,
-                    bidirectional: bool, proj_size: int, bias: bool, dropout: float,
-                    backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    bidirectional: bool, proj_size: int, bias: bool, dropout: float, backend: str,
+                    zoneout: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """numbarnn's CudnnRNNBackpropV3 for a call of `rnn_op` (its inputs, the weights as the opaque buffer params
     [N], its outputs and reserve; the upstream gradients dy, dhT, dcT) -> (dx, dh0, dc0 (empty without a cell
     state), dparams [N] in the opaque layout).  No tensor-list argument, so torch's per-example fallback batches
     it where no batching rule applies (gradcheck's batched gradients)."""
     dx, dh0, dc0, dparams = _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT,
                                               cell, num_layers, hidden_size, input_size, bidirectional, proj_size,
-                                              bias, dropout, backend)
+                                              bias, dropout, backend, zoneout)
     return dx, dh0, x.new_empty((0,)) if dc0 is None else dc0, dparams
 
 
 def _rnn_backward_run(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
-                      hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend) -> tuple:
+                      hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend,
+                      zoneout=0.0) -> tuple:
     """`_rnn_backward_impl` with dc0 None without a cell state: the eager backward's way in (no empty tensor for
     a gradient nobody reads)."""
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
-    cfg = _call_config(layout, dropout, _seeds(seeds))
+    cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)
     lstm = layout.cell_state
     dtype = _compute_dtype(x)
     x_, h0_, y_, hT_, dy_, dhT_ = (_as(t, dtype) for t in (x, h0, y, hT, dy, dhT))
@@ -138,7 +141,7 @@ rnn_backward_op = torch.library.custom_op("numbarnn::rnn_backward", _rnn_backwar
 
 @rnn_backward_op.register_fake
 def _rnn_backward_fake(x, h0, c0, params, lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT, cell, num_layers,
-                       hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend):
+                       hidden_size, input_size, bidirectional, proj_size, bias, dropout, backend, zoneout):
     layout = _layout(cell, num_layers, hidden_size, input_size, bidirectional, proj_size, bias)
     return (torch.empty_like(x), torch.empty_like(h0),
             torch.empty_like(c0) if layout.config.has_cell_state else x.new_empty((0,)),
@@ -152,14 +155,15 @@ def _save(ctx, x, h0, c0, weights, lengths, seeds, net, output) -> None:
     (300 MB for a 2-layer LSTM of T=400 B=32 H=512)."""
     ctx.net, ctx.lengths, ctx.n_weights = tuple(net), lengths, len(weights)
     ctx.save_for_backward(x, h0, c0, seeds, *weights, *output)
-    ctx.mark_non_differentiable(output[3])          # the reserve space
+    if output[3] is not None:                       # (None: an eager call without one, zoneout's eval mode)
+        ctx.mark_non_differentiable(output[3])      # the reserve space
     ctx.set_materialize_grads(False)
 
 
 def _grads(ctx, dy, dhT, dcT) -> tuple:
     """(dx, dh0, dc0 or None, [dweight, ...]) of a call saved by `_save`: numbarnn's backward kernels, or under
     create_graph=True gradients that are themselves differentiable (`_differentiable_grads`)."""
-    cell, L, H, I, bidirectional, P, bias, dropout, is_training, backend = ctx.net
+    cell, L, H, I, bidirectional, P, bias, dropout, is_training, backend, zoneout = _net(ctx.net)
     x, h0, c0, seeds, *rest = ctx.saved_tensors
     weights, (y, hT, cT, reserve) = rest[:ctx.n_weights], rest[ctx.n_weights:]
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
@@ -167,7 +171,7 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
     dy, dhT = (torch.zeros_like(o) if g is None else g for g, o in ((dy, y), (dhT, hT)))
     if lstm and dcT is None:
         dcT = torch.zeros_like(cT)                  # (without a cell state dcT is never read)
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or (zoneout and not is_training):   # (zoneout's expectation: torch's gradients)
         return _differentiable_grads(ctx.net, ctx.lengths, seeds, x, h0, c0, weights, dy, dhT, dcT)
     if not is_training:
         raise RuntimeError("numbarnn.torch: backward through a call made without gradients")
@@ -181,8 +185,17 @@ def _grads(ctx, dy, dhT, dcT) -> tuple:
         cT = x.new_empty((0,))                        # takes tensors)
     dx, dh0, dc0, dparams = backward(   # (rnn_backward_op takes tensors: cT, empty without a cell state, for dcT)
         x, h0, c0, params, ctx.lengths, seeds, y, hT, cT, reserve, dy, dhT, dcT if lstm else cT,
-        cell, L, H, I, bidirectional, P, bias, dropout, backend)
+        cell, L, H, I, bidirectional, P, bias, dropout, backend, zoneout)
     return dx, dh0, (dc0 if lstm else None), _weight_grads(layout.spans, dparams)
+
+
+def _net(net) -> tuple:
+    """rnn_op's arguments from `cell` on: (cell, num_layers, hidden_size, input_size, bidirectional, proj_size,
+    bias, dropout, is_training, backend, zoneout); every caller passes all eleven (the operator's inputs must be
+    the arguments given: a default filled in by the schema would not be one of them for torch.compile)."""
+    if len(net) != 11:
+        raise TypeError(f"net: expected rnn_op's 11 arguments from cell on (zoneout last), got {len(net)}")
+    return tuple(net)
 
 
 def _select(t, d, i):
@@ -261,7 +274,7 @@ class _RNNFunction(torch.autograd.Function):
         its masks depend on the batch size); otherwise one call per element."""
         n = info.batch_size
         x_d, h_d, c_d, s_d, _, _, *w_d = in_dims
-        dropout = net[7]
+        dropout = net[7] or net[10]                        # (zoneout's masks depend on the batch size too)
         if x_d is not None and s_d is None and lengths is None and not dropout and all(d is None for d in w_d):
             xs = x.movedim(x_d, 1)                                             # [T, n, B, I]
             T, B = xs.shape[0], xs.shape[2]
@@ -351,11 +364,12 @@ def _call(x, h0, c0, weights, lengths, seeds, net, views: Optional[_WeightViews]
 def _network_function(net, lengths, seeds):
     """(x, h0, c0 or absent, *weights) -> (y, hT, cT): the call's network in torch operations (torch_network)."""
     from . import torch_network
-    cell, L, H, I, bidirectional, P, bias, dropout, _, _ = net
+    cell, L, H, I, bidirectional, P, bias, dropout, is_training, _, zoneout = _net(net)
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
-    cfg = _call_config(layout, dropout, _seeds(seeds))
+    cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)
     lstm = cfg.has_cell_state
     keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
+    zoneout_keys = (cfg.seed, cfg.seed2) if zoneout and is_training else None    # else: the expectation
 
     def fn(x, h0, *rest):
         c0 = rest[0] if lstm else None
@@ -368,7 +382,7 @@ def _network_function(net, lengths, seeds):
             else:
                 layers[p]["V"][slot[1]] = w.to(dtype)
         y, hT, cT = torch_network.forward(cfg, layers, x.to(dtype), h0.to(dtype),
-                                          c0.to(dtype) if lstm else None, lengths, keys)
+                                          c0.to(dtype) if lstm else None, lengths, keys, zoneout_keys)
         out = x.dtype
         return y.to(out), hT.to(out), (cT.to(out) if lstm else x.new_empty((0,)))
 

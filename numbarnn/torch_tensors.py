@@ -156,7 +156,8 @@ def _op_attrs(cfg: RNNConfig, backend: str) -> dict:
     """The op attributes of a call of the network `cfg` (time-major, linear input: torch.nn's RNNs); one dict per
     network and backend, shared (callers pass it as **attrs: never written)."""
     return dict(rnn_mode=cfg.rnn_mode, input_mode="linear_input", direction=cfg.direction, dropout=cfg.dropout,
-                seed=cfg.seed, seed2=cfg.seed2, num_proj=cfg.num_proj, time_major=True, backend=backend or None)
+                seed=cfg.seed, seed2=cfg.seed2, num_proj=cfg.num_proj, time_major=True, backend=backend or None,
+                **({"zoneout": cfg.zoneout} if cfg.zoneout else {}))
 
 
 def _lengths_array(lengths):
@@ -252,7 +253,7 @@ class _WeightViews:
 
 
 class _InferenceCalls:
-    """Per module, per call signature (input shape, dtype, batch_first): what an eager CPU inference call needs
+    """Per module, per call signature (input shape, dtype, batch_first, zoneout): what an eager CPU inference call needs
     and that depends only on the signature, made at its first call and reused: the checked `RNNCall`, the
     backend, zero initial states.  Such a call then costs the backend's loop, the weights' gather and a few tensor
     conversions (a T=1 GRU of H=16: ~40 us against the general path's ~160, torch.nn's ~90).  Copies and pickles
@@ -261,7 +262,7 @@ class _InferenceCalls:
     __slots__ = ("entries",)
 
     def __init__(self):
-        self.entries = {}                   # (shape, dtype, batch_first) -> (call, backend, h0 zeros, c0 zeros)
+        self.entries = {}          # (shape, dtype, batch_first, zoneout) -> (call, backend, h0 zeros, c0 zeros)
 
     def __reduce__(self):
         return (_InferenceCalls, ())
@@ -353,14 +354,15 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
                    params_size(cfg), cfg.has_cell_state)
 
 
-def _call_config(layout: _Layout, dropout: float, seeds) -> RNNConfig:
-    """The network of one call: the layout's, with this call's dropout and Philox keys."""
-    return _config_with(layout.config, dropout, *seeds) if dropout else layout.config
+def _call_config(layout: _Layout, dropout: float, seeds, zoneout: float = 0.0) -> RNNConfig:
+    """The network of one call: the layout's, with this call's dropout, zoneout and Philox keys."""
+    return _config_with(layout.config, dropout, *seeds, zoneout) if dropout or zoneout else layout.config
 
 
 @functools.lru_cache(maxsize=256)
-def _config_with(c: RNNConfig, dropout: float, seed: int, seed2: int) -> RNNConfig:
-    return rnn_config(c.L, c.H, c.I, c.rnn_mode, "linear_input", c.direction, c.num_proj, dropout, seed, seed2)
+def _config_with(c: RNNConfig, dropout: float, seed: int, seed2: int, zoneout: float = 0.0) -> RNNConfig:
+    return rnn_config(c.L, c.H, c.I, c.rnn_mode, "linear_input", c.direction, c.num_proj, dropout, seed, seed2,
+                      zoneout)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:

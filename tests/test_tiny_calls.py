@@ -317,7 +317,7 @@ def test_inference_fast_path_equals_the_general_path(mode, kw, dtype, state):
         ref.load_state_dict(m.state_dict())
         with torch.no_grad():
             fast, general, want = m(*args), _general(m, *args), ref(*args)
-        assert (x.shape, dt, m.batch_first) in calls                 # the fast path ran
+        assert (x.shape, dt, m.batch_first, 0.0) in calls            # the fast path ran
         for a, b, c in zip(_leaves(fast), _leaves(general), _leaves(want)):
             assert a.shape == b.shape == c.shape and a.dtype == b.dtype == dt
             assert torch.equal(a, b)
@@ -359,3 +359,26 @@ def test_inference_fast_path_declines_what_it_does_not_run():
     with torch.no_grad(), pytest.raises(RuntimeError, match="Expected hidden size"):
         m(x, torch.randn(1, 3, 4))
     assert torch.get_num_threads() == threads_before
+
+
+def test_inference_fast_path_takes_zoneouts_expectation():
+    """Eval-mode zoneout (its expectation) on the fast path equals the general path bit for bit; training-mode
+    zoneout (masks drawn per call) declines it."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    torch.manual_seed(0)
+    m = nt.GRU(5, 4, num_layers=2, zoneout=0.3).eval()
+    x, h = torch.randn(3, 2, 5), torch.randn(2, 2, 4)
+    with torch.no_grad():
+        fast, general = m(x, h), _general(m, x, h)
+        plain = nt.GRU(5, 4, num_layers=2).eval()
+        plain.load_state_dict(m.state_dict())
+        assert not torch.equal(plain(x, h)[0], fast[0])               # the expectation was taken
+    assert (x.shape, x.dtype, False, 0.3) in m._inference_calls.entries
+    for a, b in zip(_leaves(fast), _leaves(general)):
+        assert torch.equal(a, b)
+    m.train()
+    m._inference_calls.entries.clear()
+    with torch.no_grad():
+        m(x, h)
+    assert not m._inference_calls.entries

@@ -34,7 +34,7 @@ def test_opcheck(lstm):
     P = ours.proj_size or ours.hidden_size
     h0 = torch.randn(4, 3, P, dtype=F64, requires_grad=True)
     c0 = torch.randn(4, 3, 4, dtype=F64, requires_grad=True) if lstm else None
-    net = ("lstm" if lstm else "gru", 2, 4, 3, True, ours.proj_size, True, 0.0, True, "")
+    net = ("lstm" if lstm else "gru", 2, 4, 3, True, ours.proj_size, True, 0.0, True, "", 0.0)
     args = (x, h0, c0, list(ours.parameters()), [4, 2, 3], torch.zeros(2, dtype=torch.int64), *net)
     torch.library.opcheck(rnn_op, args)
 
@@ -49,7 +49,7 @@ def test_the_reserve_gets_no_gradient_and_unused_outputs_none(monkeypatch):
     x = torch.randn(4, 3, 3, dtype=F64, requires_grad=True)
     P = ours.proj_size
     state = (torch.randn(4, 3, P, dtype=F64), torch.randn(4, 3, 4, dtype=F64))
-    net = ("lstm", 2, 4, 3, True, P, True, 0.0, True, "")
+    net = ("lstm", 2, 4, 3, True, P, True, 0.0, True, "", 0.0)
     out = rnn_op(x, *state, list(ours.parameters()), None, torch.zeros(2, dtype=torch.int64), *net)
     assert [o.requires_grad for o in out] == [True, True, True, False]
     seen = []

@@ -17,7 +17,9 @@ SPEC section 5) take the true lengths and guarantee:
 
 This script runs ops.cudnn_rnn_v3 / cudnn_rnn_backprop_v3 for a two-layer bidirectional LSTM on the
 NumPy reference and on the numba.cuda kernels, asserts each of the points above, checks batch-major
-layout (time_major=False: a real transpose, SPEC 3), and times the two backends.
+layout (time_major=False: a real transpose, SPEC 3), shows haste's zoneout (`zoneout=p`, SPEC 6.1: each
+step's h keeps its previous value where a Philox mask is 0; the expectation at inference), and times the two
+backends.
 Letters: T time, B batch, I input size, H units, P = H, L layers, D = 2 directions.
 """
 from __future__ import annotations
@@ -167,6 +169,38 @@ def check_batch_major(bt: Batch, backend, fwd_tm):
           f"{hT.shape}: the time-major results transposed")
 
 
+def check_zoneout(bt: Batch):
+    """haste's zoneout (SPEC 6.1), an op argument beside dropout: in training h' = h_new where the mask is 1,
+    else h_prev (only h, never c; y is the zoned-out h'); at inference h' = p*h_prev + (1-p)*h_new.  The mask is
+    a pure function of (seed, seed2, pseudo-layer, t, b, j) on its own Philox stream, recorded in the reserve."""
+    from numbarnn.reference.philox import zoneout_update_mask
+    p, H, T = 0.5, bt.H, bt.T
+    one = dict(rnn_mode="lstm", seed=7)                     # one layer, one direction: y is that layer's h'
+    params = np.random.default_rng(6).standard_normal(ops.cudnn_rnn_params_size(1, H, bt.I)) * 0.5
+    x, h0, c0 = bt.x[:, :1], bt.h0[:1, :1], bt.c0[:1, :1]   # row 0 (length T), [T, 1, I], [1, 1, H]
+    y = ops.cudnn_rnn_v3(x, h0, c0, params, zoneout=p, backend="reference", **one)[0]          # [T, 1, H]
+    update = zoneout_update_mask(7, 0, 0, T, 1, H, p)                                            # [T, 1, H]
+    h_prev = np.concatenate([h0, y[:-1]])                                                        # [T, 1, H]
+    assert np.array_equal(y[~update], h_prev[~update]), "zoneout: a masked unit must keep h_prev"
+    assert (y[update] != h_prev[update]).all()
+    y_eval = ops.cudnn_rnn_v3(x[:1], h0, c0, params, zoneout=p, is_training=False, backend="reference", **one)[0]
+    y_new = ops.cudnn_rnn_v3(x[:1], h0, c0, params, is_training=False, backend="reference", **one)[0]
+    assert np.allclose(y_eval, p * h0 + (1 - p) * y_new, rtol=0, atol=1e-15)
+    print(f"    training: {int((~update).sum())} of {update.size} units kept h_prev (the Philox mask, p={p}); "
+          f"inference: y = p*h0 + (1-p)*h_new")
+    zo = dict(ATTRS, zoneout=p, seed=7)                     # the whole ragged network on both backends
+    out = {}
+    for backend in ("reference", "cuda"):
+        fwd = ops.cudnn_rnn_v3(bt.x, bt.h0, bt.c0, bt.params, bt.lens, backend=backend, **zo)
+        grads = ops.cudnn_rnn_backprop_v3(bt.x, bt.h0, bt.c0, bt.params, bt.lens, *fwd[:3], bt.dy, bt.dhT,
+                                          bt.dcT, *fwd[3:], backend=backend, **zo)
+        out[backend] = [*fwd[:3], *grads]
+    check_backends_agree(out["reference"], out["cuda"], ("output", "output_h", "output_c", "input_backprop",
+                                                         "input_h_backprop", "input_c_backprop",
+                                                         "params_backprop"),
+                         "zoneout=0.5, training", TOLERANCES[np.dtype(np.float64)][1])
+
+
 # ---------------------------------------------------------------------------------------------------
 # benchmark
 # ---------------------------------------------------------------------------------------------------
@@ -222,7 +256,9 @@ def main(argv=None) -> int:
     print("5. batch-major layout")
     check_batch_major(bt, "reference", fwd["reference"])
     check_batch_major(bt, "cuda", fwd["cuda"])
-    print("6. benchmark")
+    print("6. zoneout (haste's), an option beside dropout")
+    check_zoneout(bt)
+    print("7. benchmark")
     benchmark(quick, rng)
     print("tutorial 04: all checks passed")
     return 0

@@ -18,7 +18,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
-from . import cells, diagonal, fused, modulated, panels, threads
+from . import cells, diagonal, fused, modulated, panels, threads, zoneout
 from .fused import pack as _pack
 from .fused import pack_columns as _pack_columns
 from .jitcache import njit_cached
@@ -322,10 +322,12 @@ def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c,
         c[...] = cbuf[:, :H]
 
 
-def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None):
+def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None,
+                 zone=None):
     """One layer and direction by BLAS products and the njit step loop (FUSED False; always for a diagonal or a
-    modulated cell): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod [T, B, H]: the
-    reserve's m of a modulated cell."""
+    modulated cell, or with zoneout): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod
+    [T, B, H]: the reserve's m of a modulated cell; zone: zoneout's (mask [T, B, P] uint8, zmask [T, B, P] reserve)
+    (zoneout.py; empty arrays at inference)."""
     cfg, T, B = call.config, call.T, call.B
     H, P, G = cfg.H, cfg.P, cfg.G
     step = cells.pick(cells.forward_step, cfg.cell, ct, cfg.has_proj, B, H)
@@ -350,8 +352,12 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
         gh1T = scratch("gh1T", (rows1.size, B), ct)          # [G1*H, B] R_1 h
         gh2T = scratch("gh2T", (rows2.size, B), ct)          # [G2*H, B] R_2 (m ⊙ h)
     # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
+    if zone is not None:
+        h_prev = scratch("zoneout_h_prev", (B, P), ct)       # [B, P] h entering the step
     with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
         for s in range(steps):
+            if zone is not None:
+                h_prev[...] = h
             if cfg.cell.modulated:                           # (modulate reads only the unmodulated rows)
                 modulated.product(R1, hT_buf, ghT, rows1, gh1T)
                 modulate(s, d, lens, gx, ghT.T, lp.bW, lp.bR, vec, h, qT_buf.T, acts_mod)
@@ -364,6 +370,8 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
             if cfg.has_proj:
                 np.matmul(m_step, lp.W_proj.T, out=h_new)
                 commit_projection(s, d, lens, h_new, h, y)
+            if zone is not None:                             # h' = h_new or h_prev (zoneout.py)
+                zoneout.commit(s, d, lens, call.zoneout_active, cfg.zoneout, zone[0], zone[1], h_prev, h, y)
     h_state[...] = h
 
 
@@ -376,7 +384,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     lens, steps = rows[0], rows[1]                            # [B], no step past the longest
     cell = cfg.cell
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
+    # (nor with zoneout: the BLAS loop's step is followed by zoneout's commit)
+    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not cfg.zoneout
     if use_fused:                                             # (reads the weights from params: no views)
         plan = _fused_plan(call, ct, fused.geometry(cell.G), threads.num_threads(), cell)
         layers, none3 = None, plan.none3
@@ -406,9 +415,15 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
                 fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct,
                               None if kept is None else (kept[0].layers[p], kept[1]))
             else:
+                zone = None
+                if call.zoneout_active:
+                    zone = (zoneout.update_mask(cfg.seed, cfg.seed2, p, T, B, P, cfg.zoneout),
+                            saved[f"zmask{layer}"][d])
+                elif call.zoneout_expected:
+                    zone = (np.zeros((0, 0, 0), np.uint8), none3)
                 with threads.budget():
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
-                                 saved[f"mod{layer}"][d] if cfg.cell.modulated else None)
+                                 saved[f"mod{layer}"][d] if cfg.cell.modulated else None, zone)
         x_l = y
     if kept is not None and not kept[1]:
         panels.KEPT.commit(kept[0], params)                  # every pseudo-layer's panels hold params now
@@ -493,7 +508,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     cell = cfg.cell
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
+    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not call.zoneout_active
     if cell.modulated:                                       # modulated.py: two products per step
         rows1, rows2 = modulated.gate_rows(cell, H, False), modulated.gate_rows(cell, H, True)
         modulate_backward = modulated.modulate_backward(cell, _name(ct))
@@ -514,6 +529,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dht = scratch("dht", (B, P), ct)                         # [B, P]      projection: dy + dh of a step
     dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
     split = plan.split if use_fused else any(cell.split_mask)
+    if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
+        carry = scratch("zoneout_carry", (B, P), ct)         # [B, P] (1-mask)*(dy + dh), the bypass to h_prev
+        no_dy = scratch("zoneout_no_dy", (T, B, D * P), ct)  # [T, B, D*P] zeros: dy is in dh already
+        no_dy.fill(0)
     dy_l = dy
 
     for layer in reversed(range(cfg.L)):
@@ -580,12 +599,17 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 R1, R2 = lp.R[rows1], lp.R[rows2]            # [G1*H, P], [G2*H, P] the two products' rows
             # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
             with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
+                dy_step = dy_l
+                if call.zoneout_active:
+                    zmask, dy_step = saved[f"zmask{layer}"][d], no_dy
                 for s in reversed(range(steps)):
+                    if call.zoneout_active:
+                        zoneout.split(s, d, lens, zmask, dy_l, dh, carry)
                     if cfg.has_proj:
-                        total_dh(s, d, lens, dy_l, dh, dht, dh_all)
+                        total_dh(s, d, lens, dy_step, dh, dht, dh_all)
                         np.matmul(dht, lp.W_proj, out=dm)
-                    step(s, d, lens, all_rows, dy_l, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s],
-                         dv_acc)
+                    step(s, d, lens, all_rows, dy_step, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s],
+                         hp[s], dv_acc)
                     if cfg.cell.modulated:                   # through R_2 (m ⊙ h), then R_1 h (modulated.py)
                         np.matmul(modulated.columns(dgh[s], rows2), R2, out=dq)
                         modulate_backward(s, d, lens, dq, saved[f"mod{layer}"][d], acts, vec, hp[s], dh, dgx, dgh[s],
@@ -597,6 +621,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                     else:
                         np.matmul(dgh[s], lp.R, out=tmp)
                         np.add(dh, tmp, out=dh)
+                    if call.zoneout_active:
+                        zoneout.add_carry(dh, carry)
         for d, (dgx, dgh, hp, dv_acc, dh_all, qs) in enumerate(grads):
             p = layer * D + d
             lp, dlp = layers[p], dlayers[p]

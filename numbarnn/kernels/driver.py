@@ -382,6 +382,9 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
                    dgm=scratch("dgm", (D, GM, T, B, H), dt))            # [D, GM, T, B, H]
     for layer in range(1, cfg.L):                  # [T, B, D*P]: layer l writes dx{l % 2}, reads dx{(l + 1) % 2}
         env[f"dx{layer % 2}"] = scratch(f"dx{layer % 2}", (T, B, D * P), dt)
+    if call.zoneout_active:                        # kernels/zoneout.py: the bypass of dh', a zero dy for the step
+        env.update(zoneout_carry=scratch("zoneout_carry", (D, B, P), a),                  # [D, B, P]
+                   zoneout_no_dy=scratch("zoneout_no_dy", (T, B, D * P), dt))              # [T, B, D*P]
     if call.dropout_active:                        # [T, B, D*P] masked copies
         env.update(x_masked=scratch("x_masked", (T, B, D * P), dt), dy_masked=scratch("dy_masked", (T, B, D * P), dt))
     env.update((f"saved.{name}", v) for name, v in reserve_views(call, reserve).items())

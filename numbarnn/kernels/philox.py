@@ -98,6 +98,27 @@ def dropout_keep(n, k0, k1, threshold):
     return uint32(x >> _SHIFT8) >= uint32(threshold)
 
 
+_ZONEOUT_STREAM = np.uint32(1)   # numbarnn.dropout.ZONEOUT_STREAM: counter word 2 of the zoneout masks
+
+
+@device
+def zoneout_update(n, k0, k1, threshold):
+    """True iff h takes h_new at zoneout element n (uint64) (SPEC 6.1): dropout's test on the stream
+    x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), 1, 0), key=(k0, k1))[n % 4]."""
+    n = uint64(n)
+    q = n >> _U64_2                           # counter n // 4
+    lane = n & _U64_3                         # n % 4
+    x0, x1, x2, x3 = philox4x32_10(uint32(q & _MASK32), uint32(q >> _SHIFT32), _ZONEOUT_STREAM, _ZERO32, k0, k1)
+    x = x3
+    if lane == _U64_0:
+        x = x0
+    elif lane == _U64_1:
+        x = x1
+    elif lane == _U64_2:
+        x = x2
+    return uint32(x >> _SHIFT8) >= uint32(threshold)
+
+
 @cuda.jit
 def dropout_keep_mask_kernel(
     out,        # [T, B, W] uint8: 1 = keep, 0 = drop (written)

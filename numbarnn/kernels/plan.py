@@ -34,6 +34,7 @@ from .layer_ops import (column_sums_launches, make_apply_mask, make_dropout_forw
                         make_tile_gates)
 from .recurrent import make_diagonal_gradient
 from .steps import STEP_KERNELS, step_plan
+from . import zoneout
 
 NONCE_KERNEL = "put4 (the reserve's nonce)"
 
@@ -203,6 +204,8 @@ def forward_plan(call, simulator: bool | None = None, device_reserve: bool = Fal
         if cfg.has_cell_state:
             b.cast("c0 in", part("c0", ps), "c", D * B * H, dt, a)
         STEP_KERNELS[b.step.version].forward(b)
+        if cfg.zoneout:                                         # h' = h_new or h_prev (v1 only: kernels/zoneout.py)
+            zoneout.plan_forward(b)
         b.cast("hT out", "h_in", part("hT", ps), D * B * P, a, dt)
         if cfg.has_cell_state:
             b.cast("cT out", "c", part("cT", ps), D * B * H, a, dt)
@@ -248,7 +251,13 @@ def backward_plan(call, simulator: bool | None = None, step=None) -> list[Launch
         b.cast("dhT in", part("dhT", ps), "dh_in", D * B * P, dt, a)
         if cfg.has_cell_state:
             b.cast("dcT in", part("dcT", ps), "dc", D * B * H, dt, a)
-        STEP_KERNELS[b.step.version].backward(b, dy_l)
+        if call.zoneout_active:                                 # the cell gets mask*dh', the step a zero dy
+            b.fill("zoneout_no_dy", "zoneout_no_dy", n)
+            zoneout.plan_backward_before(b, dy_l)
+            STEP_KERNELS[b.step.version].backward(b, "zoneout_no_dy")
+            zoneout.plan_backward_after(b)
+        else:
+            STEP_KERNELS[b.step.version].backward(b, dy_l)
         b.cast("dh0 out", "dh_in", part("dh0", ps), D * B * P, a, dt)
         if cfg.has_cell_state:
             b.cast("dc0 out", "dc", part("dc0", ps), D * B * H, a, dt)

@@ -46,6 +46,9 @@ class StepPlan:
 #: why a cell with a diagonal recurrence runs the v1 step kernels (the launch log's and `numbarnn explain`'s note)
 DIAGONAL_NOTE = ("v1: {cell!r} has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels tile a product by a "
                  "matrix R, so v1 runs instead of v{version}")
+#: why a call with zoneout runs the v1 step kernels (kernels/zoneout.py)
+ZONEOUT_NOTE = ("v1: zoneout={zoneout} mixes h_prev into each step's h' (kernels/zoneout.py, launched between "
+                "v1's step kernels); the v2/v3 step kernels have no such hook, so v1 runs instead of v{version}")
 #: why a modulated cell runs the v1 step kernels (kernels/modulated.py)
 MODULATED_NOTE = ("v1: {cell!r} modulates the state before a recurrent product (R_g (m ⊙ h)); the v2/v3 step "
                   "kernels make one product per step, so v1 runs instead of v{version}")
@@ -84,6 +87,8 @@ def step_plan(call, phase: str, simulator: bool | None = None) -> StepPlan:
         version, note = 1, DIAGONAL_NOTE.format(cell=cfg.rnn_mode, version=version)
     if version > 1 and cfg.cell.modulated:                 # v2 and v3 make one product per step
         version, note = 1, MODULATED_NOTE.format(cell=cfg.rnn_mode, version=version)
+    if version > 1 and cfg.zoneout:                        # zoneout's kernels run between v1's
+        version, note = 1, ZONEOUT_NOTE.format(zoneout=cfg.zoneout, version=version)
     if version == 3:
         slice_, note = step_v3.choose(cfg.cell, dt, cfg.H, cfg.P, cfg.D, cfg.has_proj, simulator=simulator,
                                       phase=phase, B=B)

@@ -22,6 +22,11 @@ A modulated cell (classic GRU, MGU: CellSpec.modulated) makes two recurrent prod
     backward: dq = dgh_2 @ R_2 ; dgx, dgh += modulation_backward(dq ⊙ h) ; dh_prev += dq ⊙ m + dgh_1 @ R_1
               dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)               (m saved per step: mod_l)
 
+Zoneout (haste's, SPEC 6.1) acts on the state h' of every step, after the cell (and the projection):
+    training:  h' = h_new where the mask zmask_l[d, t, b] is 1, else h_prev          (`_zoneout`)
+    inference: h' = p*h_prev + (1-p)*h_new
+    backward:  dh_tot = dy + dh' ; the cell gets mask*dh_tot, dh_prev gets (1-mask)*dh_tot besides its own terms
+
 Everything is float64 here; `backend.py` casts at the boundary.  Rows past their length keep their state
 and write 0 outputs; `len[b] == 0` rows never become active (final state = initial state).
 """
@@ -34,7 +39,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries
 from . import gru, lstm, rnn, spec_cell
-from .philox import dropout_keep_mask
+from .philox import dropout_keep_mask, zoneout_update_mask
 
 #: the hand-written oracle of each built-in cell (shares no code with numbarnn.cells or the kernels)
 CELLS = {"lstm": (lstm.forward, lstm.backward), "gru": (gru.forward, gru.backward),
@@ -107,6 +112,17 @@ def _modulated(cfg, lp, modulation, gx_t, h):
     return gh, mod
 
 
+def _zoneout(call: RNNCall, update, h_new, h_prev):
+    """haste's zoneout of one step's new state: h_new [n, P] where update [n, P] is True, else h_prev (training);
+    the expectation p*h_prev + (1-p)*h_new at inference; h_new itself without zoneout."""
+    if call.zoneout_active:
+        return np.where(update, h_new, h_prev)
+    if call.zoneout_expected:
+        p = call.config.zoneout
+        return p * h_prev + (1.0 - p) * h_new
+    return h_new
+
+
 def new_reserve(call: RNNCall) -> dict:
     return {e.name: np.zeros(e.shape) for e in reserve_entries(call)}
 
@@ -137,6 +153,8 @@ def forward(call: RNNCall, x, h0, c0, params):
             lp = layers[p]
             gx = _input_projection(lp, x_l, G)              # [T, B, G*H]
             h, c = hT[p], (cT[p] if cT is not None else None)   # views: updated in place, end as final state
+            update = zoneout_update_mask(cfg.seed, cfg.seed2, p, T, B, P, cfg.zoneout) \
+                if call.zoneout_active else None            # [T, B, P] True: h takes h_new
             for s in range(T):
                 b, t = _steps(lens, s, d)
                 if b.size == 0:
@@ -155,6 +173,9 @@ def forward(call: RNNCall, x, h0, c0, params):
                     c[b] = c_new
                 if lp.W_proj is not None:
                     saved[f"m{layer}"][d, t, b] = m
+                if update is not None:
+                    saved[f"zmask{layer}"][d, t, b] = update[t, b]
+                h_new = _zoneout(call, update[t, b] if update is not None else None, h_new, h[b])
                 y[t, b, d * P:(d + 1) * P] = h_new
                 h[b] = h_new
         saved[f"y{layer}"][...] = y
@@ -216,6 +237,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                 if cs is not None:
                     c_prev = c0[p][b] if first else cs[t - step, b]
                 dh_tot = dy_l[t, b, d * P:(d + 1) * P] + dh[b]    # [n, P]
+                carry = 0.0                                 # zoneout: the part of dh' that h_prev took
+                if call.zoneout_active:
+                    update = saved[f"zmask{layer}"][d][t, b] != 0     # [n, P]
+                    carry = np.where(update, 0.0, dh_tot)
+                    dh_tot = np.where(update, dh_tot, 0.0)
                 dm = dh_tot @ lp.W_proj if lp.W_proj is not None else dh_tot   # [n, H]
                 gx_b, gh_b, dh_direct, dc_prev, dv = cell_backward(
                     dm, dc[b] if dc is not None else None, acts[t, b], h_prev if lp.W_proj is None else None,
@@ -233,7 +259,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                 else:
                     dh_rec = _recurrent_backward(cfg, lp, gh_b)
                 dgx[t, b], dgh[t, b], h_prev_all[t, b], dh_all[t, b] = gx_b, gh_b, h_prev, dh_tot
-                dh[b] = dh_direct + dh_rec
+                dh[b] = dh_direct + dh_rec + carry
                 if dc is not None:
                     dc[b] = dc_prev
             # weight gradients as big matmuls after the time loop

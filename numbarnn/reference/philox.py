@@ -110,3 +110,29 @@ def dropout_keep_mask(seed: int, seed2: int, layer: int, T: int, B: int, W: int,
     threshold = dropout_threshold(p)
     x = dropout_random_bits(seed, seed2, layer, T, B, W)   # [T, B, W] uint32
     return (x >> np.uint32(8)).astype(np.int64) >= threshold   # [T, B, W] bool
+
+
+def zoneout_update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int, P: int, p: float) -> np.ndarray:
+    """haste's zoneout mask of pseudo-layer `pseudo_layer` = l*D + d (SPEC 6.1): bool [T, B, P], True where the
+    step takes the new state h_new, False where h keeps h_prev (probability ~p).
+
+    Dropout's Philox under dropout's key, on a stream of its own (counter word 2 = ZONEOUT_STREAM):
+        n = ((pseudo_layer*T + t)*B + b)*P + j
+        x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), ZONEOUT_STREAM, 0), key)[n % 4]
+        update iff (x >> 8) >= dropout_threshold(p)
+    """
+    from numbarnn.dropout import ZONEOUT_STREAM, check_zoneout_mask_args
+    threshold = dropout_threshold(p)
+    k0, k1 = dropout_key(seed, seed2)
+    pl, T, B, P = check_zoneout_mask_args(pseudo_layer, T, B, P)
+    u = np.uint64
+    t = np.arange(T, dtype=u)[:, None, None]               # [T, 1, 1]
+    b = np.arange(B, dtype=u)[None, :, None]               # [1, B, 1]
+    j = np.arange(P, dtype=u)[None, None, :]               # [1, 1, P]
+    n = ((u(pl) * u(T) + t) * u(B) + b) * u(P) + j         # [T, B, P] uint64
+    q = n >> u(2)                                          # counter n // 4
+    counter = np.stack([q & _MASK32, q >> _SHIFT32, np.full_like(q, ZONEOUT_STREAM), np.zeros_like(q)],
+                       axis=-1)                            # [T, B, P, 4]
+    x4 = philox4x32_10(counter, np.array([k0, k1], dtype=u))                       # [T, B, P, 4] uint32
+    x = np.take_along_axis(x4, (n & u(3)).astype(np.intp)[..., None], axis=-1)[..., 0]   # [T, B, P] uint32
+    return (x >> np.uint32(8)).astype(np.int64) >= threshold

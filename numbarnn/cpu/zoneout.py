@@ -1,0 +1,121 @@
+"""haste's zoneout of the state h (SPEC 6.1) on the CPU: small njit loops around the BLAS loop's step.
+
+The step loop of `network.blas_forward` writes h' = h_new into the state h and the output y; with zoneout a
+commit after it (and after the projection) replaces h' of every active row:
+
+    training   h'[b, j] = h_new if mask[t, b, j] else h_prev      the mask from `update_mask`, recorded in zmask
+    inference  h'[b, j] = p*h_prev + (1-p)*h_new                  the expectation
+
+Backward splits the gradient before the cell step (`split`) and adds the bypass after it (`carry`):
+
+    dh_tot = dy[t, b] + dh[b] ;  the cell gets mask*dh_tot ;  dh_prev = ... + (1-mask)*dh_tot
+
+The masks are the CUDA kernels' Philox device function (`kernels/philox.zoneout_update`) compiled for the CPU,
+bit-identical to `numbarnn.reference.philox.zoneout_update_mask`.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, uint64
+
+from ..cells.functions import compile_with_twins
+from ..dropout import check_zoneout_mask_args, dropout_key, dropout_threshold
+from ..kernels import philox as _cuda_philox
+from .jitcache import njit_cached
+
+#: update(n, k0, k1, threshold) -> bool, the device function `zoneout_update` compiled for the CPU
+zoneout_update = compile_with_twins(_cuda_philox.zoneout_update.py_func, {}, njit(inline="always"))
+
+
+@njit_cached(parallel=True)
+def _mask(
+    out,        # [T, B, P] uint8: 1 = take h_new, 0 = keep h_prev (written)
+    pl,         # uint64: the pseudo-layer l*D + d
+    k0,         # uint32: key low word
+    k1,         # uint32: key high word
+    threshold,  # uint32
+):
+    T, B, P = out.shape
+    for e in prange(T * B * P):
+        t = e // (B * P)
+        b = (e // P) % B
+        j = e % P
+        n = ((uint64(pl) * uint64(T) + uint64(t)) * uint64(B) + uint64(b)) * uint64(P) + uint64(j)
+        out[t, b, j] = 1 if zoneout_update(n, k0, k1, threshold) else 0
+
+
+def update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int, P: int, p: float) -> np.ndarray:
+    """uint8 [T, B, P] zoneout mask of pseudo-layer `pseudo_layer` (1: h takes h_new)."""
+    pseudo_layer, T, B, P = check_zoneout_mask_args(pseudo_layer, T, B, P)
+    k0, k1 = dropout_key(seed, seed2)
+    out = np.empty((T, B, P), dtype=np.uint8)
+    if out.size:
+        _mask(out, np.uint64(pseudo_layer), np.uint32(k0), np.uint32(k1), np.uint32(dropout_threshold(p)))
+    return out
+
+
+@njit_cached
+def commit(
+    s,        # int     step index
+    d,        # int     direction
+    lens,     # [B]     int32
+    training,  # bool   True: the mask; False: the expectation with p
+    p,        # float   the zoneout probability
+    mask,     # [T, B, P] uint8 the update mask (training; [0, 0, 0] at inference)
+    zmask,    # [T, B, P] reserve: the mask at active positions (training)
+    h_prev,   # [B, P]  h entering the step
+    h,        # [B, P]  in: h_new of active rows; out: the zoned-out h'
+    y,        # [T, B, D*P] layer output: the same h'
+):
+    B, P = h.shape
+    q = 1.0 - p
+    for b in range(B):
+        if s < lens[b]:
+            t = s if d == 0 else lens[b] - 1 - s
+            for k in range(P):
+                if training:
+                    keep_new = mask[t, b, k] != 0
+                    zmask[t, b, k] = 1.0 if keep_new else 0.0
+                    v = h[b, k] if keep_new else h_prev[b, k]
+                else:
+                    v = p * h_prev[b, k] + q * h[b, k]
+                h[b, k] = v
+                y[t, b, d * P + k] = v
+
+
+@njit_cached
+def split(
+    s,        # int     step index
+    d,        # int     direction
+    lens,     # [B]     int32
+    zmask,    # [T, B, P] reserve: the forward's mask
+    dy,       # [T, B, D*P] gradient reaching the layer output
+    dh,       # [B, P]  in: dh' from the next step; out: mask*(dy + dh), what the cell step gets (with a zero dy)
+    carry,    # [B, P]  out: (1-mask)*(dy + dh), what bypasses the cell to h_prev (0 for inactive rows)
+):
+    B, P = dh.shape
+    for b in range(B):
+        if s < lens[b]:
+            t = s if d == 0 else lens[b] - 1 - s
+            for k in range(P):
+                tot = dy[t, b, d * P + k] + dh[b, k]
+                if zmask[t, b, k] != 0:
+                    dh[b, k] = tot
+                    carry[b, k] = 0.0
+                else:
+                    dh[b, k] = 0.0
+                    carry[b, k] = tot
+        else:
+            for k in range(P):
+                carry[b, k] = 0.0
+
+
+@njit_cached
+def add_carry(
+    dh,       # [B, P]  in: dh_prev through the cell and R; out: plus the bypass
+    carry,    # [B, P]
+):
+    B, P = dh.shape
+    for b in range(B):
+        for k in range(P):
+            dh[b, k] += carry[b, k]
