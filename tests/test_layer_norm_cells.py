@@ -1,0 +1,226 @@
+"""Layer-normalised cells (CellSpec.layer_norm, SPEC 13): haste's LayerNormLSTM and LayerNormGRU, whose rows of W x
+and R h (and the LSTM's cell state) are layer-normalised inside the step.
+
+The oracle is twofold: finite differences (`check_cell`), and an independent implementation in plain PyTorch
+operations written from haste's published equations (its LayerNormLSTMScript / LayerNormGRUScript: F.layer_norm of
+the whole row, gains gamma[0], gamma[1], gamma_h, beta_h), looping row by row over each sequence's own length,
+differentiated by autograd.
+"""
+import numpy as np
+import pytest
+
+import numbarnn
+import numbarnn.contrib.layer_norm_gru as ln_gru
+import numbarnn.contrib.layer_norm_lstm as ln_lstm
+from numbarnn.cells import CellSpec
+from numbarnn.config import RNNCall, params_size, rnn_config
+from numbarnn.params import param_regions, params_to_canonical
+from numbarnn.reserve import reserve_entries
+from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+
+CELLS = ("layer_norm_lstm", "layer_norm_gru")
+BACKENDS = ("reference",)
+
+
+# ----------------------------------------------------------------------------------------------
+# the description
+# ----------------------------------------------------------------------------------------------
+
+def test_the_shipped_cells_normalise_what_haste_normalises():
+    assert ln_lstm.SPEC.layer_norm == ("wx", "rh", "c") and ln_lstm.SPEC.gates == ("i", "g", "f", "o")
+    assert ln_gru.SPEC.layer_norm == ("wx", "rh") and ln_gru.SPEC.gates == ("z", "r", "g")
+    assert ln_lstm.SPEC.norm_groups == (("ln_wx_gain", 4), ("ln_rh_gain", 4), ("ln_c_gain", 1), ("ln_c_bias", 1))
+    assert numbarnn.cells.get_cell("lstm").layer_norm == () and numbarnn.cells.get_cell("lstm").NV == 0
+
+
+def _spec(**kw):
+    return CellSpec(**{**dict(name="bad_ln", gates=("i", "g", "f", "o"), saved=("i", "g", "f", "o"),
+                              forward=ln_lstm.forward, backward=ln_lstm.backward, cell_state=True,
+                              layer_norm=("wx", "rh", "c"), output=ln_lstm.output,
+                              output_backward=ln_lstm.output_backward), **kw})
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(layer_norm=("x",)), ValueError, r"CellSpec\.layer_norm: \['x'\] cannot be normalised"),
+    (dict(layer_norm=("wx", "wx")), ValueError, r"CellSpec\.layer_norm: names must be distinct"),
+    (dict(layer_norm="wx"), TypeError, r"CellSpec\.layer_norm: expected a tuple of non-empty names"),
+    (dict(cell_state=False), ValueError, r"CellSpec\.layer_norm: 'c' normalises the cell state, but the cell has "
+                                         r"none"),
+    (dict(output=None), TypeError, r"CellSpec\.output: a cell with a normalised state .* needs"),
+    (dict(output_backward=None), TypeError, r"CellSpec\.output_backward: a cell with a normalised state"),
+    (dict(output=lambda n, saved: 0.0), TypeError, r"CellSpec\.output: expected a function of 3 positional "
+                                                   r"arguments \(n, saved, v\)"),
+    (dict(layer_norm=("wx",)), ValueError, r"CellSpec\.output: output / output_backward are given but the cell "
+                                           r"state is not normalised"),
+    (dict(recurrence="diagonal"), ValueError, r"CellSpec\.layer_norm: a layer-normalised cell needs "
+                                              r"recurrence='matrix'"),
+    (dict(projection=True), ValueError, r"CellSpec\.layer_norm: a layer-normalised cell cannot have a projection"),
+])
+def test_bad_descriptions_name_the_field(kw, error, message):
+    with pytest.raises(error, match=message):
+        _spec(**kw)
+
+
+def test_a_spec_that_differs_only_in_what_it_normalises_is_a_different_cell():
+    from numbarnn.cells.spec import _same
+    assert _same(_spec(), _spec())
+    assert not _same(_spec(), _spec(layer_norm=("rh", "c")))
+
+
+def test_params_end_with_the_normalisation_vectors_and_the_reserve_saves_the_statistics():
+    cfg = rnn_config(2, 3, 2, "layer_norm_lstm", direction="bidirectional")
+    plain = rnn_config(2, 3, 2, "lstm", direction="bidirectional")
+    assert params_size(cfg) == params_size(plain) + 4 * 10 * 3
+    tail = [r for r in param_regions(cfg) if r.kind == "N"]
+    assert len(tail) == 40 and tail[0].offset == params_size(plain) and tail[-1].offset + 3 == params_size(cfg)
+    assert tail[0].describe(cfg) == "layer 0 fwd N ln_wx_gain i" and tail[9].describe(cfg) == "layer 0 fwd N ln_c_bias"
+    names = {e.name: e.shape for e in reserve_entries(RNNCall(cfg, 4, 5, None, True))}
+    assert names["lnstat1"] == (2, 4, 5, 6) and names["rh0"] == (2, 4, 5, 12)
+    gru = {e.name: e.shape for e in reserve_entries(RNNCall(rnn_config(1, 3, 2, "layer_norm_gru"), 4, 5, None,
+                                                            True))}
+    assert gru["lnstat0"] == (1, 4, 5, 4) and "c0" not in gru
+
+
+def test_num_proj_is_refused_for_a_layer_normalised_cell():
+    with pytest.raises(ValueError, match="num_proj: projection is only defined for rnn_mode in"):
+        rnn_config(1, 4, 3, "layer_norm_lstm", num_proj=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# gradients: finite differences
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cell", CELLS)
+def test_check_cell(cell, backend):
+    report = check_cell(cell, backends=(backend,), max_examples=8, network_examples=4)
+    assert report.ok and report.network[backend] < 1e-5
+
+
+def test_check_cell_catches_a_wrong_gradient_through_the_normalised_state():
+    def output_backward(dm, n, saved, v, dwx, drh):
+        dwx[3] = dm * ln_lstm.tanh(n) * ln_lstm.dsigmoid(saved[3])
+        return dm * saved[3]                               # forgets tanh's derivative
+    bad = _spec(name="bad_ln_output", output_backward=output_backward)
+    report = check_cell(bad, max_examples=3, network_examples=1, raise_on_failure=False)
+    assert not report.ok and report.pointwise > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# haste's equations in plain torch
+# ----------------------------------------------------------------------------------------------
+
+def _haste_layers(torch, cell, tw, tb, L, D, H):
+    """Per pseudo-layer haste's parameters from the canonical lists (W_0.., R_0.. per p; then every p's
+    normalisation vectors; biases bW_0.., bR_0.. per p): kernel [I_l, G*H], recurrent_kernel [H, G*H], bias,
+    recurrent_bias [G*H], gamma [2, G*H], gamma_h, beta_h [H]."""
+    G, NV, n0 = cell.G, cell.NV, 2 * cell.G * L * D
+    out = []
+    for p in range(L * D):
+        w, b = tw[2 * G * p:2 * G * (p + 1)], tb[2 * G * p:2 * G * (p + 1)]
+        norm = tw[n0 + NV * p:n0 + NV * (p + 1)]
+        out.append(dict(kernel=torch.cat(w[:G]).T, recurrent_kernel=torch.cat(w[G:]).T, bias=torch.cat(b[:G]),
+                        recurrent_bias=torch.cat(b[G:]), gamma=torch.stack([torch.cat(norm[:G]),
+                                                                             torch.cat(norm[G:2 * G])]),
+                        gamma_h=norm[2 * G] if NV > 2 * G else None, beta_h=norm[2 * G + 1] if NV > 2 * G else None))
+    return out
+
+
+def _haste_lstm(torch, x, h, c, q):
+    """haste's LayerNormLSTMScript over one sequence x [n, I] (bias = bias + recurrent_bias: haste has one)."""
+    F = torch.nn.functional
+    H = q["recurrent_kernel"].shape[0]
+    Wx = F.layer_norm(x @ q["kernel"], (4 * H,), weight=q["gamma"][0])
+    hs = []
+    for t in range(x.shape[0]):
+        v = F.layer_norm(h @ q["recurrent_kernel"], (4 * H,), weight=q["gamma"][1]) + Wx[t] + q["bias"] + \
+            q["recurrent_bias"]
+        i, g, f, o = torch.chunk(v, 4, 0)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(F.layer_norm(c, (H,), weight=q["gamma_h"], bias=q["beta_h"]))
+        hs.append(h)
+    return hs, h, c
+
+
+def _haste_gru(torch, x, h, c, q):
+    """haste's LayerNormGRUScript over one sequence x [n, I]."""
+    F = torch.nn.functional
+    H = q["recurrent_kernel"].shape[0]
+    Wx = F.layer_norm(x @ q["kernel"], (3 * H,), weight=q["gamma"][0]) + q["bias"]
+    hs = []
+    for t in range(x.shape[0]):
+        Rh = F.layer_norm(h @ q["recurrent_kernel"], (3 * H,), weight=q["gamma"][1]) + q["recurrent_bias"]
+        vx, vh = torch.chunk(Wx[t], 3, 0), torch.chunk(Rh, 3, 0)
+        z = torch.sigmoid(vx[0] + vh[0])
+        r = torch.sigmoid(vx[1] + vh[1])
+        g = torch.tanh(vx[2] + r * vh[2])
+        h = z * h + (1 - z) * g
+        hs.append(h)
+    return hs, h, c
+
+
+def _torch_network(torch, cell, x, h0, c0, tw, tb, lengths, L, D):
+    """y [T, B, D*H], hT, cT [L*D, B, H] (time-major), row by row over each sequence's own length."""
+    T, B, _ = x.shape
+    H = h0.shape[-1]
+    layers = _haste_layers(torch, cell, tw, tb, L, D, H)
+    run = _haste_lstm if cell.cell_state else _haste_gru
+    ys, hT, cT = [], [[None] * B for _ in range(L * D)], [[None] * B for _ in range(L * D)]
+    for b, n in enumerate(lengths):
+        seq = x[:n, b]                                        # [n, I]
+        for layer in range(L):
+            outs = []
+            for d in range(D):
+                p = layer * D + d
+                c = c0[p, b] if c0 is not None else None
+                src = seq if d == 0 else torch.flip(seq, [0])
+                hs, hT[p][b], cT[p][b] = run(torch, src, h0[p, b], c, layers[p])
+                out = torch.stack(hs) if hs else seq.new_zeros((0, H))
+                outs.append(out if d == 0 else torch.flip(out, [0]))
+            seq = torch.cat(outs, dim=1)                      # [n, D*H]
+        ys.append(torch.cat([seq, seq.new_zeros((T - n, D * H))]))
+    y = torch.stack(ys, dim=1)
+    stack = (lambda rows: torch.stack([torch.stack(r) for r in rows]))
+    return y, stack(hT), (stack(cT) if c0 is not None else None)
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cell", CELLS)
+def test_agrees_with_haste_in_plain_torch_to_1e10(cell, backend, time_major):
+    """2 layers, bidirectional, lengths with 0, either layout: outputs, final states and every gradient."""
+    torch = pytest.importorskip("torch", reason="the independent implementation is written in torch")
+    spec = numbarnn.cells.get_cell(cell)
+    L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
+    lengths = [4, 0, 2]
+    cfg = rnn_config(L, H, I, cell, direction="bidirectional")
+    case = make_rnn_case(cfg, T, B, lengths, seed=3, time_major=time_major)
+    for r in param_regions(cfg):                              # gains near 1, as trained ones are
+        if r.kind == "N":
+            case.params[r.offset:r.offset + r.size] += 1.0 if "gain" in r.describe(cfg) else 0.0
+    tm = (lambda a: a) if time_major else (lambda a: np.swapaxes(a, 0, 1))
+    fwd = run_forward(case, backend)
+    dx, dh0, dc0, dparams = run_backward(case, fwd, backend)
+
+    x = torch.tensor(tm(case.x), requires_grad=True)
+    h0 = torch.tensor(tm(case.h0), requires_grad=True)
+    c0 = torch.tensor(tm(case.c0), requires_grad=True) if spec.cell_state else None
+    weights, biases = params_to_canonical(cfg, case.params)
+    tw = [torch.tensor(w, requires_grad=True) for w in weights]
+    tb = [torch.tensor(b, requires_grad=True) for b in biases]
+    y, hT, cT = _torch_network(torch, spec, x, h0, c0, tw, tb, lengths, L, D)
+    loss = (y * torch.tensor(tm(case.dy))).sum() + (hT * torch.tensor(tm(case.dhT))).sum()
+    if spec.cell_state:
+        loss = loss + (cT * torch.tensor(tm(case.dcT))).sum()
+    loss.backward()
+
+    assert relative_error(tm(np.asarray(fwd[0])), y.detach().numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(fwd[1])), hT.detach().numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(dx)), x.grad.numpy()) < 1e-10
+    assert relative_error(tm(np.asarray(dh0)), h0.grad.numpy()) < 1e-10
+    if spec.cell_state:
+        assert relative_error(tm(np.asarray(fwd[2])), cT.detach().numpy()) < 1e-10
+        assert relative_error(tm(np.asarray(dc0)), c0.grad.numpy()) < 1e-10
+    dw, db = params_to_canonical(cfg, np.asarray(dparams))
+    for got, want in zip(dw + db, tw + tb):
+        assert relative_error(got, want.grad.numpy()) < 1e-10
