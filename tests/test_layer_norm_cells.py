@@ -17,9 +17,11 @@ from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.params import param_regions, params_to_canonical
 from numbarnn.reserve import reserve_entries
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+from conftest import (assert_agrees_with_the_reference, assert_cpu_agrees_in_lower_precision,
+                      assert_layer_runs_like_the_reference)
 
 CELLS = ("layer_norm_lstm", "layer_norm_gru")
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "cpu")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,3 +226,39 @@ def test_agrees_with_haste_in_plain_torch_to_1e10(cell, backend, time_major):
     dw, db = params_to_canonical(cfg, np.asarray(dparams))
     for got, want in zip(dw + db, tw + tb):
         assert relative_error(got, want.grad.numpy()) < 1e-10
+
+
+# ----------------------------------------------------------------------------------------------
+# cpu: lower precision, the layer
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float16, 1e-2)])
+@pytest.mark.parametrize("cell", CELLS)
+def test_cpu_lower_precision_agrees_with_the_reference(cell, dtype, tol):
+    assert_cpu_agrees_in_lower_precision(cell, dtype, tol)
+
+
+def test_cpu_inference_and_the_layer():
+    """numbarnn.CudnnRNN(cell, ...) runs on the cpu backend like the reference (2 layers, bidirectional, lengths
+    with 0; the LSTM's state is (h, c))."""
+    assert_layer_runs_like_the_reference(ln_gru.SPEC)
+    x = np.random.default_rng(0).standard_normal((5, 3, 2))
+    lengths = np.array([5, 0, 3], np.int32)
+    outs = {}
+    for backend in ("cpu", "reference"):
+        layer = numbarnn.CudnnRNN(ln_lstm.SPEC, 2, 4, direction="bidirectional", dtype="float64", seed=1,
+                                  backend=backend)
+        y, (h, c) = layer(x, sequence_lengths=lengths)
+        assert y.shape == (5, 3, 8) and h.shape == c.shape == (4, 3, 4)
+        outs[backend] = (np.asarray(y), np.asarray(h), np.asarray(c))
+    for got, want in zip(outs["cpu"], outs["reference"]):
+        assert relative_error(got, want) < 1e-12
+
+
+def test_cpu_one_unit_and_skip_input():
+    """H = 1 (a row of c' has no spread: n = β_c) and skip_input (W x = x per gate) agree with the reference."""
+    for cfg in (rnn_config(1, 1, 2, "layer_norm_lstm"), rnn_config(2, 3, 3, "layer_norm_gru", input_mode="skip_input",
+                                                                  direction="bidirectional")):
+        case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
+        got_f = run_forward(case, "cpu")
+        assert_agrees_with_the_reference(case, got_f, run_backward(case, got_f, "cpu"))

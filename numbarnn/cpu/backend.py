@@ -42,15 +42,7 @@ def zeros(shape, dtype, like=None):
     return np.zeros(shape, dtype=dtype)
 
 
-def _check_cell(call):
-    """A layer-normalised cell (SPEC 13) runs on the reference backend only, for now."""
-    if call.config.cell.layer_norm:
-        raise ValueError(f"rnn_mode: {call.config.rnn_mode!r} layer-normalises {call.config.cell.layer_norm}; the "
-                         f"cpu backend does not run layer-normalised cells (use backend='reference')")
-
-
 def rnn_forward(call, x, h0, c0, params):     # (the fused forward calls no BLAS: network.forward budgets the rest)
-    _check_cell(call)
     dt, ct = np.dtype(call.dtype), compute_dtype(call.dtype)
     y, hT, cT, reserve = network.forward(call, _ct(x, ct), _ct(h0, ct), _ct(c0, ct), _ct(params, ct), ct)
     cT = cT.astype(dt, copy=False) if cT is not None else np.zeros((0,), dtype=dt)
@@ -60,7 +52,6 @@ def rnn_forward(call, x, h0, c0, params):     # (the fused forward calls no BLAS
 
 @within_budget
 def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
-    _check_cell(call)
     dt, ct = np.dtype(call.dtype), compute_dtype(call.dtype)
     dx, dh0, dc0, dparams = network.backward(call, *(_ct(a, ct) for a in (x, h0, c0, params, dy, dhT, dcT,
                                                                             reserve)), ct)
