@@ -17,11 +17,12 @@ from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.params import param_regions, params_to_canonical
 from numbarnn.reserve import reserve_entries
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+from numbarnn.kernels import common
 from conftest import (assert_agrees_with_the_reference, assert_cpu_agrees_in_lower_precision,
-                      assert_layer_runs_like_the_reference)
+                      assert_layer_runs_like_the_reference, assert_v1_fallback, planned_and_launched)
 
 CELLS = ("layer_norm_lstm", "layer_norm_gru")
-BACKENDS = ("reference", "cpu")
+BACKENDS = ("reference", "cpu", "cuda")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def test_num_proj_is_refused_for_a_layer_normalised_cell():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", CELLS)
 def test_check_cell(cell, backend):
-    report = check_cell(cell, backends=(backend,), max_examples=8, network_examples=4)
+    report = check_cell(cell, backends=(backend,), max_examples=8, network_examples=2 if backend == "cuda" else 4)
     assert report.ok and report.network[backend] < 1e-5
 
 
@@ -262,3 +263,57 @@ def test_cpu_one_unit_and_skip_input():
         case = make_rnn_case(cfg, 3, 2, [3, 1], seed=2)
         got_f = run_forward(case, "cpu")
         assert_agrees_with_the_reference(case, got_f, run_backward(case, got_f, "cpu"))
+
+
+# ----------------------------------------------------------------------------------------------
+# cuda: a block per row, several blocks with a partial last stride, the launch plan, the v1 fallback
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not common.SIMULATOR, reason="simulator launch sizes (blocks of a few threads)")
+@pytest.mark.parametrize("cell", CELLS)
+def test_cuda_several_blocks_with_a_partial_last_stride(cell):
+    """H = 11 on blocks of 4 threads: every row takes several strides, the last one partial (G*H = 44 or 33 values;
+    c' 11); grids of B*D step blocks and T*B*D row blocks; dropout between the layers; the plan lists exactly the
+    launches made."""
+    from numbarnn.kernels.layer_norm import BLOCK_SIM
+    cfg = rnn_config(2, 11, 5, cell, direction="bidirectional", dropout=0.4, seed=3, seed2=9)
+    case = make_rnn_case(cfg, 3, 3, [3, 0, 2], seed=5)
+    plan, log, got_f, got_b = planned_and_launched(case)
+    assert BLOCK_SIM == 4 and 11 % BLOCK_SIM and (cfg.G * 11) % BLOCK_SIM != 0 or cfg.G == 4
+    for name, grid, launches in ((f"{cell}_layer_norm_step", (3, 2), 3),
+                                 (f"{cell}_layer_norm_backward_step", (3, 2), 3),
+                                 ("layer_norm_rows (W x)", (9, 2), 1), ("layer_norm_rows_backward (W x)", (9, 2), 1)):
+        rows = [r for r in plan if r["kernel"] == name]
+        assert len(rows) == 2 and all(r["grid"] == grid and r["block"] == BLOCK_SIM and r["launches"] == launches
+                                      for r in rows), (name, rows)
+    assert log["forward"].by_kernel["layer_norm_step"] == 2 * 3
+    assert log["backward"].by_kernel["layer_norm_backward_step"] == 2 * 3
+    assert_agrees_with_the_reference(case, got_f, got_b)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cuda_step_versions_2_and_3_fall_back_to_v1_with_a_note(version):
+    assert_v1_fallback("layer_norm_lstm", version, "'layer_norm_lstm' layer-normalises its rows (wx, rh, c): a "
+                                                   "reduction across the row inside the step; the v2/v3 step kernels "
+                                                   "have none")
+
+
+def test_explain_shows_the_normalisation_and_the_step_kernel_fallback(capsys):
+    from numbarnn import cli
+    assert cli.main(["explain", "--cells", "numbarnn.contrib.layer_norm_gru", "--mode", "layer_norm_gru", "--units",
+                     "3", "--input-size", "2", "--time", "3", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "layer normalisation across each row of wx, rh" in out and "ln_wx_gain z" in out and "lnstat0" in out
+    assert "step kernels: v1: 'layer_norm_gru' layer-normalises its rows (wx, rh)" in out
+    assert "layer_norm_gru_layer_norm_step" in out and "layer_norm_rows (W x)" in out
+
+
+def test_the_kernel_report_lists_the_layer_norm_kernels():
+    from numbarnn.kernels import cell_steps, layer_norm, step_v2
+    names = {(name, dt) for name, dt, *_ in layer_norm.kernel_specs()}
+    for cell in CELLS:
+        for kernel in ("layer_norm_step", "layer_norm_backward_step", "layer_norm_rows", "layer_norm_rows_backward"):
+            assert (f"{cell}_{kernel}", "float32") in names
+    assert not [n for n, *_ in cell_steps.kernel_specs() if n.startswith("layer_norm")]
+    assert not [n for n, *_ in step_v2.kernel_specs() if n.startswith("layer_norm")]
+

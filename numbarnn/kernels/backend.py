@@ -72,15 +72,7 @@ def write_nonce(reserve, nonce) -> None:
     driver.write_nonce(to_device(reserve), nonce)
 
 
-def _check_cell(call):
-    """A layer-normalised cell (SPEC 13) runs on the reference backend only, for now."""
-    if call.config.cell.layer_norm:
-        raise ValueError(f"rnn_mode: {call.config.rnn_mode!r} layer-normalises {call.config.cell.layer_norm}; the "
-                         f"cuda backend does not run layer-normalised cells (use backend='reference')")
-
-
 def rnn_forward(call, x, h0, c0, params):
-    _check_cell(call)
     host = _on_host(x)
     y, hT, cT, reserve = driver.forward(call, to_device(x), to_device(h0), to_device(c0), to_device(params))
     if cT is None:
@@ -89,7 +81,6 @@ def rnn_forward(call, x, h0, c0, params):
 
 
 def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
-    _check_cell(call)
     host = _on_host(x)
     dev = [to_device(a) for a in (x, h0, c0, params, dy, dhT, dcT, reserve)]
     return _out(host, *driver.backward(call, *dev))
