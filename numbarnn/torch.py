@@ -88,7 +88,7 @@ from .reserve import NONCE_SIZE, reserve_size
 from .validation import check_choice
 
 __all__ = ["LSTM", "GRU", "RNN", "RNNBase", "LSTMCell", "GRUCell", "RNNCell", "CellModule", "RNNShapeError",
-           "RNNDtypeError", "rnn_op", "rnn_backward_op"]
+           "RNNDtypeError", "rnn_op", "rnn_backward_op", "LayerNormLSTM", "LayerNormGRU"]
 
 
 class RNNShapeError(ValueError, RuntimeError):
@@ -242,8 +242,8 @@ def _weight_spans(cfg: RNNConfig, slots) -> tuple:
     spans = []
     for p, slot in slots:
         v = getattr(views[p], slot) if isinstance(slot, str) else getattr(views[p], slot[0])[slot[1]]
-        # a view: its first element is its offset
-        spans.append((int(v.reshape(-1)[0]), tuple(v.shape)))
+        # a view: its first element is its offset (a group of normalisation vectors [k, H] is one flat weight)
+        spans.append((int(v.reshape(-1)[0]), (v.size,) if slot[0] == "N" else tuple(v.shape)))
     return tuple(spans)
 
 
@@ -393,6 +393,11 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
         for k, name in enumerate(cfg.cell.vectors):                               # a cell's vectors [H]
             shape_of[name] = (cfg.H,)
             slot_of[name] = ("V", k)
+        start = 0
+        for name, count in cfg.cell.norm_groups:                                  # normalisation vectors (SPEC 13)
+            shape_of[name] = (count * cfg.H,)                                     # [count*H], e.g. γ_x [G*H]
+            slot_of[name] = ("N", slice(start, start + count))
+            start += count
         group = []
         for prefix, shape in shape_of.items():
             names.append(prefix + suffix)
@@ -759,6 +764,10 @@ def _network_function(net, lengths, seeds):
     cfg = _call_config(layout, dropout, _seeds(seeds))
     lstm = cfg.has_cell_state
     keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
+
+    if cfg.cell.layer_norm:
+        raise NotImplementedError(f"rnn_mode {cell!r}: a layer-normalised cell has no torch-operations network "
+                                  f"(numbarnn.torch_network) yet, so no second derivatives")
 
     def fn(x, h0, *rest):
         c0 = rest[0] if lstm else None
@@ -1222,3 +1231,6 @@ def torch_nn_outputs(case) -> dict:
 
 
 from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell  # noqa: E402  (the cells run the operator above)
+
+
+from .torch_layer_norm import LayerNormGRU, LayerNormLSTM  # noqa: E402  (haste's modules: they use the above)

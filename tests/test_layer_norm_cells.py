@@ -187,11 +187,12 @@ def _torch_network(torch, cell, x, h0, c0, tw, tb, lengths, L, D):
     return y, stack(hT), (stack(cT) if c0 is not None else None)
 
 
-@pytest.mark.parametrize("time_major", [True, False])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, time_major", [("reference", True), ("reference", False), ("cpu", True),
+                                                 ("cpu", False), ("cuda", True)])
 @pytest.mark.parametrize("cell", CELLS)
 def test_agrees_with_haste_in_plain_torch_to_1e10(cell, backend, time_major):
-    """2 layers, bidirectional, lengths with 0, either layout: outputs, final states and every gradient."""
+    """2 layers, bidirectional, lengths with 0, either layout (cuda: time-major; the layout is the op's, shared by
+    every backend): outputs, final states and every gradient."""
     torch = pytest.importorskip("torch", reason="the independent implementation is written in torch")
     spec = numbarnn.cells.get_cell(cell)
     L, D, H, I, T, B = 2, 2, 3, 2, 4, 3
@@ -317,3 +318,77 @@ def test_the_kernel_report_lists_the_layer_norm_kernels():
     assert not [n for n, *_ in cell_steps.kernel_specs() if n.startswith("layer_norm")]
     assert not [n for n, *_ in step_v2.kernel_specs() if n.startswith("layer_norm")]
 
+
+
+# ----------------------------------------------------------------------------------------------
+# numbarnn.torch: haste's modules
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls_name", ["LayerNormLSTM", "LayerNormGRU"])
+def test_numbarnn_torch_modules_take_hastes_names_and_compute_hastes_equations(cls_name):
+    """haste's parameter names, shapes and init; outputs and final states equal haste's equations in plain torch
+    (ragged lengths with 0, batch_first); gradients pass torch's gradcheck."""
+    torch = pytest.importorskip("torch", reason="numbarnn.torch needs torch")
+    import numbarnn.torch as nt
+    torch.manual_seed(0)
+    cls = getattr(nt, cls_name)
+    m = cls(3, 4, batch_first=True, dtype=torch.float64)
+    G = 4 if cls_name == "LayerNormLSTM" else 3
+    shapes = {k: tuple(v.shape) for k, v in m.named_parameters()}
+    want = {"kernel": (3, 4 * G), "recurrent_kernel": (4, 4 * G), "bias": (4 * G,), "gamma": (2, 4 * G)}
+    want.update({"gamma_h": (4,), "beta_h": (4,)} if G == 4 else {"recurrent_bias": (4 * G,)})
+    assert shapes == want
+    bias = m.bias.detach()
+    assert torch.all(m.gamma.detach() == 1) and (G == 3 or float(bias[8]) == 1.0 and float(bias[0]) == 0.0)
+    with torch.no_grad():                                     # away from the init: gains, biases not trivial
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(3, 5, 3, dtype=torch.float64)             # [B, T, I]
+    lengths = torch.tensor([5, 0, 2])
+    y, state = m(x, lengths=lengths)
+    q = dict(m.named_parameters())
+    q.setdefault("recurrent_bias", torch.zeros(4 * G, dtype=torch.float64))
+    q.setdefault("gamma_h", None)
+    q.setdefault("beta_h", None)
+    run = _haste_lstm if G == 4 else _haste_gru
+    for b, n in enumerate(lengths.tolist()):
+        h, c = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+        hs, h, c = run(torch, x[b, :n], h, c if G == 4 else None, q)
+        if n:
+            torch.testing.assert_close(y[b, :n], torch.stack(hs), rtol=0, atol=1e-12)
+        assert torch.all(y[b, n:] == 0)
+        h_n = state[0] if G == 4 else state
+        torch.testing.assert_close(h_n[0, b], h, rtol=0, atol=1e-12)
+        if G == 4:
+            torch.testing.assert_close(state[1][0, b], c, rtol=0, atol=1e-12)
+
+    small = cls(2, 2, dtype=torch.float64)
+    xs = torch.randn(3, 2, 2, dtype=torch.float64, requires_grad=True)
+
+    def f(x, gamma, R):
+        return torch.func.functional_call(small, {"gamma": gamma, "recurrent_kernel": R}, (x,))[0]
+    inputs = (xs, small.gamma.detach().clone().requires_grad_(),
+              small.recurrent_kernel.detach().clone().requires_grad_())
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_numbarnn_torch_modules_refuse_what_they_do_not_implement():
+    torch = pytest.importorskip("torch", reason="numbarnn.torch needs torch")
+    import numbarnn.torch as nt
+    with pytest.raises(ValueError, match="LayerNormLSTM: zoneout is not implemented"):
+        nt.LayerNormLSTM(2, 3, zoneout=0.1)
+    with pytest.raises(ValueError, match="LayerNormGRU: return_state_sequence is not implemented"):
+        nt.LayerNormGRU(2, 3, return_state_sequence=True)
+    with pytest.raises(ValueError, match="LayerNormGRU: dropout must be in"):
+        nt.LayerNormGRU(2, 3, dropout=2.0)
+    m = nt.LayerNormGRU(2, 3)
+    with pytest.raises(ValueError, match="lengths must be 2 values in"):
+        m(torch.zeros(4, 2, 2), lengths=[5, 1])
+
+
+def test_check_cli_runs_a_layer_normalised_cell_on_every_backend(capsys):
+    from numbarnn import cli
+    assert cli.main(["check", "--cells", "numbarnn.contrib.layer_norm_gru", "--mode", "layer_norm_gru", "--units", "3",
+                     "--input-size", "2", "--time", "3", "--batch", "2", "--backends", "reference,cpu,cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "params_backprop       | cuda" in out and out.rstrip().splitlines()[-1].startswith("ok")
