@@ -4,7 +4,8 @@
     python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
     python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
-    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN, classic GRU, MGU, haste's LayerNorm LSTM/GRU) beside the LSTM
+    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN, classic GRU, MGU, haste's
+                                              # LayerNormLSTM / LayerNormGRU) beside the LSTM
     python bench/bench_cpu.py --train         # a training loop, numbarnn.torch beside torch.nn (bench_train_loop.py)
     python bench/bench_cpu.py --memory        # peak memory of training, each in its own process (bench_memory.py)
 

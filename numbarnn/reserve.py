@@ -88,8 +88,8 @@ def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
                                              f"gates {', '.join(cell.modulated)})")
         if cell.layer_norm:
             K = len(cell.layer_norm)
-            add(f"lnstat{layer}", (D, T, B, 2 * K), f"layer {layer}: mean, rstd of the normalised "
-                                                    f"{', '.join(n for n in ('wx', 'rh', 'c') if n in cell.layer_norm)}")
+            what = ", ".join(n for n in ("wx", "rh", "c") if n in cell.layer_norm)
+            add(f"lnstat{layer}", (D, T, B, 2 * K), f"layer {layer}: mean, rstd of the normalised {what}")
             if "rh" in cell.layer_norm:
                 add(f"rh{layer}", (D, T, B, cell.G * H), f"layer {layer}: R h of each step (before its layer norm)")
         add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")

@@ -264,7 +264,8 @@ def pointwise_gradient_error(cell, wx, rh, v, h, c, dm, dc, eps: float = 1e-6) -
         e[k] = eps
         up, down = loss(x + e), loss(x - e)
         fd[k] = (up - down) / (2 * eps)
-        miss[k] = min(abs(analytic[k] - fd[k]), abs(analytic[k] - (up - at) / eps), abs(analytic[k] - (at - down) / eps))
+        miss[k] = min(abs(analytic[k] - fd[k]), abs(analytic[k] - (up - at) / eps),
+                      abs(analytic[k] - (at - down) / eps))
     scale = max(np.max(np.abs(analytic)), np.max(np.abs(fd)), 1e-12)
     error = float(np.max(miss) / scale)
     if cell.modulated:

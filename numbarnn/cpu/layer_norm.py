@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -24,7 +25,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_views
 from . import threads
-from .cells import njit_function
+from .cells import njit_function, stack_buffer
 from .philox import dropout_keep_mask
 from .workspace import scratch
 
@@ -44,7 +45,7 @@ def row_kernels(compute: str):
     acc = np.dtype(compute).type
     eps = acc(EPS)
 
-    @njit(error_model="numpy")
+    @njit(error_model="numpy", fastmath={"reassoc"})
     def input_rows(
         gx,       # [N, GH]  in: W x ; out: LN(W x) γ + bW
         gain,     # [GH]
@@ -66,7 +67,7 @@ def row_kernels(compute: str):
             for k in range(GH):
                 gx[r, k] = (gx[r, k] - mean) * rstd * gain[k] + bias[k]
 
-    @njit(error_model="numpy")
+    @njit(error_model="numpy", fastmath={"reassoc"})
     def input_rows_backward(
         dgx,      # [N, GH]  in: dL/d(LN(W x) γ + bW) ; out: dL/d(W x)
         raw,      # [N, GH]  W x (recomputed)
@@ -104,8 +105,10 @@ def forward_loop(cell, compute: str):
     KWX, KRH, KC = _columns(cell, "wx"), _columns(cell, "rh"), _columns(cell, "c")
     fwd = njit_function(cell.forward, compute)
     out = njit_function(cell.output, compute) if NC else None
+    VL = max(V, 1)
+    stack_G, stack_S, stack_V = stack_buffer(G), stack_buffer(S), stack_buffer(VL)   # (not heap: kept in registers)
 
-    @njit(error_model="numpy")
+    @njit(error_model="numpy", fastmath={"reassoc"})
     def loop(
         s,        # int           step index
         d,        # int           direction
@@ -127,10 +130,10 @@ def forward_loop(cell, compute: str):
         rh_raw,   # [T, B, G*H]   out (reserve, "rh"): R h
     ):
         B, H = h.shape
-        wx = np.zeros(G, acc)                     # [G] one unit's wx_g
-        rh = np.zeros(G, acc)                     # [G] one unit's rh_g
-        saved = np.zeros(S, acc)                  # [S]
-        v = np.zeros(max(V, 1), acc)              # [V]
+        wx = numba.carray(stack_G(acc), G)        # [G] one unit's wx_g
+        rh = numba.carray(stack_G(acc), G)        # [G] one unit's rh_g
+        saved = numba.carray(stack_S(acc), S)     # [S]
+        v = numba.carray(stack_V(acc), VL)        # [V]
         m_row = np.zeros(H, acc)                  # [H] the row's outputs
         c_row = np.zeros(H, acc)                  # [H] the row's c'
         for b in range(B):
@@ -200,8 +203,10 @@ def backward_loop(cell, compute: str):
     SPLIT = np.array(cell.split_mask)
     bwd = njit_function(cell.backward, compute)
     out_bwd = njit_function(cell.output_backward, compute) if NC else None
+    VL = max(V, 1)
+    stack_G, stack_S, stack_V = stack_buffer(G), stack_buffer(S), stack_buffer(VL)   # (not heap: kept in registers)
 
-    @njit(error_model="numpy")
+    @njit(error_model="numpy", fastmath={"reassoc"})
     def loop(
         s,        # int           step index
         d,        # int           direction
@@ -231,13 +236,13 @@ def backward_loop(cell, compute: str):
     ):
         B, H = dh.shape
         step = 1 if d == 0 else -1
-        dwx = np.zeros(G, acc)                    # [G]
-        drh = np.zeros(G, acc)                    # [G]
-        dwx_o = np.zeros(G, acc)                  # [G] through `output`
-        drh_o = np.zeros(G, acc)                  # [G]
-        dvv = np.zeros(max(V, 1), acc)            # [V]
-        saved = np.zeros(S, acc)                  # [S]
-        v = np.zeros(max(V, 1), acc)              # [V]
+        dwx = numba.carray(stack_G(acc), G)       # [G]
+        drh = numba.carray(stack_G(acc), G)       # [G]
+        dwx_o = numba.carray(stack_G(acc), G)     # [G] through `output`
+        drh_o = numba.carray(stack_G(acc), G)     # [G]
+        dvv = numba.carray(stack_V(acc), VL)      # [V]
+        saved = numba.carray(stack_S(acc), S)     # [S]
+        v = numba.carray(stack_V(acc), VL)        # [V]
         dm_row = np.zeros(H, acc)                 # [H]
         dc_row = np.zeros(H, acc)                 # [H] dL/dc' of the row
         c_hat = np.zeros(H, acc)                  # [H]

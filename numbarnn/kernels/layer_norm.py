@@ -34,7 +34,8 @@ BLOCK_GPU, BLOCK_SIM = 128, 4
 
 
 def norm_offsets(cell) -> tuple:
-    """Rows of the layer's normalisation vectors [D, NV, H] where γ_x, γ_r, γ_c start (β_c follows γ_c); -1 absent."""
+    """Rows of the layer's normalisation vectors [D, NV, H] where γ_x, γ_r, γ_c start (β_c follows γ_c);
+    -1: absent."""
     out, at = {}, 0
     for name, count in cell.norm_groups:
         out[name] = at

@@ -1,8 +1,9 @@
 """Which step kernels a call runs, and each step version's launches in a layer's plan (one table row per version).
 
     v1   cell_steps.py + recurrent.py: a thread per (unit, row, direction); forward 1 launch per step (+ project
-         with a projection), backward 2 (the step, recurrent_backward).  Diagonal, modulated and layer-normalised cells run v1 only
-         (modulated.py: the step in two launches, the backward in three; layer_norm.py: a block per row).
+         with a projection), backward 2 (the step, recurrent_backward).  Diagonal, modulated and layer-normalised
+         cells run v1 only (modulated.py: the step in two launches, the backward in three; layer_norm.py: a block
+         per row).
     v2   step_v2.py: a tiled product that reads R once per step for all rows, the cell in its epilogue; forward
          1 launch per step (+ project), backward 1 fused launch per step + 1 to finish dh0 (with a projection:
          v1's backward step + recurrent_backward_v2).
