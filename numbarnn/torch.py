@@ -243,7 +243,8 @@ def _weight_spans(cfg: RNNConfig, slots) -> tuple:
     for p, slot in slots:
         v = getattr(views[p], slot) if isinstance(slot, str) else getattr(views[p], slot[0])[slot[1]]
         # a view: its first element is its offset (a group of normalisation vectors [k, H] is one flat weight)
-        spans.append((int(v.reshape(-1)[0]), (v.size,) if slot[0] == "N" else tuple(v.shape)))
+        flat = isinstance(slot, tuple) and slot[0] == "N"
+        spans.append((int(v.reshape(-1)[0]), (v.size,) if flat else tuple(v.shape)))
     return tuple(spans)
 
 
