@@ -4,7 +4,8 @@
     python bench/bench_cpu.py --md PATH       # ... also written to PATH (bench/results/cpu.md)
     python bench/bench_cpu.py --quick         # small shapes (a smoke run)
     python bench/bench_cpu.py --tiny          # per-call cost at tiny sizes, one thread (with numbarnn.torch)
-    python bench/bench_cpu.py --cells         # contrib cells (IndRNN, classic GRU, MGU), zoneout, beside the LSTM
+    python bench/bench_cpu.py --cells         # cells beyond cuDNN's (contrib: IndRNN, classic GRU, MGU, haste's
+                                              # LayerNormLSTM / LayerNormGRU) and zoneout, beside the LSTM
     python bench/bench_cpu.py --train         # a training loop, numbarnn.torch beside torch.nn (bench_train_loop.py)
     python bench/bench_cpu.py --memory        # peak memory of training, each in its own process (bench_memory.py)
 
@@ -72,7 +73,9 @@ CELLS = (Shape("LSTM T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256),
          Shape("IndRNN (relu) T=100 B=32 I=H=256", "indrnn_relu", 100, 32, 256, 256),
          Shape("classic GRU (gru_v1) T=100 B=32 I=H=256", "gru_v1", 100, 32, 256, 256),
          Shape("MGU T=100 B=32 I=H=256", "mgu", 100, 32, 256, 256),
-         Shape("LSTM zoneout=0.1 T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256, zoneout=0.1))
+         Shape("LSTM zoneout=0.1 T=100 B=32 I=H=256", "lstm", 100, 32, 256, 256, zoneout=0.1),
+         Shape("LayerNormLSTM T=100 B=32 I=H=256", "layer_norm_lstm", 100, 32, 256, 256),
+         Shape("LayerNormGRU T=100 B=32 I=H=256", "layer_norm_gru", 100, 32, 256, 256))
 FMA_PORTS = 2          # FMA units per core: Zen 3, Zen 4 and Intel's server cores (AVX2/AVX-512) have two
 
 
@@ -396,6 +399,8 @@ def main(argv=None) -> int:
     if args.cells:
         import numbarnn.contrib.gru_v1  # noqa: F401  (registers gru_v1)
         import numbarnn.contrib.indrnn  # noqa: F401  (registers indrnn, indrnn_relu)
+        import numbarnn.contrib.layer_norm_gru  # noqa: F401  (registers layer_norm_gru)
+        import numbarnn.contrib.layer_norm_lstm  # noqa: F401  (registers layer_norm_lstm)
         import numbarnn.contrib.mgu  # noqa: F401  (registers mgu)
         shapes = tuple(Shape(s.label.replace("T=100 B=32 I=H=256", "T=8 B=4 I=H=16"), s.mode, 8, 4, 16, 16,
                              zoneout=s.zoneout) for s in CELLS) if args.quick else CELLS

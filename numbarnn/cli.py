@@ -346,6 +346,9 @@ def cmd_explain(args) -> int:
     if cfg.cell.modulated:
         print(f"  (modulated state: gates {', '.join(cfg.cell.modulated)} take rh_g = R_g (m ⊙ h) + bR_g, m from the "
               f"other gates of the same step: two recurrent products per step)")
+    if cfg.cell.layer_norm:
+        print(f"  (layer normalisation across each row of {', '.join(cfg.cell.layer_norm)}: SPEC 13; gains and the "
+              f"state's bias are the N regions at the end of the params)")
     print(f"\nreserve_space: {reserve_size(call)} elements for a training call (time-major, original time "
           f"indices, 0 past each sequence's length)")
     rows = [(e.name, str(e.offset), _shape(e.shape), e.meaning) for e in reserve_entries(call)]
@@ -364,7 +367,7 @@ def cmd_explain(args) -> int:
     else:
         plan = module.launch_plan(call)
         print(plan if isinstance(plan, str) else plan_table(plan, call))
-        if cfg.cell.diagonal or cfg.cell.modulated or cfg.zoneout:   # the step kernels it falls back to, and why
+        if cfg.cell.diagonal or cfg.cell.modulated or cfg.cell.layer_norm or cfg.zoneout:   # the step kernels it falls back
             note = module.driver.step_plan(call, "forward", simulator=False).note
             if note:
                 print(f"  step kernels: {note}")

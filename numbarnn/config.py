@@ -167,7 +167,7 @@ def params_size(cfg: RNNConfig) -> int:
     for _, layer, _ in cfg.pseudo_layers():
         n += (G * H * cfg.layer_input_size(layer) if cfg.has_w(layer) else 0) + G * cfg.recurrent_size
         n += P * H if cfg.has_proj else 0
-    return n + cfg.L * cfg.D * (2 * G + cfg.V) * H
+    return n + cfg.L * cfg.D * (2 * G + cfg.V) * H + cfg.L * cfg.D * cfg.cell.NV * H     # (+ SPEC 13's vectors)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ Choices (documented here, where users read them):
   canonical weight / bias (SPEC 4.3 order and shapes).  Defaults: Glorot-uniform weights, U(-a, a) with
   a = sqrt(6 / (fan_in + fan_out)) for a matrix ``[fan_out, fan_in]``, drawn from
   ``numpy.random.default_rng(seed mod 2**64)`` in canonical order; zero biases.  ``seed=None`` draws a
-  random seed once, at construction (so weights and dropout masks are not reproducible).
+  random seed once, at construction (so weights and dropout masks are not reproducible).  A layer-normalised
+  cell's normalisation vectors (SPEC 13) start as haste's: gains 1, the state's bias 0 (unless
+  kernel_initializer is given: then it draws them too).
 * Dropout seeds.  The op's dropout mask is a pure function of (seed, seed2) (SPEC 6), so a layer derives
   them per call: its k-th training call (k = 0, 1, 2, ...) runs the op with ``seed = layer seed`` and
   ``seed2 = k``.  Masks therefore change from one training step to the next (as cuDNN's stateful dropout
@@ -271,6 +273,10 @@ class _CudnnRNN:
         biases = self._init_tensors(cfg, _params.canonical_bias_shapes(cfg), self._bias_initializer,
                                     "bias_initializer", glorot=False)
         self._params = _params.canonical_to_params(cfg, weights, biases, dtype=self._dtype)
+        if self._kernel_initializer is None:                 # layer norm: gains 1, the state's bias 0 (haste's)
+            for r in _params.param_regions(cfg):
+                if r.kind == "N":
+                    self._params[r.offset:r.offset + r.size] = 0.0 if "bias" in r.describe(cfg) else 1.0
         self._config = cfg
 
     def _init_tensors(self, cfg, shapes, initializer, arg, glorot):

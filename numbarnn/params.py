@@ -13,6 +13,9 @@ per-unit parameter vectors (a registered cell's `vectors`, e.g. peepholes; none 
 them ``[H]`` each right after the pseudo-layer's biases, so one layer's per-unit parameters read as one
 ``[D, 2G+V, H]`` view.  The canonical weight list holds matrices then vectors, in buffer order.
 
+A layer-normalised cell (SPEC 13) keeps its normalisation vectors (gains, the state's bias) ``[H]`` each after
+every bias, at the very end of the buffer: per pseudo-layer ``[NV, H]`` (`CellSpec.norm_groups`).
+
 `param_regions(cfg)` lists every region (offset, shape, meaning) once; everything else here, and the
 `explain` view of the CLI, is derived from it.
 """
@@ -32,7 +35,7 @@ from .validation import as_array, check_rank, check_same_dtype, check_shape, sha
 class Region:
     """One matrix or bias vector of the opaque buffer."""
 
-    kind: str        # "W", "R", "W_proj", "bW", "bR" or "V" (a cell vector)
+    kind: str        # "W", "R", "W_proj", "bW", "bR", "V" (a cell vector) or "N" (a normalisation vector)
     p: int           # pseudo-layer l*D + d
     layer: int
     direction: int   # 0 forward, 1 reverse
@@ -52,6 +55,8 @@ class Region:
     def describe(self, cfg: RNNConfig) -> str:
         if self.kind == "V":
             gate = f" {cfg.cell.vectors[self.gate]}"
+        elif self.kind == "N":
+            gate = f" {_norm_vector_name(cfg, self.gate)}"
         else:
             gate = "" if self.gate < 0 else f" gate {cfg.gate_names[self.gate]}"
         way = "fwd" if self.direction == 0 else "rev"
@@ -85,7 +90,19 @@ def param_regions(cfg: RNNConfig) -> tuple[Region, ...]:
             add("bR", p, layer, d, g, G + g, (H,))
         for k in range(V):
             add("V", p, layer, d, k, 2 * G + 1 + k, (H,))
+    for p, layer, d in cfg.pseudo_layers():                  # then the normalisation vectors (SPEC 13)
+        for k in range(cfg.cell.NV):
+            add("N", p, layer, d, k, 2 * G + 1 + V + k, (H,))
     return tuple(regions)
+
+
+def _norm_vector_name(cfg: RNNConfig, k: int) -> str:
+    """The k-th normalisation vector of a pseudo-layer: 'ln_wx_gain i', 'ln_c_bias', ..."""
+    for name, count in cfg.cell.norm_groups:
+        if k < count:
+            return f"{name} {cfg.gate_names[k]}" if count > 1 else name
+        k -= count
+    raise IndexError(k)
 
 
 def canonical_weight_shapes(cfg: RNNConfig) -> list[tuple]:
@@ -148,6 +165,17 @@ class LayerParams:
     bW: np.ndarray             # [G*H]
     bR: np.ndarray             # [G*H]
     V: np.ndarray | None = None   # [V, H]   cell vectors (None for cells without)
+    N: np.ndarray | None = None   # [NV, H]  normalisation vectors (SPEC 13; None without layer_norm)
+
+    def norm(self, cell, name: str):
+        """One group of the normalisation vectors, flat: 'ln_wx_gain' [G*H], 'ln_c_bias' [H], ... (None when the
+        cell does not normalise it)."""
+        start = 0
+        for group, count in cell.norm_groups:
+            if group == name:
+                return self.N[start:start + count].reshape(-1)
+            start += count
+        return None
 
 
 def unpack(cfg: RNNConfig, params) -> list[LayerParams]:
@@ -168,7 +196,7 @@ def _layer_slices(cfg: RNNConfig, cell) -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def _layer_spans(cfg: RNNConfig, cell) -> tuple:
-    """Per pseudo-layer, (offset, shape) or None of W, R, W_proj, bW, bR, V (LayerParams' order): worked out
+    """Per pseudo-layer, (offset, shape) or None of W, R, W_proj, bW, bR, V, N (LayerParams' order): worked out
     once per configuration and cell (`unpack` runs at every call)."""
     G, H, P, V = cfg.G, cfg.H, cfg.P, cfg.V
     first = {}
@@ -182,7 +210,7 @@ def _layer_spans(cfg: RNNConfig, cell) -> tuple:
     R = (G * H,) if cfg.cell.diagonal else (G * H, P)
     return tuple((span(p, "W", (G * H, cfg.layer_input_size(layer))), span(p, "R", R),
                   span(p, "W_proj", (P, H)), span(p, "bW", (G * H,)), span(p, "bR", (G * H,)),
-                  span(p, "V", (V, H)))
+                  span(p, "V", (V, H)), span(p, "N", (cfg.cell.NV, H)))
                  for p, layer, _ in cfg.pseudo_layers())
 
 
@@ -219,6 +247,8 @@ def to_torch_state_dict(cfg: RNNConfig, params) -> dict:
             sd["weight_hr" + s] = np.asarray(lp.W_proj).copy()
         for k, name in enumerate(cfg.cell.vectors):          # a registered cell's vectors: <name>_l0, ...
             sd[name + s] = np.asarray(lp.V[k]).copy()
+        for name, _ in cfg.cell.norm_groups:                 # normalisation vectors: ln_wx_gain_l0 [G*H], ...
+            sd[name + s] = np.asarray(lp.norm(cfg.cell, name)).copy()
     return sd
 
 
@@ -270,6 +300,13 @@ def from_torch_state_dict(cfg: RNNConfig, state_dict: dict, dtype=None) -> np.nd
                 raise ValueError(f"state_dict: missing {name}{s} (cell vector of {cfg.rnn_mode!r})")
             check_shape(f"state_dict['{name}{s}']", sd[name + s], (H,), "[H]")
             lp.V[k] = sd[name + s]
+        start = 0
+        for name, count in cfg.cell.norm_groups:
+            if name + s not in sd:
+                raise ValueError(f"state_dict: missing {name}{s} (normalisation vector of {cfg.rnn_mode!r})")
+            check_shape(f"state_dict['{name}{s}']", sd[name + s], (count * H,), f"[{count * H}]")
+            lp.N[start:start + count] = np.asarray(sd[name + s]).reshape(count, H)
+            start += count
     return out
 
 

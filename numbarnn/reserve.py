@@ -9,6 +9,9 @@ Entries at t >= len[b] are 0.  In the input's dtype::
                          c_l     [D, T, B, H]     LSTM: the cell state c' after step t
                          m_l     [D, T, B, H]     LSTM with projection: o*tanh(c'), the projection's input
                          mod_l   [D, T, B, H]     a modulated cell (CellSpec.modulated): the modulation m
+                         lnstat_l [D, T, B, 2K]   a layer-normalised cell (SPEC 13): mean, rstd of each of its K
+                                                  normalised quantities (wx, rh, c in that order)
+                         rh_l    [D, T, B, G*H]   ... normalising "rh": the raw R h of each step
                          y_l     [T, B, D*P]      layer l's output h' (before dropout; y_{L-1} is `output`)
     for l in 0..L-1:     zmask_l [D, T, B, P]     zoneout mask 0/1 of h' (training, zoneout > 0; 1 = h takes h_new)
     for l in 1..L-1:     keep_l  [T, B, D*P]      dropout keep flags 0/1 of layer l's input (training, p > 0)
@@ -84,6 +87,12 @@ def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
         if cell.modulated:
             add(f"mod{layer}", (D, T, B, H), f"layer {layer}: the modulation m of the state (R_g (m ⊙ h) for "
                                              f"gates {', '.join(cell.modulated)})")
+        if cell.layer_norm:
+            K = len(cell.layer_norm)
+            what = ", ".join(n for n in ("wx", "rh", "c") if n in cell.layer_norm)
+            add(f"lnstat{layer}", (D, T, B, 2 * K), f"layer {layer}: mean, rstd of the normalised {what}")
+            if "rh" in cell.layer_norm:
+                add(f"rh{layer}", (D, T, B, cell.G * H), f"layer {layer}: R h of each step (before its layer norm)")
         add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")
     if call.zoneout_active:
         for layer in range(cfg.L):

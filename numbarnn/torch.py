@@ -64,8 +64,8 @@ torch's caching allocator.  The CUDA path cannot be exercised without a GPU (the
 The parts: this module holds the modules (one base: constructor checks, parameter registration, input forms,
 the eager inference path); numbarnn/torch_ops.py the two operators, their autograd and the eager way round the
 dispatcher; numbarnn/torch_tensors.py tensors <-> arrays, the parameters' layout and the checks the modules and
-the cells (numbarnn/torch_cells.py) share; numbarnn/torch_network.py the network in torch operations (higher
-derivatives only).
+the cells (numbarnn/torch_cells.py) share; numbarnn/torch_layer_norm.py haste's LayerNormLSTM and LayerNormGRU;
+numbarnn/torch_network.py the network in torch operations (higher derivatives only).
 """
 from __future__ import annotations
 
@@ -84,14 +84,15 @@ from .backends import BACKENDS, get_backend, get_default_backend
 from .cells import get_cell
 from .config import check_zoneout, validate_forward
 from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell
+from .torch_layer_norm import LayerNormGRU, LayerNormLSTM
 from .torch_ops import _NO_SEEDS, _call, _eager, rnn_backward_op, rnn_op
 from .torch_tensors import (_CPU, _NUMPY_GATHER, _TORCH_DTYPES, RNNDtypeError, RNNShapeError, _array,
-                            _autocast_dtype, _call_config, _check_sizes, _device_scope, _InferenceCalls, _layout, _needs_reserve,
-                            _op_attrs, _reset_uniform, _WeightViews)
+                            _autocast_dtype, _call_config, _check_sizes, _device_scope, _InferenceCalls, _layout,
+                            _needs_reserve, _op_attrs, _reset_uniform, _WeightViews)
 from .validation import check_choice
 
 __all__ = ["LSTM", "GRU", "RNN", "RNNBase", "LSTMCell", "GRUCell", "RNNCell", "CellModule", "RNNShapeError",
-           "RNNDtypeError", "rnn_op", "rnn_backward_op"]
+           "RNNDtypeError", "rnn_op", "rnn_backward_op", "LayerNormLSTM", "LayerNormGRU"]
 
 
 # ---------------------------------------------------------------------------------------------------

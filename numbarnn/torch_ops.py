@@ -371,6 +371,10 @@ def _network_function(net, lengths, seeds):
     keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
     zoneout_keys = (cfg.seed, cfg.seed2) if zoneout and is_training else None    # else: the expectation
 
+    if cfg.cell.layer_norm:
+        raise NotImplementedError(f"rnn_mode {cell!r}: a layer-normalised cell has no torch-operations network "
+                                  f"(numbarnn.torch_network) yet, so no second derivatives")
+
     def fn(x, h0, *rest):
         c0 = rest[0] if lstm else None
         weights = rest[1:] if lstm else rest

@@ -174,8 +174,9 @@ def _weight_spans(cfg: RNNConfig, slots) -> tuple:
     spans = []
     for p, slot in slots:
         v = getattr(views[p], slot) if isinstance(slot, str) else getattr(views[p], slot[0])[slot[1]]
-        # a view: its first element is its offset
-        spans.append((int(v.reshape(-1)[0]), tuple(v.shape)))
+        # a view: its first element is its offset (a group of normalisation vectors [k, H] is one flat weight)
+        flat = isinstance(slot, tuple) and slot[0] == "N"
+        spans.append((int(v.reshape(-1)[0]), (v.size,) if flat else tuple(v.shape)))
     return tuple(spans)
 
 
@@ -343,6 +344,11 @@ def _layout(cell: str, num_layers: int, hidden_size: int, input_size: int, bidir
         for k, name in enumerate(cfg.cell.vectors):                               # a cell's vectors [H]
             shape_of[name] = (cfg.H,)
             slot_of[name] = ("V", k)
+        start = 0
+        for name, count in cfg.cell.norm_groups:                                  # normalisation vectors (SPEC 13)
+            shape_of[name] = (count * cfg.H,)                                     # [count*H], e.g. γ_x [G*H]
+            slot_of[name] = ("N", slice(start, start + count))
+            start += count
         group = []
         for prefix, shape in shape_of.items():
             names.append(prefix + suffix)

@@ -586,6 +586,7 @@ def test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm(monkeypatch, capsy
     assert bench_cpu.main(["--cells", "--quick", "--reps", "1", "--settle", "0"]) == 0
     out = capsys.readouterr().out
     assert out.count("x the LSTM's") == len(bench_cpu.CELLS) - 1 and "IndRNN (tanh)" in out and "MGU" in out
+    assert "LayerNormLSTM" in out and "LayerNormGRU" in out
 
 
 def test_bench_cpu_runs_the_training_loop_and_memory_comparisons(monkeypatch, capsys):

@@ -20,7 +20,8 @@ where wx = W x + bW and rh = R h + bR per gate.  Steps:
   3. run it as an op, on the reference backend and on the CUDA kernels (the simulator without a GPU), and
      compare; 4. look at the kernel numbarnn generated for it; 5. time it;
   6. a cell whose recurrent weight is a vector, not a matrix (IndRNN: `recurrence="diagonal"`);
-  7. a cell that modulates the state before a recurrent product (the minimal gated unit: `modulated`).
+  7. a cell that modulates the state before a recurrent product (the minimal gated unit: `modulated`);
+  8. a cell that layer-normalises its rows (haste's LayerNormGRU: `layer_norm`).
 
 Run: python tutorials/06_custom_cell.py [--quick]
 """
@@ -266,11 +267,78 @@ def step7_modulated():
           f"{', '.join(k for k in launches['backward'].by_kernel if k.endswith(('step', 'backward')))}")
 
 
+# ---------------------------------------------------------------------------------------------------
+# 8. Layer normalisation across the row: haste's LayerNormGRU, rh = LN(R h) γ_r + bR
+# ---------------------------------------------------------------------------------------------------
+
+Z, R_, G_, HG = 0, 1, 2, 3       # the GRU's gates z, r, g (haste's order) and the saved rh_g
+
+
+def lngru_forward(wx, rh, v, h, c, saved):
+    """The cuDNN-style GRU, gates in haste's order; wx and rh arrive layer-normalised (the framework's rows)."""
+    z = sigmoid(wx[Z] + rh[Z])
+    r = sigmoid(wx[R_] + rh[R_])
+    g = tanh(wx[G_] + r * rh[G_])
+    saved[Z] = z
+    saved[R_] = r
+    saved[G_] = g
+    saved[HG] = rh[G_]
+    return g + z * (h - g), c
+
+
+def lngru_backward(dm, dc, saved, v, h, c, c_new, dwx, drh, dv):
+    """dL/d(wx), dL/d(rh) per unit; the framework takes them back through the rows' layer norms."""
+    z, r, g, hg = saved[Z], saved[R_], saved[G_], saved[HG]
+    dg = (dm - dm * z) * dtanh(g)
+    dwx[Z] = dm * (h - g) * dsigmoid(z)
+    dwx[R_] = dg * hg * dsigmoid(r)
+    dwx[G_] = dg
+    drh[G_] = dg * r
+    return dm * z, dc
+
+
+LNGRU = register(CellSpec(name="lngru_tutorial", gates=("z", "r", "g"), saved=("z", "r", "g", "hg"),
+                          forward=lngru_forward, backward=lngru_backward, split_recurrent=("g",),
+                          layer_norm=("wx", "rh")))
+
+
+def step8_layer_norm():
+    """One more field, `layer_norm=("wx", "rh")`: each batch row's W x and R h are normalised across all G*H
+    values before the pointwise functions see them (a per-row reduction inside the step, which the framework does:
+    the cell's functions are an ordinary GRU's).  The gains γ_x, γ_r [G*H] are per-layer vectors at the end of the
+    params; with "c" the cell state is normalised too (numbarnn/contrib/layer_norm_lstm.py: `output` makes h' from
+    the normalised state).  numbarnn/contrib/layer_norm_gru.py is this cell; numbarnn.torch.LayerNormGRU is haste's
+    module on it."""
+    from numbarnn.config import rnn_config
+    from numbarnn.kernels import driver
+    from numbarnn.params import param_regions
+    from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+    cfg = rnn_config(1, 4, 3, LNGRU.name)
+    gains = [r.describe(cfg) for r in param_regions(cfg) if r.kind == "N"]
+    print(f"  params of one layer, H = 4, I = 3: {ops.cudnn_rnn_params_size(1, 4, 3, LNGRU.name)} "
+          f"(a GRU's {ops.cudnn_rnn_params_size(1, 4, 3, 'gru')} + {len(gains)} gain vectors: {gains[0]}, ...)")
+    report = check_cell(LNGRU, backends=("reference", "cpu"), max_examples=8 if QUICK else 25,
+                        network_examples=2 if QUICK else 6)
+    print(f"  {report}")
+    assert report.ok
+    cfg = rnn_config(2, 3, 2, LNGRU.name, direction="bidirectional")
+    case = make_rnn_case(cfg, 4, 3, lengths=[4, 0, 2], seed=0)
+    ref, gpu = run_forward(case, "reference"), run_forward(case, "cuda")
+    worst = max(relative_error(b, a) for a, b in zip(ref[:2] + run_backward(case, ref, "reference")[:2],
+                                                     gpu[:2] + run_backward(case, gpu, "cuda")[:2]))
+    assert worst < 1e-12, worst
+    launches = driver.last_launch_count()
+    print(f"  cuda kernels equal the reference to {worst:.1e}; a block per row: forward "
+          f"{', '.join(k for k in launches['forward'].by_kernel if 'layer_norm' in k)}; backward "
+          f"{', '.join(k for k in launches['backward'].by_kernel if 'layer_norm' in k)}")
+
+
 def main():
     for title, step in (("1. the cell as data", step1_spec), ("2. gradient checks", step2_check),
                         ("3. as an op, on every backend", step3_ops), ("4. the generated kernel", step4_kernel),
                         ("5. timing", step5_time), ("6. a diagonal recurrence (IndRNN)", step6_diagonal),
-                        ("7. a modulated state (MGU)", step7_modulated)):
+                        ("7. a modulated state (MGU)", step7_modulated),
+                        ("8. layer normalisation (haste's LayerNormGRU)", step8_layer_norm)):
         print(title)
         step()
     print("tutorial 06: all checks passed")

@@ -55,6 +55,19 @@ the framework turns it into dR_g = sum of drh_g (m ⊙ h)^T, dL/dh += m ⊙ R_g^
 saves m per step (the reserve's mod_l).  A modulated cell has a matrix recurrence and no projection (m ⊙ h needs
 the unit's own h).
 
+A cell may layer-normalise (``layer_norm``, a subset of NORMALISED: haste's LayerNormLSTM / LayerNormGRU) the row's
+input products W x ("wx"), its recurrent products R h ("rh"), each across all G*H values of one batch row with a
+gain γ [G*H] and then the usual bias, and its new cell state ("c") across the row's H units with a gain and a bias
+(SPEC 13).  The framework does the row reductions; the pointwise functions see wx, rh as above.  With "c" the
+state is carried unnormalised, and the unit's output comes from the normalised n by two more functions:
+
+    output(n, saved, v) -> m             m from n = LN(c')_j (forward's own m is not used: return 0.0)
+    output_backward(dm, n, saved, v, dwx, drh) -> dn
+        dwx[g], drh[g]   out: dL/d(wx_g), dL/d(rh_g) through m (drh read for `split_recurrent` gates only)
+        returns dL/dn
+The framework adds LN's backward of dn to dL/dc' and calls `backward` with dm = 0; the two dwx (drh) are summed.
+The normalisation gains and biases are per pseudo-layer vectors [H] at the end of the params (`norm_vectors`).
+
 Register a spec with `register(spec)`; afterwards `rnn_mode=spec.name` works in every op, layer and tool.
 """
 from __future__ import annotations
@@ -70,6 +83,10 @@ _FORWARD_ARGS = ("wx", "rh", "v", "h", "c", "saved")
 _BACKWARD_ARGS = ("dm", "dc", "saved", "v", "h", "c", "c_new", "dwx", "drh", "dv")
 _MODULATION_ARGS = ("wx", "rh", "v", "h")
 _MODULATION_BACKWARD_ARGS = ("dmod", "mod", "saved", "v", "h", "dwx", "drh")
+#: what a cell may layer-normalise (CellSpec.layer_norm): W x, R h (across the row's G*H), the cell state (H)
+NORMALISED = ("wx", "rh", "c")
+_OUTPUT_ARGS = ("n", "saved", "v")
+_OUTPUT_BACKWARD_ARGS = ("dm", "n", "saved", "v", "dwx", "drh")
 
 
 @dataclass(frozen=True)
@@ -90,9 +107,12 @@ class CellSpec:
     modulated: tuple = ()                       # gates whose recurrent input is R_g (m ⊙ h) (classic GRU: n)
     modulation: Callable | None = field(default=None, repr=False)            # m from the other gates, per unit
     modulation_backward: Callable | None = field(default=None, repr=False)   # dL/dm into their dwx, drh
+    layer_norm: tuple = ()                      # layer-normalised across the row: "wx", "rh", "c" (SPEC 13)
+    output: Callable | None = field(default=None, repr=False)                # "c": m from the normalised state
+    output_backward: Callable | None = field(default=None, repr=False)       # "c": dL/dm into dL/dn, dwx, drh
 
     def __post_init__(self):
-        for attr in ("gates", "saved", "vectors", "split_recurrent", "modulated"):
+        for attr in ("gates", "saved", "vectors", "split_recurrent", "modulated", "layer_norm"):
             value = getattr(self, attr)
             if isinstance(value, str) or not all(isinstance(n, str) and n for n in value):
                 raise TypeError(f"CellSpec.{attr}: expected a tuple of non-empty names, got {value!r}")
@@ -115,6 +135,8 @@ class CellSpec:
             raise ValueError("CellSpec.recurrence: a diagonal recurrence (u_g ⊙ h) cannot have a projection "
                              "(projection=True): u_g scales the unit's own h, which a projection replaces")
         self._check_modulation()
+        self._check_layer_norm()
+        self._check_layer_norm_combinations()
         if self.projection and not self.cell_state:
             raise ValueError("CellSpec.projection: a projection needs a cell state (h' = W_proj m feeds only R)")
         for attr, expected in (("forward", _FORWARD_ARGS), ("backward", _BACKWARD_ARGS)):
@@ -148,6 +170,43 @@ class CellSpec:
                                 f"Python function of ({', '.join(expected)}), got None")
             _check_function(f"CellSpec.{attr}", getattr(self, attr), expected)
 
+    def _check_layer_norm(self):
+        """Known, distinct names; "c" needs a cell state and both output functions; a matrix recurrence without
+        modulation or projection."""
+        has_fn = (self.output is not None, self.output_backward is not None)
+        unknown = [n for n in self.layer_norm if n not in NORMALISED]
+        if unknown:
+            raise ValueError(f"CellSpec.layer_norm: {unknown} cannot be normalised; expected names from "
+                             f"{NORMALISED} (W x, R h, the cell state), got {self.layer_norm!r}")
+        if len(set(self.layer_norm)) != len(self.layer_norm):
+            raise ValueError(f"CellSpec.layer_norm: names must be distinct, got {self.layer_norm!r}")
+        if "c" not in self.layer_norm:
+            if any(has_fn):
+                raise ValueError("CellSpec.output: output / output_backward are given but the cell state is not "
+                                 "normalised (add 'c' to layer_norm)")
+            return
+        if not self.cell_state:
+            raise ValueError("CellSpec.layer_norm: 'c' normalises the cell state, but the cell has none "
+                             "(cell_state=False)")
+        for attr, expected in (("output", _OUTPUT_ARGS), ("output_backward", _OUTPUT_BACKWARD_ARGS)):
+            if getattr(self, attr) is None:
+                raise TypeError(f"CellSpec.{attr}: a cell with a normalised state (layer_norm has 'c') needs a "
+                                f"plain Python function of ({', '.join(expected)}), got None")
+            _check_function(f"CellSpec.{attr}", getattr(self, attr), expected)
+
+    def _check_layer_norm_combinations(self):
+        if not self.layer_norm:
+            return
+        if self.recurrence != "matrix":
+            raise ValueError(f"CellSpec.layer_norm: a layer-normalised cell needs recurrence='matrix', got "
+                             f"{self.recurrence!r}")
+        if self.modulated:
+            raise ValueError(f"CellSpec.layer_norm: a layer-normalised cell cannot also be modulated "
+                             f"(modulated={self.modulated!r})")
+        if self.projection:
+            raise ValueError("CellSpec.layer_norm: a layer-normalised cell cannot have a projection "
+                             "(projection=True)")
+
     # derived sizes ------------------------------------------------------------------------------
     @property
     def G(self) -> int:
@@ -175,6 +234,24 @@ class CellSpec:
     def modulated_mask(self) -> tuple:
         """Per gate: True where the recurrent input is the modulated state m ⊙ h."""
         return tuple(g in self.modulated for g in self.gates)
+
+    @property
+    def norm_groups(self) -> tuple:
+        """(name, count) of the normalisation vectors [H] each, in params order: ln_wx_gain (G) with "wx",
+        ln_rh_gain (G) with "rh", ln_c_gain and ln_c_bias (1 each) with "c"."""
+        G, groups = len(self.gates), []
+        if "wx" in self.layer_norm:
+            groups.append(("ln_wx_gain", G))
+        if "rh" in self.layer_norm:
+            groups.append(("ln_rh_gain", G))
+        if "c" in self.layer_norm:
+            groups += [("ln_c_gain", 1), ("ln_c_bias", 1)]
+        return tuple(groups)
+
+    @property
+    def NV(self) -> int:
+        """Normalisation vectors [H] per pseudo-layer (0 without layer_norm)."""
+        return sum(count for _, count in self.norm_groups)
 
     def gate(self, name: str) -> int:
         """Index of a gate by name (the named gate offsets of the kernels and cells)."""
@@ -216,10 +293,12 @@ def _same(a: CellSpec, b: CellSpec) -> bool:
                       and a.cell_state == b.cell_state and a.vectors == b.vectors
                       and a.split_recurrent == b.split_recurrent and a.projection == b.projection
                       and a.recurrence == b.recurrence and a.modulated == b.modulated
+                      and a.layer_norm == b.layer_norm
                       and _code(a.forward) == _code(b.forward) and _code(a.backward) == _code(b.backward)
                       and all((f is None) == (g is None) and (f is None or _code(f) == _code(g))
                               for f, g in ((a.modulation, b.modulation),
-                                           (a.modulation_backward, b.modulation_backward))))
+                                           (a.modulation_backward, b.modulation_backward),
+                                           (a.output, b.output), (a.output_backward, b.output_backward))))
 
 
 def _code(fn, depth: int = 0):

@@ -18,7 +18,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
-from . import cells, diagonal, fused, modulated, panels, threads, zoneout
+from . import cells, diagonal, fused, layer_norm, modulated, panels, threads, zoneout
 from .fused import pack as _pack
 from .fused import pack_columns as _pack_columns
 from .jitcache import njit_cached
@@ -383,6 +383,9 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     rows = _rows(call)
     lens, steps = rows[0], rows[1]                            # [B], no step past the longest
     cell = cfg.cell
+    if cell.layer_norm:                                       # the row reductions of SPEC 13 (layer_norm.py)
+        flat, saved = buffers(call, ct)
+        return layer_norm.forward(call, x, h0, c0, params, ct, rows, saved, flat)
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
     # (nor with zoneout: the BLAS loop's step is followed by zoneout's commit)
     use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not cfg.zoneout
@@ -500,6 +503,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, V = cfg.H, cfg.P, cfg.D, cfg.G, cfg.V
     lens, steps, by_length, _, padded, _, _ = _rows(call)    # [B], the longest length, [B] longest first
+    if cfg.cell.layer_norm:                                  # the row reductions of SPEC 13 (layer_norm.py)
+        return layer_norm.backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, _rows(call))
     layers = unpack(cfg, params)
     dparams = np.zeros(params.shape[0], dtype=ct)
     dlayers = unpack(cfg, dparams)

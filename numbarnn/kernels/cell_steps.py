@@ -357,20 +357,22 @@ def proj_variants(cell) -> tuple:
 
 #: the cells the kernel report compiles: the built-in ones and the shipped user cells (numbarnn.contrib)
 REPORTED_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "indrnn", "indrnn_relu",
-                  "gru_v1", "mgu")
+                  "gru_v1", "mgu", "layer_norm_lstm", "layer_norm_gru")
 
 
 def reported_cells(recurrence: str | None = None) -> list:
     """The specs of REPORTED_CELLS (registering the shipped user cells), only those of one `recurrence` if given
-    (the v2 and v3 kernels take the "matrix" ones: a diagonal recurrence runs v1's; so does a modulated cell, which
-    a given `recurrence` leaves out)."""
+    (the v2 and v3 kernels take the "matrix" ones: a diagonal recurrence runs v1's; so do a modulated cell and a
+    layer-normalised one, which a given `recurrence` leaves out)."""
     import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the shipped user cells)
     import numbarnn.contrib.gru_v1  # noqa: F401
     import numbarnn.contrib.mgu  # noqa: F401
     import numbarnn.contrib.indrnn  # noqa: F401
+    import numbarnn.contrib.layer_norm_gru  # noqa: F401
+    import numbarnn.contrib.layer_norm_lstm  # noqa: F401
     import numbarnn.contrib.peephole_lstm  # noqa: F401
     return [cell for cell in map(get_cell, REPORTED_CELLS)
-            if recurrence is None or (recurrence == cell.recurrence and not cell.modulated)]
+            if recurrence is None or (recurrence == cell.recurrence and not cell.modulated and not cell.layer_norm)]
 
 
 def kernel_specs():
@@ -378,6 +380,8 @@ def kernel_specs():
     specs = []
     for dt in DTYPES:
         for cell in reported_cells():
+            if cell.layer_norm:                 # its step kernels are kernels/layer_norm.py's
+                continue
             for proj in proj_variants(cell):
                 tag = "_proj" if proj else ""
                 if not cell.modulated:          # a modulated cell's forward step is kernels/modulated.py's

@@ -199,6 +199,8 @@ def _param_roles(cfg, params, prefix: str = "") -> dict:
             roles.update({f"{prefix}W{i}": lp.W, f"{prefix}R{i}": lp.R, f"{prefix}Wp{i}": lp.W_proj})
         for layer, unit in enumerate(_unit_param_views(cfg, p)):
             roles[f"{prefix}unit{layer}"] = unit
+        for layer, norm in enumerate(_norm_views(cfg, p)):
+            roles[f"{prefix}norm{layer}"] = norm
         return roles
     return derived(params, ("roles", cfg, cfg.cell, prefix), make)
 
@@ -209,6 +211,16 @@ def _unit_param_views(cfg, params):
     K = 2 * cfg.G + cfg.V
     n = cfg.D * K * cfg.H
     return [params[first_bias[layer * cfg.D]:first_bias[layer * cfg.D] + n].reshape(cfg.D, K, cfg.H)
+            for layer in range(cfg.L)]
+
+
+def _norm_views(cfg, params):
+    """Per layer, the [D, NV, H] view of both directions' normalisation vectors (SPEC 13; none without)."""
+    if not cfg.cell.NV:
+        return []
+    first = {r.p: r.offset for r in reversed(param_regions(cfg)) if r.kind == "N"}
+    n = cfg.D * cfg.cell.NV * cfg.H
+    return [params[first[layer * cfg.D]:first[layer * cfg.D] + n].reshape(cfg.D, cfg.cell.NV, cfg.H)
             for layer in range(cfg.L)]
 
 
@@ -339,6 +351,8 @@ def forward(call, x, h0, c0, params):
         env["x_drop"] = scratch("x_drop", (T, B, D * P), dt)             # [T, B, D*P] a layer's dropped input
     if cfg.cell.modulated:                                               # kernels/modulated.py
         env.update(gh=scratch("gh", (D, B, G * H), a), q=scratch("q", (D, B, H), a))   # R_1 h, m ⊙ h
+    if cfg.cell.layer_norm and "rh" not in cfg.cell.layer_norm:        # R h kept per step all the same
+        env["rh_raw"] = scratch("rh_raw", (D, T, B, G * H), dt)          # [D, T, B, G*H]
     env.update((f"saved.{name}", v) for name, v in reserve_views(replace(call, is_training=True), reserve).items())
     env.update(_param_roles(cfg, params))
     execute(_planned("forward", call, step, target.current(), _split_knobs()), env, log,
@@ -380,6 +394,12 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
         GM = len(cfg.cell.modulated)
         env.update(qs=scratch("qs", (D, T, B, H), dt),                  # [D, T, B, H]
                    dgm=scratch("dgm", (D, GM, T, B, H), dt))            # [D, GM, T, B, H]
+    if cfg.cell.layer_norm:                        # kernels/layer_norm.py: the rows of dbR, dγ_r, dγ_c, dβ_c
+        env.update(dgh_pre=scratch("dgh_pre", (D, T, B, GH), dt), dgr=scratch("dgr", (D, T, B, GH), dt),
+                   dnc=scratch("dnc", (D, T, B, 2 * H), dt))             # [D, T, B, G*H] x 2, [D, T, B, 2H]
+        if "wx" in cfg.cell.layer_norm:            # W x again, dL/d(W x), the rows of dγ_x
+            env.update(gx=scratch("gx", (D, T, B, GH), dt), dwx=scratch("dwx", (D, T, B, GH), dt),
+                       dgw=scratch("dgw", (D, T, B, GH), dt))
     for layer in range(1, cfg.L):                  # [T, B, D*P]: layer l writes dx{l % 2}, reads dx{(l + 1) % 2}
         env[f"dx{layer % 2}"] = scratch(f"dx{layer % 2}", (T, B, D * P), dt)
     if call.zoneout_active:                        # kernels/zoneout.py: the bypass of dh', a zero dy for the step

@@ -32,6 +32,7 @@ from .common import acc_dtype, blocks, make_cast_copy, make_fill, make_put4, thr
 from .gemm import DEFAULT_VERSION, VERSIONS, auto_split_k
 from .layer_ops import (column_sums_launches, make_apply_mask, make_dropout_forward, make_sum_gates,
                         make_tile_gates)
+from .layer_norm import BLOCK_GPU, BLOCK_SIM, make_layer_norm_rows, make_layer_norm_rows_backward, norm_offsets
 from .recurrent import make_diagonal_gradient
 from .steps import STEP_KERNELS, step_plan
 from . import zoneout
@@ -200,6 +201,11 @@ def forward_plan(call, simulator: bool | None = None, device_reserve: bool = Fal
             else:                                               # skip_input: W = identity, x_l tiled per gate
                 b.add("tile_gates", "tile_gates", *b.flat_grid(TB * GH), (make_tile_gates, dt),
                       (rows(x_l, TB, H), rows(part("gx", d), TB, GH)), nbytes=TB * (GH + H) * b.sz)
+        if "wx" in cfg.cell.layer_norm and TB:                  # gx = LN(W x) γ_x, a block per row
+            NT = BLOCK_SIM if b.sim else BLOCK_GPU
+            b.add("layer_norm_rows (W x)", "layer_norm_rows", (TB, D), NT, (make_layer_norm_rows, cfg.cell, dt, NT),
+                  ("lens", "gx", f"norm{layer}", f"saved.lnstat{layer}"), flops=D * TB * 8 * GH,
+                  nbytes=D * TB * 3 * GH * b.sz)
         b.cast("h0 in", part("h0", ps), "h_in", D * B * P, dt, a)
         if cfg.has_cell_state:
             b.cast("c0 in", part("c0", ps), "c", D * B * H, dt, a)
@@ -229,6 +235,8 @@ def backward_plan(call, simulator: bool | None = None, step=None) -> list[Launch
     b = Builder(call, "backward", target.simulator(simulator), step)
     cfg, T, B, D, P, H, TB, GH, dt, a = b.cfg, b.T, b.B, b.D, b.P, b.H, b.TB, b.GH, b.dts, b.acc
     V, GM = cfg.V, len(cfg.cell.modulated)
+    norm = cfg.cell.layer_norm                                  # SPEC 13 (kernels/layer_norm.py)
+    OWX, ORH, OC = norm_offsets(cfg.cell)
     n_params = sum(r.size for r in param_regions(cfg))
     b.fill("dparams", "dparams", n_params)
     n = T * B * D * P
@@ -246,7 +254,9 @@ def backward_plan(call, simulator: bool | None = None, step=None) -> list[Launch
             x_l = "x_masked"
         for what, size in (("dgx", D * TB * GH), ("dgh", D * TB * GH), ("dvec", D * TB * V * H),
                            ("h_prev", D * TB * P), ("dh_total", D * TB * P * cfg.has_proj),
-                           ("qs", D * TB * H * bool(GM)), ("dgm", D * GM * TB * H)):
+                           ("qs", D * TB * H * bool(GM)), ("dgm", D * GM * TB * H),
+                           ("dgh_pre", D * TB * GH * bool(norm)), ("dgr", D * TB * GH * bool(norm)),
+                           ("dnc", D * TB * 2 * H * bool(norm))):
             b.fill(what, what, size)                            # zeros at padded steps
         b.cast("dhT in", part("dhT", ps), "dh_in", D * B * P, dt, a)
         if cfg.has_cell_state:
@@ -265,9 +275,23 @@ def backward_plan(call, simulator: bool | None = None, step=None) -> list[Launch
         # weight gradients and dx as big GEMMs after the time loop; dx_l [T, B, I_l]: returned for layer 0,
         # else the next layer's dy (scratch by parity: layer l reads layer l+1's dx while it writes its own)
         dx_l = "dx" if layer == 0 else f"dx{layer % 2}"
+        if "wx" in norm and TB:                                 # back through LN_wx: W x again, then a block per row
+            for d in range(D):
+                if cfg.has_w(layer):
+                    b.gemm("gx = x W^T again (LN_wx's backward)", rows(x_l, TB, I_l), f"W{layer * D + d}",
+                           rows(part("gx", d), TB, GH), TB, GH, I_l, trans_b=True)
+                else:
+                    b.add("tile_gates", "tile_gates", *b.flat_grid(TB * GH), (make_tile_gates, dt),
+                          (rows(x_l, TB, H), rows(part("gx", d), TB, GH)), nbytes=TB * (GH + H) * b.sz)
+            NT = BLOCK_SIM if b.sim else BLOCK_GPU
+            b.add("layer_norm_rows_backward (W x)", "layer_norm_rows_backward", (TB, D), NT,
+                  (make_layer_norm_rows_backward, cfg.cell, dt, NT),
+                  ("dgx", "gx", f"norm{layer}", f"saved.lnstat{layer}", "dwx", "dgw"), flops=D * TB * 12 * GH,
+                  nbytes=D * TB * 4 * GH * b.sz)
+        dwx = "dwx" if "wx" in norm else "dgx"                  # dL/d(W x): dW's and dx's
         for d in range(D):
             p = layer * D + d
-            gx2, gh2 = rows(part("dgx", d), TB, GH), rows(part("dgh", d), TB, GH)
+            gx2, gh2 = rows(part(dwx, d), TB, GH), rows(part("dgh", d), TB, GH)
             if cfg.has_w(layer):
                 b.gemm("dW = dgx^T x", gx2, rows(x_l, TB, I_l), f"dW{p}", GH, I_l, TB, trans_a=True)
                 b.gemm("dx += dgx W", gx2, f"W{p}", rows(dx_l, TB, I_l), TB, I_l, GH, beta=0.0 if d == 0 else 1.0)
@@ -286,13 +310,24 @@ def backward_plan(call, simulator: bool | None = None, step=None) -> list[Launch
                 b.gemm("dW_proj = dh^T m", rows(part("dh_total", d), TB, P), rows(part(f"saved.m{layer}", d), TB, H),
                        f"dWp{p}", P, H, TB, trans_a=True)
             dbias = flat(part(f"dunit{layer}", d))              # [(2G+V)*H]: bW, bR, vectors
-            b.column_sums("dbW, dbR", gx2, gh2, rows(part(dbias, slice(0, 2 * GH)), 2, GH), TB, GH)
+            if norm:                                            # the biases after the LN: dL/d(wx), dL/d(rh)
+                b.column_sums("dbW, dbR", rows(part("dgx", d), TB, GH),
+                              rows(part("dgh_pre" if "rh" in norm else "dgh", d), TB, GH),
+                              rows(part(dbias, slice(0, 2 * GH)), 2, GH), TB, GH)
+                dnorm = flat(part(f"dnorm{layer}", d))          # [NV*H]: the gains (and β_c)
+                for what, src, at, width in (("dγ_x", "dgw", OWX, GH), ("dγ_r", "dgr", ORH, GH),
+                                             ("dγ_c, dβ_c", "dnc", OC, 2 * H)):
+                    if at >= 0 and TB:
+                        b.column_sums(what, rows(part(src, d), TB, width), None,
+                                      rows(part(dnorm, slice(at * H, at * H + width)), 1, width), TB, width)
+            else:
+                b.column_sums("dbW, dbR", gx2, gh2, rows(part(dbias, slice(0, 2 * GH)), 2, GH), TB, GH)
             if V and TB:
                 b.column_sums("cell vectors", rows(part("dvec", d), TB, V * H), None,
                               rows(part(dbias, slice(2 * GH, None)), 1, V * H), TB, V * H)
         if not cfg.has_w(layer) and TB:                         # skip_input: dx = the sum of the gates' dgx
             b.add("sum_gates (skip_input dx)", "sum_gates", *b.flat_grid(TB * H), (make_sum_gates, dt),
-                  (rows("dgx", D, TB, GH), rows(dx_l, TB, H)), flops=D * TB * GH, nbytes=D * TB * GH * b.sz)
+                  (rows(dwx, D, TB, GH), rows(dx_l, TB, H)), flops=D * TB * GH, nbytes=D * TB * GH * b.sz)
         dy_l = dx_l
         if drop:                                                # dropout backward: dy_{l-1} = dx_l * keep * scale
             b.add("apply_mask (dropout backward)", "apply_mask", *b.flat_grid(n), masked,

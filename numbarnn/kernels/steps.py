@@ -1,8 +1,9 @@
 """Which step kernels a call runs, and each step version's launches in a layer's plan (one table row per version).
 
     v1   cell_steps.py + recurrent.py: a thread per (unit, row, direction); forward 1 launch per step (+ project
-         with a projection), backward 2 (the step, recurrent_backward).  Diagonal and modulated cells run v1 only
-         (modulated.py: the step in two launches, the backward in three).
+         with a projection), backward 2 (the step, recurrent_backward).  Diagonal, modulated and layer-normalised
+         cells run v1 only (modulated.py: the step in two launches, the backward in three; layer_norm.py: a block
+         per row).
     v2   step_v2.py: a tiled product that reads R once per step for all rows, the cell in its epilogue; forward
          1 launch per step (+ project), backward 1 fused launch per step + 1 to finish dh0 (with a projection:
          v1's backward step + recurrent_backward_v2).
@@ -25,6 +26,7 @@ from .. import settings
 from . import step_v2, step_v3, target
 from .cell_steps import BACKWARD_ARGS, FORWARD_ARGS, make_backward_step, make_forward_step, make_project, used_args
 from .common import blocks
+from .layer_norm import BLOCK_GPU, BLOCK_SIM, make_layer_norm_backward_step, make_layer_norm_step
 from .modulated import (make_modulate, make_modulate_backward, make_modulated_recurrent_backward,
                         make_modulated_step)
 from .recurrent import make_recurrent_backward
@@ -46,6 +48,9 @@ class StepPlan:
 #: why a cell with a diagonal recurrence runs the v1 step kernels (the launch log's and `numbarnn explain`'s note)
 DIAGONAL_NOTE = ("v1: {cell!r} has a diagonal recurrence (u_g ⊙ h); the v2/v3 step kernels tile a product by a "
                  "matrix R, so v1 runs instead of v{version}")
+#: why a layer-normalised cell runs the v1 step kernels (kernels/layer_norm.py)
+LAYER_NORM_NOTE = ("v1: {cell!r} layer-normalises its rows ({what}): a reduction across the row inside the step; "
+                   "the v2/v3 step kernels have none, so v1 runs instead of v{version}")
 #: why a call with zoneout runs the v1 step kernels (kernels/zoneout.py)
 ZONEOUT_NOTE = ("v1: zoneout={zoneout} mixes h_prev into each step's h' (kernels/zoneout.py, launched between "
                 "v1's step kernels); the v2/v3 step kernels have no such hook, so v1 runs instead of v{version}")
@@ -87,6 +92,9 @@ def step_plan(call, phase: str, simulator: bool | None = None) -> StepPlan:
         version, note = 1, DIAGONAL_NOTE.format(cell=cfg.rnn_mode, version=version)
     if version > 1 and cfg.cell.modulated:                 # v2 and v3 make one product per step
         version, note = 1, MODULATED_NOTE.format(cell=cfg.rnn_mode, version=version)
+    if version > 1 and cfg.cell.layer_norm:                # v2 and v3 reduce no rows
+        version, note = 1, LAYER_NORM_NOTE.format(cell=cfg.rnn_mode, what=", ".join(cfg.cell.layer_norm),
+                                                  version=version)
     if version > 1 and cfg.zoneout:                        # zoneout's kernels run between v1's
         version, note = 1, ZONEOUT_NOTE.format(zoneout=cfg.zoneout, version=version)
     if version == 3:
@@ -111,13 +119,16 @@ def roles(b, dy=None) -> dict:
                 mods=f"saved.mod{layer}", gh="gh", q="q", steps=b.steps,
                 dy=dy, h0=("part", "h0", ps), c0=("part", "c0", ps) if b.cfg.has_cell_state else None,   # (plan.part)
                 dh="dh_in", dh_in="dh_in", dh_out="dh_out", dc="dc", dgx="dgx", dgh="dgh", dvec="dvec",
-                h_prev="h_prev", dh_total="dh_total", qs="qs", dgm="dgm")
+                h_prev="h_prev", dh_total="dh_total", qs="qs", dgm="dgm",
+                norm=f"norm{layer}", lnstat=f"saved.lnstat{layer}", dgh_pre="dgh_pre", dgr="dgr", dnc="dnc",
+                rh_raw=f"saved.rh{layer}" if "rh" in b.cfg.cell.layer_norm else
+                ("rh_raw" if dy is None else None))
 
 
 def by_role(b, names, dy=None, **fixed) -> tuple:
     """The roles of a kernel's argument `names`, in order (`fixed`: literals, e.g. s=-1)."""
     r = dict(roles(b, dy), **fixed)
-    return tuple(r[name] for name in names)
+    return tuple(None if name is None else r[name] for name in names)
 
 
 def per_step(b, label, name, grid, block, kernel, args, flops, nbytes, swaps=True) -> None:
@@ -136,7 +147,15 @@ def v1_forward(b) -> None:
     """Per step: the step kernel (a modulated cell: modulate, then modulated_step), then project with a projection."""
     cfg, cell, dt, B, D, H, P, G, GH, sz = b.cfg, b.cfg.cell, b.dts, b.B, b.D, b.H, b.P, b.G, b.GH, b.sz
     grid, block = b.unit_grid(H)
-    if cell.modulated:                                 # R_1 h and m ⊙ h; then R_2 (m ⊙ h) and the cell
+    if cell.layer_norm:                                # a block per row: R h, its LN, the cell, LN of c'
+        NT = BLOCK_SIM if b.sim else BLOCK_GPU
+        per_step(b, f"{cfg.rnn_mode}_layer_norm_step", "layer_norm_step", (B, D), NT,
+                 (make_layer_norm_step, cell, dt, NT),
+                 by_role(b, ("s", "lens", "gx", "unit_params", "norm", "R_fwd", "R_rev", "h_in", "h_out",
+                             "c" if cfg.has_cell_state else None, "y", "acts", "cs" if cfg.has_cell_state else None,
+                             "lnstat", "rh_raw")),
+                 D * B * (2 * GH * P + 20 * H + 10 * GH), D * (GH * P + B * (3 * GH + 4 * P + (cell.S + 2) * H)) * sz)
+    elif cell.modulated:                               # R_1 h and m ⊙ h; then R_2 (m ⊙ h) and the cell
         GM = len(cell.modulated)
         per_step(b, f"{cfg.rnn_mode}_modulate", "modulate", grid, block, (make_modulate, cell, dt),
                  by_role(b, ("s", "lens", "gx", "unit_params", "R_fwd", "R_rev", "h_in", "gh", "q", "mods")),
@@ -167,7 +186,17 @@ def v1_backward(b, dy) -> None:
     """Per step, T-1 .. 0: the backward step, [modulate_backward], then dh_prev = dgh R (recurrent_backward)."""
     cfg, cell, dt, B, D, H, P, GH, sz = b.cfg, b.cfg.cell, b.dts, b.B, b.D, b.H, b.P, b.GH, b.sz
     grid, block = b.unit_grid(H)
-    backward_step(b, dy)
+    if cell.layer_norm:                                # a block per row: output, LN_c', the cell, LN_rh'
+        NT = BLOCK_SIM if b.sim else BLOCK_GPU
+        c = "c" if cfg.has_cell_state else None
+        per_step(b, f"{cfg.rnn_mode}_layer_norm_backward_step", "layer_norm_backward_step", (B, D), NT,
+                 (make_layer_norm_backward_step, cell, dt, NT),
+                 by_role(b, ("s", "lens", "dy", "y", "h0", "c0", "acts", "cs" if c else None, "lnstat", "rh_raw",
+                             "unit_params", "norm", "dh_in", "dh_out", "dc" if c else None, "dgx", "dgh", "dgh_pre",
+                             "dgr", "dnc", "dvec" if cfg.V else None, "h_prev"), dy),
+                 D * B * (30 * H + 12 * GH), D * B * (6 * GH + (cell.S + 6) * H) * sz)
+    else:
+        backward_step(b, dy)
     if cell.modulated:                                 # dL/d(m ⊙ h) = R_2^T dgh_2 into m's gates and h
         GM = len(cell.modulated)
         per_step(b, f"{cfg.rnn_mode}_modulate_backward", "modulate_backward", grid, block,

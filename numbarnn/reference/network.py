@@ -27,6 +27,11 @@ Zoneout (haste's, SPEC 6.1) acts on the state h' of every step, after the cell (
     inference: h' = p*h_prev + (1-p)*h_new
     backward:  dh_tot = dy + dh' ; the cell gets mask*dh_tot, dh_prev gets (1-mask)*dh_tot besides its own terms
 
+A layer-normalised cell (CellSpec.layer_norm, SPEC 13) normalises rows (layer_norm.py):
+    gx = LN(x_l @ W^T) γ_x + bW ;  gh = LN(h @ R^T) γ_r + bR ;  n = LN(c') γ_c + β_c, m = cell.output(n)
+    backward: dm -> output_backward -> dn -> dc' += LN_c'(dn) -> the cell's backward (dm = 0); dgh -> LN_rh'
+              before dh_prev and dR; dgx -> LN_wx' after the time loop, before dW and dx
+
 Everything is float64 here; `backend.py` casts at the boundary.  Rows past their length keep their state
 and write 0 outputs; `len[b] == 0` rows never become active (final state = initial state).
 """
@@ -38,7 +43,7 @@ from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries
-from . import gru, lstm, rnn, spec_cell
+from . import gru, layer_norm as ln, lstm, rnn, spec_cell
 from .philox import dropout_keep_mask, zoneout_update_mask
 
 #: the hand-written oracle of each built-in cell (shares no code with numbarnn.cells or the kernels)
@@ -123,6 +128,27 @@ def _zoneout(call: RNNCall, update, h_new, h_prev):
     return h_new
 
 
+def _normalised_input(cfg, lp, x_l):
+    """gx = LN(x_l @ W^T) γ_x + bW of a cell normalising "wx" (skip_input: W = identity per gate).
+    x_l [T, B, I_l] -> (gx [T, B, G*H], stats [T, B, 2])"""
+    raw = np.tile(x_l, (1, 1, cfg.G)) if lp.W is None else x_l @ lp.W.T      # [T, B, G*H]
+    a_hat, stats = ln.normalise(raw)
+    return a_hat * lp.norm(cfg.cell, "ln_wx_gain") + lp.bW, stats
+
+
+def _normalised_recurrent(cfg, lp, h):
+    """gh = LN(h @ R^T) γ_r + bR of a cell normalising "rh".  h [n, H] -> (gh [n, G*H], raw [n, G*H], stats [n, 2])"""
+    raw = h @ lp.R.T
+    a_hat, stats = ln.normalise(raw)
+    return a_hat * lp.norm(cfg.cell, "ln_rh_gain") + lp.bR, raw, stats
+
+
+def _normalised_state(cfg, lp, c_new):
+    """n = LN(c') γ_c + β_c of a cell normalising "c".  c_new [n, H] -> (n [n, H], stats [n, 2])"""
+    a_hat, stats = ln.normalise(c_new)
+    return a_hat * lp.norm(cfg.cell, "ln_c_gain") + lp.norm(cfg.cell, "ln_c_bias"), stats
+
+
 def new_reserve(call: RNNCall) -> dict:
     return {e.name: np.zeros(e.shape) for e in reserve_entries(call)}
 
@@ -140,6 +166,9 @@ def forward(call: RNNCall, x, h0, c0, params):
     hT = np.array(h0, dtype=np.float64)                     # [L*D, B, P]
     cT = np.array(c0, dtype=np.float64) if cfg.has_cell_state else None   # [L*D, B, H]
     h_unit = not cfg.has_proj                               # the cell may read its own h (not with a projection)
+    norm = cfg.cell.layer_norm
+    if "c" in norm:
+        output = spec_cell.make_output(cfg.cell)[0]
 
     x_l = x                                                 # [T, B, I_l]
     for layer in range(cfg.L):
@@ -151,7 +180,10 @@ def forward(call: RNNCall, x, h0, c0, params):
         for d in range(D):
             p = layer * D + d
             lp = layers[p]
-            gx = _input_projection(lp, x_l, G)              # [T, B, G*H]
+            if "wx" in norm:
+                gx, wx_stats = _normalised_input(cfg, lp, x_l)   # [T, B, G*H], [T, B, 2]
+            else:
+                gx = _input_projection(lp, x_l, G)          # [T, B, G*H]
             h, c = hT[p], (cT[p] if cT is not None else None)   # views: updated in place, end as final state
             update = zoneout_update_mask(cfg.seed, cfg.seed2, p, T, B, P, cfg.zoneout) \
                 if call.zoneout_active else None            # [T, B, P] True: h takes h_new
@@ -162,10 +194,20 @@ def forward(call: RNNCall, x, h0, c0, params):
                 if modulation is not None:                  # two products, m ⊙ h between them
                     gh, mod = _modulated(cfg, lp, modulation, gx[t, b], h[b])
                     saved[f"mod{layer}"][d, t, b] = mod
+                elif "rh" in norm:
+                    gh, raw, stats = _normalised_recurrent(cfg, lp, h[b])    # [n, G*H]
+                    saved[f"rh{layer}"][d, t, b] = raw
+                    saved[f"lnstat{layer}"][d, t, b, ln.stat_columns(cfg.cell, "rh")] = stats
                 else:
                     gh = _recurrent(cfg, lp, h[b])          # [n, G*H]
+                if "wx" in norm:
+                    saved[f"lnstat{layer}"][d, t, b, ln.stat_columns(cfg.cell, "wx")] = wx_stats[t, b]
                 m, c_new, acts = cell_forward(gx[t, b], gh, h[b] if h_unit else None, c[b] if c is not None else None,
                                               lp.V)
+                if "c" in norm:                             # m from the normalised state
+                    n_state, stats = _normalised_state(cfg, lp, c_new)
+                    saved[f"lnstat{layer}"][d, t, b, ln.stat_columns(cfg.cell, "c")] = stats
+                    m = output(n_state, acts, lp.V)
                 h_new = m @ lp.W_proj.T if lp.W_proj is not None else m   # [n, P]
                 saved[f"acts{layer}"][d, t, b] = acts
                 if c is not None:
@@ -196,6 +238,9 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
     if modulated:
         modulation_backward = spec_cell.make_modulation(cfg.cell)[1]
         c1, c2 = _gate_columns(cfg, False), _gate_columns(cfg, True)
+    norm = cfg.cell.layer_norm
+    if "c" in norm:
+        output_backward = spec_cell.make_output(cfg.cell)[1]
     lens = call.lengths_array()
     dparams = np.zeros(params.shape[0])
     layers, dlayers = unpack(cfg, params), unpack(cfg, dparams)
@@ -226,6 +271,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             dh_all = np.zeros((T, B, P))                    # [T, B, P]   total dh' at each step (projection)
             dv_all = np.zeros((T, B, cfg.V * H))            # [T, B, V*H] cell-vector gradient contributions
             q_all = np.zeros((T, B, H))                     # [T, B, H]   m ⊙ h_prev (modulated cells)
+            dbR_all = np.zeros((T, B, G * H))               # [T, B, G*H] "rh" normalised: dL/d(gh), bR's gradient
+            stat = saved[f"lnstat{layer}"][d] if norm else None   # [T, B, 2K]
             dh, dc = dh0[p], (dc0[p] if dc0 is not None else None)
             for s in reversed(range(T)):
                 b, t = _steps(lens, s, d)
@@ -243,9 +290,27 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                     carry = np.where(update, 0.0, dh_tot)
                     dh_tot = np.where(update, dh_tot, 0.0)
                 dm = dh_tot @ lp.W_proj if lp.W_proj is not None else dh_tot   # [n, H]
+                dc_b = dc[b] if dc is not None else None
+                if "c" in norm:                             # through m = output(n), n = LN(c') γ_c + β_c
+                    st = stat[t, b, ln.stat_columns(cfg.cell, "c")]                # [n, 2]
+                    c_hat = ln.normalised(cs[t, b], st)                            # [n, H]
+                    n_state = c_hat * lp.norm(cfg.cell, "ln_c_gain") + lp.norm(cfg.cell, "ln_c_bias")
+                    dn, gx_o, gh_o = output_backward(dm, n_state, acts[t, b], lp.V)
+                    dlp.norm(cfg.cell, "ln_c_gain")[...] += (dn * c_hat).sum(axis=0)
+                    dlp.norm(cfg.cell, "ln_c_bias")[...] += dn.sum(axis=0)
+                    dc_b = dc_b + ln.backward(dn, c_hat, st, lp.norm(cfg.cell, "ln_c_gain"))
+                    dm = np.zeros_like(dm)
                 gx_b, gh_b, dh_direct, dc_prev, dv = cell_backward(
-                    dm, dc[b] if dc is not None else None, acts[t, b], h_prev if lp.W_proj is None else None,
+                    dm, dc_b, acts[t, b], h_prev if lp.W_proj is None else None,
                     c_prev, cs[t, b] if cs is not None else None, lp.V)
+                if "c" in norm:
+                    gx_b, gh_b = gx_b + gx_o, gh_b + gh_o
+                if "rh" in norm:                            # gh = LN(R h) γ_r + bR: back to the raw R h
+                    st = stat[t, b, ln.stat_columns(cfg.cell, "rh")]
+                    rh_hat = ln.normalised(saved[f"rh{layer}"][d, t, b], st)        # [n, G*H]
+                    dlp.norm(cfg.cell, "ln_rh_gain")[...] += (gh_b * rh_hat).sum(axis=0)
+                    dbR_all[t, b] = gh_b
+                    gh_b = ln.backward(gh_b, rh_hat, st, lp.norm(cfg.cell, "ln_rh_gain"))
                 if dv is not None:
                     dv_all[t, b] = dv
                 if modulated:                               # through R_2 (m ⊙ h): dq, then into m and h
@@ -264,6 +329,14 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                     dc[b] = dc_prev
             # weight gradients as big matmuls after the time loop
             gx2, gh2 = dgx.reshape(-1, G * H), dgh.reshape(-1, G * H)
+            dlp.bW[...] = gx2.sum(axis=0)
+            if "wx" in norm:                                # gx = LN(W x) γ_x + bW: back to the raw W x
+                raw = np.tile(x_l, (1, 1, G)) if lp.W is None else x_l @ lp.W.T     # [T, B, G*H]
+                st = stat[:, :, ln.stat_columns(cfg.cell, "wx")]                    # [T, B, 2] (0 where padded)
+                wx_hat = ln.normalised(raw, st)
+                dlp.norm(cfg.cell, "ln_wx_gain")[...] = (dgx * wx_hat).reshape(-1, G * H).sum(axis=0)
+                dgx = ln.backward(dgx, wx_hat, st, lp.norm(cfg.cell, "ln_wx_gain"))
+                gx2 = dgx.reshape(-1, G * H)
             if lp.W is not None:
                 dlp.W[...] = gx2.T @ x_l.reshape(-1, x_l.shape[-1])
                 dx_l += dgx @ lp.W
@@ -274,8 +347,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
                 dlp.R[c2] = gh2[:, c2].T @ q_all.reshape(-1, H)
             else:
                 dlp.R[...] = _dR(cfg, gh2, h_prev_all.reshape(-1, P))
-            dlp.bW[...] = gx2.sum(axis=0)
-            dlp.bR[...] = gh2.sum(axis=0)
+            dlp.bR[...] = (dbR_all if "rh" in norm else dgh).reshape(-1, G * H).sum(axis=0)
             if lp.W_proj is not None:
                 dlp.W_proj[...] = dh_all.reshape(-1, P).T @ saved[f"m{layer}"][d].reshape(-1, H)
             if lp.V is not None:

@@ -86,3 +86,35 @@ def make_modulation(cell):
         return dgx, dgh
 
     return modulation, modulation_backward
+
+
+def make_output(cell):
+    """Adapters of a normalised-state cell's `output` / `output_backward` (network.py), unit by unit:
+        output(n [n, H], acts [n, S*H], v) -> m [n, H]                 n = LN(c') of each row
+        output_backward(dm, n, acts, v) -> (dn [n, H], dgx [n, G*H], dgh [n, G*H]): the gradients through m, to
+        add to backward's (called with dm = 0)
+    """
+    G, V = cell.G, cell.V
+    split = cell.split_mask
+
+    def output(n_state, acts, v=None):
+        rows, H = n_state.shape
+        m = np.zeros((rows, H))
+        for r in range(rows):
+            for j in range(H):
+                m[r, j] = cell.output(n_state[r, j], acts[r, j::H], v[:, j] if V else np.zeros(0))
+        return m
+
+    def output_backward(dm, n_state, acts, v=None):
+        rows, H = dm.shape
+        dn, dgx, dgh = np.zeros((rows, H)), np.zeros((rows, G * H)), np.zeros((rows, G * H))
+        for r in range(rows):
+            for j in range(H):
+                dwx, drh = np.zeros(G), np.zeros(G)
+                dn[r, j] = cell.output_backward(dm[r, j], n_state[r, j], acts[r, j::H],
+                                                v[:, j] if V else np.zeros(0), dwx, drh)
+                dgx[r, j::H] = dwx
+                dgh[r, j::H] = np.where(split, drh, dwx)
+        return dn, dgx, dgh
+
+    return output, output_backward

@@ -1,0 +1,163 @@
+"""haste's LayerNormLSTM and LayerNormGRU as numbarnn.torch modules: haste's argument and parameter names, numbarnn's
+operator (the contrib cells layer_norm_lstm and layer_norm_gru, SPEC 13) on any backend.
+
+    LayerNormLSTM(input_size, hidden_size, batch_first=False, forget_bias=1.0, dropout=0.0, zoneout=0.0,
+                  return_state_sequence=False)  -> forward(input, state=None, lengths=None) -> (output, (h_n, c_n))
+    LayerNormGRU(input_size, hidden_size, batch_first=False, dropout=0.0, zoneout=0.0,
+                 return_state_sequence=False)   -> forward(input, state=None, lengths=None) -> (output, h_n)
+
+Parameters as haste's (one layer, one direction; gates in its order): kernel [I, G*H], recurrent_kernel [H, G*H],
+bias [G*H] (the GRU also recurrent_bias [G*H]), gamma [2, G*H] (W x's gain, then R h's), and the LSTM's gamma_h,
+beta_h [H] (the cell state's gain and bias); haste's initialisation.  `dropout` is haste's DropConnect on
+recurrent_kernel in training.  Zoneout and return_state_sequence are not implemented (a ValueError names them).
+States are (1, B, H) as haste's; outputs past a row's length are 0 (haste leaves them unspecified).
+"""
+from __future__ import annotations
+
+import torch
+
+from .torch_ops import _NO_SEEDS, _call
+from .torch_tensors import _needs_reserve
+
+
+class _HasteLayerNorm(torch.nn.Module):
+    """What LayerNormLSTM and LayerNormGRU share: argument checks, the call of numbarnn's operator."""
+
+    cell = ""
+    gates = 0
+
+    def __init__(self, input_size, hidden_size, batch_first=False, dropout=0.0, zoneout=0.0,
+                 return_state_sequence=False, *, backend=None, device=None, dtype=None):
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"{name}: dropout must be in [0.0, 1.0], got {dropout!r}")
+        if zoneout:
+            raise ValueError(f"{name}: zoneout is not implemented by numbarnn (got zoneout={zoneout!r}; use 0.0)")
+        if return_state_sequence:
+            raise ValueError(f"{name}: return_state_sequence is not implemented by numbarnn (use False)")
+        import numbarnn.contrib.layer_norm_gru  # noqa: F401  (registers the cells)
+        import numbarnn.contrib.layer_norm_lstm  # noqa: F401
+        self.input_size, self.hidden_size, self.batch_first = input_size, hidden_size, bool(batch_first)
+        self.dropout, self.zoneout, self.return_state_sequence = float(dropout), 0.0, False
+        self.backend = backend
+        G, H, factory = self.gates, hidden_size, {"device": device, "dtype": dtype}
+        self.kernel = torch.nn.Parameter(torch.empty(input_size, G * H, **factory))             # [I, G*H]
+        self.recurrent_kernel = torch.nn.Parameter(torch.empty(H, G * H, **factory))            # [H, G*H]
+        self.bias = torch.nn.Parameter(torch.empty(G * H, **factory))                           # [G*H]
+        self._extra_parameters(factory)
+        self.gamma = torch.nn.Parameter(torch.empty(2, G * H, **factory))                       # [2, G*H]
+
+    def _extra_parameters(self, factory) -> None:
+        pass
+
+    def reset_parameters(self) -> None:
+        """haste's: per gate block Xavier-uniform kernel and orthogonal recurrent_kernel, zero biases, unit gains."""
+        H = self.hidden_size
+        with torch.no_grad():
+            for g in range(self.gates):
+                torch.nn.init.xavier_uniform_(self.kernel[:, g * H:(g + 1) * H])
+                torch.nn.init.orthogonal_(self.recurrent_kernel[:, g * H:(g + 1) * H])
+            torch.nn.init.zeros_(self.bias)
+            torch.nn.init.ones_(self.gamma)
+
+    def _weights(self, R) -> list:
+        """The weights in numbarnn.torch's layout order (weight_ih, weight_hh, bias_ih, bias_hh, then the
+        normalisation vectors)."""
+        raise NotImplementedError
+
+    def forward(self, input, state=None, lengths=None):
+        if not isinstance(input, torch.Tensor) or input.dim() != 3:
+            raise ValueError(f"{type(self).__name__}: input must be a 3-D tensor, got "
+                             f"{getattr(input, 'shape', type(input).__name__)}")
+        x = input.transpose(0, 1) if self.batch_first else input                           # [T, B, I]
+        if x.size(-1) != self.input_size:
+            raise ValueError(f"{type(self).__name__}: input.size(-1) must be input_size = {self.input_size}, got "
+                             f"{x.size(-1)}")
+        T, B = x.shape[0], x.shape[1]
+        lstm = self.cell == "layer_norm_lstm"
+        zeros = x.new_zeros((1, B, self.hidden_size))
+        if state is None:
+            h0, c0 = zeros, (zeros if lstm else None)                                       # [1, B, H]
+        elif lstm:
+            h0, c0 = state
+        else:
+            h0, c0 = state, None
+        for what, t in (("h_0", h0), ("c_0", c0)):
+            if t is not None and tuple(t.shape) != (1, B, self.hidden_size):
+                raise ValueError(f"{type(self).__name__}: state {what} must be (1, batch, hidden_size) = "
+                                 f"{(1, B, self.hidden_size)}, got {tuple(t.shape)}")
+        lens = None
+        if lengths is not None:
+            lens = [int(v) for v in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+            if len(lens) != B or min(lens) < 0 or max(lens) > T:
+                raise ValueError(f"{type(self).__name__}: lengths must be {B} values in [0, {T}], got {lens}")
+        R = self.recurrent_kernel
+        if self.training and self.dropout:                                                  # haste's DropConnect
+            R = torch.nn.functional.dropout(R, self.dropout, True)
+        weights = self._weights(R)
+        needs_grad = _needs_reserve(x, h0, c0, weights)
+        backend = self.backend or ("cuda" if x.is_cuda else "")
+        net = (self.cell, 1, self.hidden_size, self.input_size, False, 0, True, 0.0, bool(needs_grad), backend,
+               0.0)                                                  # (no dropout between layers, no zoneout)
+        y, hT, cT, _ = _call(x, h0, c0, weights, lens, _NO_SEEDS, net, None, needs_grad)
+        output = y.transpose(0, 1) if self.batch_first else y
+        return (output, (hT, cT)) if lstm else (output, hT)
+
+
+class LayerNormLSTM(_HasteLayerNorm):
+    """haste's LayerNormLSTM (gates i, g, f, o): see the module docstring."""
+
+    cell = "layer_norm_lstm"
+    gates = 4
+
+    def __init__(self, input_size, hidden_size, batch_first=False, forget_bias=1.0, dropout=0.0, zoneout=0.0,
+                 return_state_sequence=False, *, backend=None, device=None, dtype=None):
+        self.forget_bias = float(forget_bias)
+        super().__init__(input_size, hidden_size, batch_first, dropout, zoneout, return_state_sequence,
+                         backend=backend, device=device, dtype=dtype)
+        self.reset_parameters()
+
+    def _extra_parameters(self, factory) -> None:
+        self.gamma_h = torch.nn.Parameter(torch.empty(self.hidden_size, **factory))            # [H]
+        self.beta_h = torch.nn.Parameter(torch.empty(self.hidden_size, **factory))             # [H]
+
+    def reset_parameters(self) -> None:
+        """haste's: as the base, the forget gate's bias `forget_bias`, gamma_h ones, beta_h zeros."""
+        super().reset_parameters()
+        H = self.hidden_size
+        with torch.no_grad():
+            self.bias[2 * H:3 * H] = self.forget_bias
+            torch.nn.init.ones_(self.gamma_h)
+            torch.nn.init.zeros_(self.beta_h)
+
+    def _weights(self, R) -> list:
+        return [self.kernel.t(), R.t(), self.bias, torch.zeros_like(self.bias), self.gamma[0], self.gamma[1],
+                self.gamma_h, self.beta_h]
+
+
+class LayerNormGRU(_HasteLayerNorm):
+    """haste's LayerNormGRU (gates z, r, g): see the module docstring."""
+
+    cell = "layer_norm_gru"
+    gates = 3
+
+    def __init__(self, input_size, hidden_size, batch_first=False, dropout=0.0, zoneout=0.0,
+                 return_state_sequence=False, *, backend=None, device=None, dtype=None):
+        super().__init__(input_size, hidden_size, batch_first, dropout, zoneout, return_state_sequence,
+                         backend=backend, device=device, dtype=dtype)
+        self.reset_parameters()
+
+    def _extra_parameters(self, factory) -> None:
+        self.recurrent_bias = torch.nn.Parameter(torch.empty(self.gates * self.hidden_size, **factory))   # [G*H]
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            torch.nn.init.zeros_(self.recurrent_bias)
+
+    def _weights(self, R) -> list:
+        return [self.kernel.t(), R.t(), self.bias, self.recurrent_bias, self.gamma[0], self.gamma[1]]
