@@ -137,6 +137,20 @@ def test_the_ptx_digest_ignores_where_a_kernel_lives_not_what_it_does():
     assert report.ptx_digest(swapped) != report.ptx_digest(ptx)     # which symbol is called where still counts
 
 
+def test_the_ptx_digest_ignores_what_other_kernels_compiled_before_it():
+    """numba names shared arrays from a per-process counter and declares the environments in the order it made
+    them: a kernel compiled after others (a new kernel in the report) has the same digest; its code still counts."""
+    env = ".common .global .align 8 .u64 _ZN08NumbaEnv8numbarnn7kernels4gemm{}E5ArrayIfLi1E;\n"
+    body = (".shared .align 4 .b8 _cudapy_smem_{}[1024];\n.visible .entry _ZN8numbarnn7kernels4gemm2v2E(\n"
+            "\tmov.u64 %rd1, _cudapy_smem_{};\n\tadd.f32 %f1, %f2, %f3;\n")
+    first = env.format("1a") + env.format("1b") + body.format(1, 1)
+    later = env.format("1b") + env.format("1a") + body.format(7, 7)
+    assert report.ptx_digest(later) == report.ptx_digest(first)
+    assert report.ptx_digest(later.replace("add.f32", "sub.f32")) != report.ptx_digest(first)
+    two = body.format(1, 1) + body.format(2, 2)
+    assert report.ptx_digest(two) != report.ptx_digest(body.format(1, 1) + body.format(2, 1))   # which array
+
+
 def test_remembered_computes_once_per_key(tmp_path):
     path = str(tmp_path / "analysis.json")
     calls = []

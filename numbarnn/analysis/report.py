@@ -166,13 +166,20 @@ def functions_left(ptx: str) -> list:
 
 
 _MANGLED = re.compile(r"_ZN[\w$]+")
+_SHARED = re.compile(r"_cudapy_smem_\d+")      # numba numbers shared arrays per process, in compile order
+_ENV_DECLARATION = re.compile(r"^\.common \.global \.align \d+ \.u64 _ZN08NumbaEnv[\w$]*;\n", re.M)
 
 
 def ptx_digest(ptx: str) -> str:
-    """sha256 of a kernel's PTX with its mangled symbol names numbered in order of appearance: the code itself,
-    unchanged when a kernel or device function only moves to another module or is renamed."""
+    """sha256 of a kernel's PTX with its mangled symbol names and its shared arrays' names numbered in order of
+    appearance and numba's environment declarations left out: the code itself, unchanged when a kernel or device
+    function only moves to another module or is renamed, or when other kernels compile before it in the process
+    (numba names shared arrays from a counter and declares the environments in the order it made them)."""
     names: dict = {}
-    text = _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"_sym{len(names)}"), ptx)
+    text = _ENV_DECLARATION.sub("", ptx)          # (declared in the order numba made them, not the code's)
+    text = _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"_sym{len(names)}"), text)
+    shared: dict = {}
+    text = _SHARED.sub(lambda m: shared.setdefault(m.group(0), f"_smem{len(shared)}"), text)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
