@@ -84,7 +84,8 @@ run_tests() {
     timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs -n ${WORKERS:-12} -p no:cacheprovider \
         ${TESTS:-tests/test_rnn_cuda.py tests/test_step_v2.py tests/test_step_v3.py tests/test_block_lstm_cuda.py \
         tests/test_gemm.py tests/test_column_sums.py tests/test_philox.py tests/test_torch_dropin.py tests/test_launch.py \
-        tests/test_torch_cuda.py tests/test_modulated_cells.py tests/test_indrnn.py} \
+        tests/test_torch_cuda.py tests/test_modulated_cells.py tests/test_indrnn.py tests/test_zoneout.py \
+        tests/test_layer_norm_cells.py} \
         2>&1 | tee "$OUT/gpu_tests.log" | tail -60
 }
 
