@@ -303,14 +303,14 @@ class _NumbaRNNBase(torch.nn.Module):
                                                            (x, h0, *weights) if c0 is None else
                                                            (x, h0, c0, *weights)):
             return None
+        if (self.backend or get_default_backend()) != "cpu":        # (the default may change between calls)
+            return None
         params = self._weight_views.array(self._layout.spans, self._layout.size, weights, x.dtype)     # [N]
         if params is None:
             return None
         key = (x.shape, x.dtype, self.batch_first, self.zoneout)
         entry = self._inference_calls.entries.get(key)
         if entry is None:
-            if (self.backend or get_default_backend()) != "cpu":
-                return None
             self._check_input(x, False, False, weights[0])
             xt = x.transpose(0, 1) if self.batch_first else x                     # [T, B, I]
             L_D, B, dtype = self._config.L * self._config.D, xt.shape[1], _NUMPY_GATHER[x.dtype]

@@ -354,6 +354,20 @@ def test_inference_fast_path_declines_what_it_does_not_run():
     with torch.no_grad():
         ref(x)
     assert not ref._inference_calls.entries
+    from numbarnn.backends import get_default_backend, set_default_backend
+    from numbarnn.cpu import backend as cpu_backend
+    if get_default_backend() == "cpu":                       # a module without a backend follows the default
+        m.eval()
+        with torch.no_grad():
+            m(x)                                             # the signature's entry made on the cpu backend
+        set_default_backend("reference")
+        try:
+            with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+                mp.setattr(cpu_backend, "rnn_forward", lambda *a: pytest.fail("the cpu backend ran"))
+                m(x)                                         # the same signature: now the reference's
+        finally:
+            set_default_backend(None)
+        m.train()
     with torch.no_grad(), pytest.raises(RuntimeError, match="input.size\\(-1\\) must be equal to input_size"):
         m(torch.randn(2, 3, 6))
     with torch.no_grad(), pytest.raises(RuntimeError, match="Expected hidden size"):
