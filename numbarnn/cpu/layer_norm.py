@@ -448,9 +448,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
     scale = ct.type(dropout_scale(cfg.dropout)) if call.dropout_active else None
     tmp = scratch("tmp", (B, H), ct)                         # [B, H] dgh_s R
     if call.zoneout_active:                                  # zoneout.py: the step gets mask*(dy + dh) in dh
-        carry = scratch("zoneout_carry", (B, H), ct)         # [B, H] (1-mask)*(dy + dh), the bypass to h_prev
-        no_dy = scratch("zoneout_no_dy", (T, B, D * H), ct)  # [T, B, D*H] zeros: dy is in dh already
-        no_dy.fill(0)
+        carry, no_dy = zoneout.backward_buffers(T, B, D, H, ct)   # [B, H], [T, B, D*H]
     dy_l = dy
     for layer in reversed(range(cfg.L)):
         if layer == 0:

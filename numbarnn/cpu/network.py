@@ -535,9 +535,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
     split = plan.split if use_fused else any(cell.split_mask)
     if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
-        carry = scratch("zoneout_carry", (B, P), ct)         # [B, P] (1-mask)*(dy + dh), the bypass to h_prev
-        no_dy = scratch("zoneout_no_dy", (T, B, D * P), ct)  # [T, B, D*P] zeros: dy is in dh already
-        no_dy.fill(0)
+        carry, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [B, P], [T, B, D*P]
     dy_l = dy
 
     for layer in reversed(range(cfg.L)):

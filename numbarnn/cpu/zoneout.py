@@ -22,6 +22,7 @@ from ..cells.functions import compile_with_twins
 from ..dropout import check_zoneout_mask_args, dropout_key, dropout_threshold
 from ..kernels import philox as _cuda_philox
 from .jitcache import njit_cached
+from .workspace import scratch
 
 #: update(n, k0, k1, threshold) -> bool, the device function `zoneout_update` compiled for the CPU
 zoneout_update = compile_with_twins(_cuda_philox.zoneout_update.py_func, {}, njit(inline="always"))
@@ -119,3 +120,12 @@ def add_carry(
     for b in range(B):
         for k in range(P):
             dh[b, k] += carry[b, k]
+
+
+def backward_buffers(T: int, B: int, D: int, P: int, ct) -> tuple:
+    """The backward's scratch for zoneout (`split`, `add_carry`): (carry [B, P], what bypasses the cell to h_prev;
+    no_dy [T, B, D*P] zeros, the step's dy, since `split` puts dy into dh)."""
+    carry = scratch("zoneout_carry", (B, P), ct)
+    no_dy = scratch("zoneout_no_dy", (T, B, D * P), ct)
+    no_dy.fill(0)
+    return carry, no_dy
