@@ -295,11 +295,11 @@ def clock_ghz() -> float | None:
 def fma_peak_gflops(threads: int, fma_ports: int = FMA_PORTS) -> tuple[float, str] | None:
     """float32 FMA peak of `threads` cores: cores x FMA ports x lanes x 2 (multiply and add) x clock, and the
     formula with its numbers; None where the clock is unknown."""
-    from numbarnn.cpu import fused
+    from numbarnn.cpu import microkernel
     ghz = clock_ghz()
     if ghz is None:
         return None
-    lanes = fused.lanes_for(np.float32)
+    lanes = microkernel.lanes_for(np.float32)
     peak = threads * fma_ports * lanes * 2 * ghz
     return peak, f"{threads} cores x {fma_ports} FMA ports x {lanes} lanes x 2 x {ghz:.2f} GHz = {peak:.0f} GFLOP/s"
 

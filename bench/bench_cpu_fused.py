@@ -1,12 +1,12 @@
 """The cpu backend's fused loops against the BLAS loops they replaced (issue 9), in one process.
 
-1. The per-step recurrent product alone, R h^T for all rows, T steps: `fused.product_tile` (the LLVM-IR
+1. The per-step recurrent product alone, R h^T for all rows, T steps: `microkernel.product_tile` (the LLVM-IR
    micro-kernel; one thread, then the rows split over numba's threads) against OpenBLAS (np.matmul out=).
 2. The whole op, forward (inference) and backward, with `network.FUSED` True (the fused loops) and False (the
    BLAS loops), interleaved rounds with a pause before each turn (OpenBLAS's threads spin for ~0.1 s after a
    product: see bench_cpu.py).  Both validated against each other first.
 
-3. `--tile-shapes`: the micro-kernel alone on one thread for several V x NR tiles (`fused.tile_shape`).
+3. `--tile-shapes`: the micro-kernel alone on one thread for several V x NR tiles (`microkernel.tile_shape`).
 
     python bench/bench_cpu_fused.py [--reps 7] [--pause 0.2] [--tile-shapes]
 """
@@ -18,23 +18,23 @@ import time
 import numba
 import numpy as np
 
-from numbarnn.cpu import fused, network, tuning
+from numbarnn.cpu import fused, microkernel, network, tuning
 from numbarnn.testing import relative_error, run_backward, run_forward
 
 
 def product_only(T=100, B=32, H=512, G=4, reps=7, pause=0.2):
     """ms per T steps of R h^T: micro-kernel on 1 thread, on all threads (rows split), OpenBLAS."""
     ct = np.float32
-    LANES, NR = fused.lanes_for(ct), fused.rows_for(G)
-    tile = fused.product_tile("float32", G, NR, LANES)
+    LANES, NR = microkernel.lanes_for(ct), microkernel.rows_for(G)
+    tile = microkernel.product_tile("float32", G, NR, LANES)
     NT = -(-H // LANES)
     rng = np.random.default_rng(0)
     R = (rng.standard_normal((G * H, H)) * 0.05).astype(ct)     # [G*H, H]
     NB = -(-B // NR)                                            # row tiles (a partial last one: NR=3 on AVX2)
     h = np.zeros((NB * NR, H), ct)                              # [NB*NR, H] rows past B are zeros
     h[:B] = rng.standard_normal((B, H))
-    Rp = np.empty(fused.panel_shape(NT, H, G, ct), ct)          # [NT, G//V, H, V, LANES]
-    fused.pack(R, Rp)
+    Rp = np.empty(microkernel.panel_shape(NT, H, G, ct), ct)          # [NT, G//V, H, V, LANES]
+    microkernel.pack(R, Rp)
     rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)  # [NB, NR]
     out = np.empty((NT, NB, G, NR, LANES), ct)
 
@@ -70,15 +70,15 @@ def tile_shapes(K=512, B=48, steps=20, reps=5):
     panels of 2048 rows (all of them in L2/L3 as in the op), B rows, product_tile called as in the fused loop.
     Shapes whose registers (V*NR accumulators + V panel vectors + a broadcast) exceed the ISA's spill."""
     ct = np.float32
-    LANES = fused.lanes_for(ct)
+    LANES = microkernel.lanes_for(ct)
     rng = np.random.default_rng(0)
-    print(f"micro-kernel alone, one thread, K={K}, B={B} rows, {fused.registers()} vector registers, best of {reps}:")
+    print(f"micro-kernel alone, one thread, K={K}, B={B} rows, {microkernel.registers()} vector registers, best of {reps}:")
     for G, V, NR in SHAPES_TRIED:
-        tile = fused.product_tile("float32", G, NR, LANES, V)
+        tile = microkernel.product_tile("float32", G, NR, LANES, V)
         NT = 2048 // (G * LANES)
         R = rng.standard_normal((G * NT * LANES, K)).astype(ct)
         Rp = np.empty((NT, G // V, K, V, LANES), ct)
-        fused.pack(R, Rp)
+        microkernel.pack(R, Rp)
         NB = -(-B // NR)
         h = rng.standard_normal((NB * NR, K)).astype(ct)
         rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)
@@ -89,7 +89,7 @@ def tile_shapes(K=512, B=48, steps=20, reps=5):
         got = out.transpose(2, 0, 4, 1, 3).reshape(G * NT * LANES, NB * NR)      # [g, jt, u] x [bt, r]
         assert relative_error(got, R @ h.T) < 1e-5
         best = min(_timed(run, Rp, rows, out, steps) for _ in range(reps))
-        fits = "fits" if fused.fits(V, NR) else "spills"
+        fits = "fits" if microkernel.fits(V, NR) else "spills"
         passes = f"{G // V} pass{'es' if G > V else ''}"
         print(f"  G={G} V={V} NR={NR:2d} ({passes}, {V * NR + V + 1:2d} registers, {fits:6s})"
               f" {2.0 * G * NT * LANES * K * NB * NR * steps / best / 1e9:6.1f} GFLOP/s")
@@ -143,8 +143,8 @@ def main(argv=None):
     ap.add_argument("--pause", type=float, default=0.2)
     ap.add_argument("--tile-shapes", action="store_true", help="only the micro-kernel's V x NR tile shapes")
     args = ap.parse_args(argv)
-    print(f"numba threads {numba.get_num_threads()}, {fused.simd_bytes() * 8}-bit vectors, "
-          f"LANES={fused.lanes_for(np.float32)} V x NR={fused.tile_shape(4)} (float32 LSTM)")
+    print(f"numba threads {numba.get_num_threads()}, {microkernel.simd_bytes() * 8}-bit vectors, "
+          f"LANES={microkernel.lanes_for(np.float32)} V x NR={microkernel.tile_shape(4)} (float32 LSTM)")
     if args.tile_shapes:
         tile_shapes(reps=args.reps)
         return

@@ -248,12 +248,12 @@ def cpu_status() -> tuple[bool, str]:
         return False, "numbarnn has no cpu backend in this version"
     import numba
 
-    from .cpu import fused, tuning
+    from .cpu import microkernel, tuning
     shapes = ", ".join(f"{name} {V}x{NR}" for name, G in (("LSTM", 4), ("GRU", 3), ("RNN", 1))
-                       for V, NR in [fused.tile_shape(G)])
+                       for V, NR in [microkernel.tile_shape(G)])
     how = "measured here" if tuning.enabled() else "static rule, NUMBARNN_CPU_TUNE=0"
     return True, (f"numbarnn.cpu (numba {numba.__version__}, {numba.get_num_threads()} threads) on "
-                  f"{tuning.cpu_model()}, {8 * fused.simd_bytes()}-bit vectors; tile shapes V x NR ({how}): {shapes}")
+                  f"{tuning.cpu_model()}, {8 * microkernel.simd_bytes()}-bit vectors; tile shapes V x NR ({how}): {shapes}")
 
 
 def cuda_status(allow_simulator: bool) -> tuple[bool, bool, str]:

@@ -85,9 +85,9 @@ from .cells import get_cell
 from .config import check_zoneout, validate_forward
 from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell
 from .torch_layer_norm import LayerNormGRU, LayerNormLSTM
-from .torch_ops import _NO_SEEDS, _call, _eager, rnn_backward_op, rnn_op
+from .torch_ops import _NO_SEEDS, _call, _eager, _FastRNNFunction, rnn_backward_op, rnn_op
 from .torch_tensors import (_CPU, _NUMPY_GATHER, _TORCH_DTYPES, RNNDtypeError, RNNShapeError, _array,
-                            _autocast_dtype, _call_config, _check_sizes, _device_scope, _InferenceCalls, _layout,
+                            _autocast_dtype, _call_config, _check_sizes, _device_scope, _FastCalls, _layout,
                             _needs_reserve, _op_attrs, _reset_uniform, _WeightViews)
 from .validation import check_choice
 
@@ -145,14 +145,14 @@ class _NumbaRNNBase(torch.nn.Module):
         self._flat_weights_names = list(self._layout.names)
         self._all_weights = [list(group) for group in self._layout.groups]
         self._weight_views = _WeightViews()
-        self._inference_calls = _InferenceCalls()
+        self._fast_calls = _FastCalls()
         self.reset_parameters()
 
     def __setstate__(self, state):
         """Modules pickled whole before the per-call helpers existed get them (state_dicts need nothing)."""
         super().__setstate__(state)
         self.__dict__.setdefault("_weight_views", _WeightViews())
-        self.__dict__.setdefault("_inference_calls", _InferenceCalls())
+        self.__dict__.setdefault("_fast_calls", _FastCalls())
         self.__dict__.setdefault("_cell_state", get_cell(self.rnn_mode).cell_state)
         self.__dict__.setdefault("zoneout", 0.0)
 
@@ -283,12 +283,12 @@ class _NumbaRNNBase(torch.nn.Module):
             is_training = False                      # torch's, `_grads`)
         return seeds, (self.dropout if dropout_active else 0.0), is_training, needs_grad
 
-    def _inference(self, x: torch.Tensor, hx, weights):
-        """(output, h_n[, c_n]) of an eager CPU call that needs no gradient and draws no masks (dropout, zoneout's
-        training mode; eval-mode zoneout is its expectation, taken here), padded and batched
-        [T, B, I] input in float32/float64 with weights of its dtype, on the cpu backend; None for every other
-        call (the general path below then runs it, with the same checks and results).  What depends only on
-        the call's signature is made once (`_InferenceCalls`)."""
+    def _fast(self, x: torch.Tensor, hx, weights):
+        """(output, h_n[, c_n]) of an eager CPU call on the cpu backend that draws no masks (no active dropout, no
+        training-mode zoneout; eval-mode zoneout is its expectation, taken here, without gradients), padded and
+        batched [T, B, I] input in float32/float64 with weights of its dtype; None for every other call (the
+        general path below then runs it, with the same checks and results).  What depends only on the call's
+        signature is made once (`_FastCalls`); a call that may be differentiated runs `_FastRNNFunction`."""
         if not (x.is_cpu and x.dim() == 3 and x.dtype in _NUMPY_GATHER and x.shape[0] > 0) or (
                 self.training and (self.zoneout > 0 or self.dropout > 0 and self.num_layers > 1)) or \
                 _autocast_dtype(x) is not None:                  # (training masks: keys drawn per call)
@@ -299,43 +299,54 @@ class _NumbaRNNBase(torch.nn.Module):
                                          else x)
         else:
             h0 = c0 = None
-        if _needs_reserve(x, h0, c0, weights) or not _eager((x, *weights) if hx is None else
-                                                           (x, h0, *weights) if c0 is None else
-                                                           (x, h0, c0, *weights)):
+        if not _eager((x, *weights) if hx is None else (x, h0, *weights) if c0 is None else (x, h0, c0, *weights)):
             return None
-        if (self.backend or get_default_backend()) != "cpu":        # (the default may change between calls)
-            return None
+        training = _needs_reserve(x, h0, c0, weights)
+        if training and self.zoneout > 0 or (self.backend or get_default_backend()) != "cpu":
+            return None               # (eval-mode zoneout's gradient: torch's; the default may change between calls)
         params = self._weight_views.array(self._layout.spans, self._layout.size, weights, x.dtype)     # [N]
         if params is None:
             return None
-        key = (x.shape, x.dtype, self.batch_first, self.zoneout)
-        entry = self._inference_calls.entries.get(key)
+        key = (x.shape, x.dtype, self.batch_first, self.zoneout, training)
+        entry = self._fast_calls.entries.get(key)
         if entry is None:
-            self._check_input(x, False, False, weights[0])
-            xt = x.transpose(0, 1) if self.batch_first else x                     # [T, B, I]
-            L_D, B, dtype = self._config.L * self._config.D, xt.shape[1], _NUMPY_GATHER[x.dtype]
-            zeros_h = np.zeros((L_D, B, self._config.P), dtype)                   # [L*D, B, P]
-            zeros_c = np.zeros((L_D, B, self._config.H), dtype) if lstm else None  # [L*D, B, H]
-            cfg = _call_config(self._layout, 0.0, (0, 0), self.zoneout)              # (eval: zoneout's expectation)
-            attrs = {k: v for k, v in _op_attrs(cfg, "").items() if k != "backend"}
-            call, _ = validate_forward(np.zeros(tuple(xt.shape), dtype), zeros_h, zeros_c, params, None,
-                                       is_training=False, **attrs)
-            entry = self._inference_calls.entries[key] = (call, get_backend("cpu"), zeros_h, zeros_c)
-        call, be, zeros_h, zeros_c = entry
+            entry = self._fast_calls.entries[key] = self._fast_entry(x, weights, params, training)
+        if training:
+            return self._outputs(_FastRNNFunction.apply(x, h0, c0, entry, params, *weights))
+        call, be, zeros_h, zeros_c, batch_first, _ = entry
         xn = _array(x)                                                             # [T, B, I] or [B, T, I]
-        if self.batch_first:
+        if batch_first:
             xn = be.swap01(xn)
         h0n = zeros_h if h0 is None else _array(h0)
         c0n = (zeros_c if c0 is None else _array(c0)) if lstm else None
         with _device_scope(_CPU):
             y, hT, cT, _ = be.rnn_forward(call, xn, h0n, c0n, params)
-        y = torch.from_numpy(be.swap01(y) if self.batch_first else y)
-        return (y, (torch.from_numpy(hT), torch.from_numpy(cT))) if lstm else (y, torch.from_numpy(hT))
+        y = torch.from_numpy(be.swap01(y) if batch_first else y)
+        return self._outputs((y, torch.from_numpy(hT), torch.from_numpy(cT)) if lstm else (y, torch.from_numpy(hT)))
+
+    def _fast_entry(self, x, weights, params, training: bool) -> tuple:
+        """A `_FastCalls` entry for input x (checked as the general path checks it, torch.nn's messages)."""
+        self._check_input(x, False, False, weights[0])
+        xt = x.transpose(0, 1) if self.batch_first else x                         # [T, B, I]
+        L_D, B, dtype = self._config.L * self._config.D, xt.shape[1], _NUMPY_GATHER[x.dtype]
+        zeros_h = np.zeros((L_D, B, self._config.P), dtype)                       # [L*D, B, P]
+        zeros_c = np.zeros((L_D, B, self._config.H), dtype) if self._cell_state else None   # [L*D, B, H]
+        cfg = _call_config(self._layout, 0.0, (0, 0), self.zoneout)         # (eval: zoneout's expectation)
+        attrs = {k: v for k, v in _op_attrs(cfg, "").items() if k != "backend"}
+        call, _ = validate_forward(np.zeros(tuple(xt.shape), dtype), zeros_h, zeros_c, params, None,
+                                   is_training=training, **attrs)
+        net = (self.rnn_mode, self.num_layers, self.hidden_size, self.input_size, self.bidirectional,
+               self.proj_size, self.bias, 0.0, training, "cpu", self.zoneout)
+        return call, get_backend("cpu"), zeros_h, zeros_c, self.batch_first, net
+
+    def _outputs(self, out: tuple) -> tuple:
+        """(y, h_n[, c_n]) -> the module's (output, h_n) or (output, (h_n, c_n))."""
+        return (out[0], (out[1], out[2])) if self._cell_state else (out[0], out[1])
 
     def forward(self, input, hx=None):
         weights = self._flat_weights
-        if type(input) is torch.Tensor:                      # the common case first: eager CPU inference
-            out = self._inference(input, hx, weights)
+        if type(input) is torch.Tensor:                      # the common case first: an eager CPU call
+            out = self._fast(input, hx, weights)
             if out is not None:
                 return out
         packed = isinstance(input, PackedSequence)

@@ -12,9 +12,9 @@ from . import ops
 from .cells import get_cell
 from .config import RNNCall
 from .reserve import reserve_size
-from .torch_tensors import (_NONCE, _Layout, _WeightViews, _array, _as, _call_config, _compute_dtype, _device_scope,
-                            _dtype_name, _gathered, _host_reserved, _layout, _lengths_array, _needs_reserve, _op_attrs,
-                            _opaque_params, _tensor, _weight_grads)
+from .torch_tensors import (_CPU, _NONCE, _Layout, _WeightViews, _array, _as, _call_config, _compute_dtype,
+                            _device_scope, _dtype_name, _gathered, _host_reserved, _layout, _lengths_array,
+                            _needs_reserve, _op_attrs, _opaque_params, _tensor, _weight_grads)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,6 +311,69 @@ class _EagerRNNFunction(torch.autograd.Function):
     def backward(ctx, dy, dhT, dcT, _dreserve):
         dx, dh0, dc0, dweights = _grads(ctx, dy, dhT, dcT)
         return (dx, dh0, dc0, None, None, None, None, *dweights)
+
+
+class _FastRNNFunction(torch.autograd.Function):
+    """An eager CPU training call of a known signature (numbarnn.torch's per-signature fast path, `_FastCalls`):
+    the cpu backend's forward and backward called directly with the signature's checked `RNNCall`, no checks,
+    reserve tag or tensor round trips past the first call.  No masks are drawn (no dropout, no zoneout).
+    apply(x, h0, c0, entry, params, *weights) -> (y, h_n[, c_n]); x as the caller laid it out, h0/c0 None for
+    zeros, entry a `_FastCalls` entry, params [N] the weights gathered (NumPy)."""
+
+    @staticmethod
+    def forward(ctx, x, h0, c0, entry, params, *weights):
+        call, be, zeros_h, zeros_c, batch_first, net = entry
+        lstm = zeros_c is not None
+        xn = _array(x)                                                         # [T, B, I] or [B, T, I]
+        if batch_first:
+            xn = be.swap01(xn)                                                 # [T, B, I]
+        h0n = zeros_h if h0 is None else _array(h0)                            # [L*D, B, P]
+        c0n = (zeros_c if c0 is None else _array(c0)) if lstm else None       # [L*D, B, H]
+        with _device_scope(_CPU):
+            y, hT, cT, reserve = be.rnn_forward(call, xn, h0n, c0n, params)
+        ctx.entry, ctx.arrays = entry, (xn, h0n, c0n, params, reserve)
+        ctx.save_for_backward(x, h0, c0, *weights)    # (autograd's check of in-place changes; create_graph's inputs)
+        ctx.set_materialize_grads(False)
+        y = torch.from_numpy(be.swap01(y) if batch_first else y)
+        return (y, torch.from_numpy(hT), torch.from_numpy(cT)) if lstm else (y, torch.from_numpy(hT))
+
+    @staticmethod
+    def backward(ctx, dy, dhT, dcT=None):
+        call, be, zeros_h, zeros_c, batch_first, net = ctx.entry
+        x, h0, c0, *weights = ctx.saved_tensors
+        lstm = zeros_c is not None
+        if torch.is_grad_enabled() or not _eager([g for g in (dy, dhT, dcT) if g is not None]):
+            # create_graph=True, or batched upstream gradients (gradcheck's vmap): torch operations
+            return _FastRNNFunction._differentiable(ctx, x, h0, c0, weights, dy, dhT, dcT)
+        xn, h0n, c0n, params, reserve = ctx.arrays
+        dyn = np.zeros((call.T, call.B, call.config.D * call.config.P), xn.dtype) if dy is None else \
+            (be.swap01(_array(dy)) if batch_first else _array(dy))            # [T, B, D*P]
+        dhTn = np.zeros_like(zeros_h) if dhT is None else _array(dhT)          # [L*D, B, P]
+        dcTn = (np.zeros_like(zeros_c) if dcT is None else _array(dcT)) if lstm else None   # [L*D, B, H]
+        with _device_scope(_CPU):
+            dx, dh0, dc0, dparams = be.rnn_backward(call, xn, h0n, c0n, params, dyn, dhTn, dcTn, reserve)
+        dx = torch.from_numpy(be.swap01(dx) if batch_first else dx)
+        return (dx, None if h0 is None else torch.from_numpy(dh0),
+                None if c0 is None else torch.from_numpy(dc0), None, None,
+                *_weight_grads(_layout(*net[:7]).spans, torch.from_numpy(dparams)))
+
+    @staticmethod
+    def _differentiable(ctx, x, h0, c0, weights, dy, dhT, dcT) -> tuple:
+        """backward's result as a differentiable graph (`_differentiable_grads`, time-major, zeros for what is
+        None) in the layout the caller gave."""
+        call, be, zeros_h, zeros_c, batch_first, net = ctx.entry
+        lstm = zeros_c is not None
+        xt = x.transpose(0, 1) if batch_first else x                                          # [T, B, I]
+        h0t = torch.from_numpy(zeros_h) if h0 is None else h0
+        c0t = (torch.from_numpy(zeros_c) if c0 is None else c0) if lstm else None
+        T, B = xt.shape[0], xt.shape[1]
+        dy = xt.new_zeros((T, B, call.config.D * call.config.P)) if dy is None else \
+            (dy.transpose(0, 1) if batch_first else dy)                                       # [T, B, D*P]
+        dhT = torch.zeros_like(h0t) if dhT is None else dhT
+        dcT = (torch.zeros_like(c0t) if dcT is None else dcT) if lstm else None
+        dx, dh0, dc0, dweights = _differentiable_grads(net, None, _NO_SEEDS, xt, h0t, c0t, weights, dy, dhT, dcT)
+        return (dx.transpose(0, 1) if batch_first else dx, None if h0 is None else dh0,
+                None if c0 is None else dc0, None, None, *dweights)
 
 
 def _eager_forward(x, h0, c0, weights, lengths, seeds, net, views) -> tuple:

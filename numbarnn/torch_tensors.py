@@ -253,20 +253,21 @@ class _WeightViews:
         return (_WeightViews, ())          # copies and pickles start empty (their weights are other tensors)
 
 
-class _InferenceCalls:
-    """Per module, per call signature (input shape, dtype, batch_first, zoneout): what an eager CPU inference call needs
-    and that depends only on the signature, made at its first call and reused: the checked `RNNCall`, the
-    backend, zero initial states.  Such a call then costs the backend's loop, the weights' gather and a few tensor
-    conversions (a T=1 GRU of H=16: ~40 us against the general path's ~160, torch.nn's ~90).  Copies and pickles
-    start empty."""
+class _FastCalls:
+    """Per module, per call signature (input shape, dtype, batch_first, zoneout, training): what an eager CPU call
+    on the cpu backend needs and that depends only on the signature, made at its first call and reused: the
+    checked `RNNCall`, the backend, zero initial states, the layout and the operator's network arguments.  Such a
+    call then costs the backend's loops, the weights' gather and a few tensor conversions (a T=1 GRU of H=16
+    inference: ~40 us against the general path's ~160, torch.nn's ~90).  Copies and pickles start empty."""
 
     __slots__ = ("entries",)
 
     def __init__(self):
-        self.entries = {}          # (shape, dtype, batch_first, zoneout) -> (call, backend, h0 zeros, c0 zeros)
+        self.entries = {}   # (shape, dtype, batch_first, zoneout, training) -> (call, backend, h0 zeros [L*D, B, P],
+        #                     c0 zeros [L*D, B, H] or None, batch_first, net: rnn_op's arguments from cell on)
 
     def __reduce__(self):
-        return (_InferenceCalls, ())
+        return (_FastCalls, ())
 
 
 _CPU = torch.device("cpu")

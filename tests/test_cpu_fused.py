@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from numbarnn.cells import CellSpec, dtanh, get_cell, register, tanh
 from numbarnn.config import rnn_config
-from numbarnn.cpu import fused, network
+from numbarnn.cpu import fused, microkernel, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
 
 ALL_CELLS = cpu_cells()     # the built-ins, the contrib cells (registered now) and conftest's MINGRU
@@ -30,9 +30,9 @@ def test_product_tile_is_a_matrix_product(compute, G, V, K):
     """out[g, r, u] = sum_k panel[g // V, k, g % V, u] row_r[k], for rows anywhere in memory (given by address),
     in one pass over k (V = G) or several (this host's `vectors_per_pass`, or V given)."""
     from numba import njit
-    LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
-    tile = fused.product_tile(compute, G, NR, LANES, V)
-    V = V or fused.vectors_per_pass(G, NR)
+    LANES, NR = microkernel.lanes_for(compute), microkernel.rows_for(G)
+    tile = microkernel.product_tile(compute, G, NR, LANES, V)
+    V = V or microkernel.vectors_per_pass(G, NR)
 
     @njit
     def run(panel, rows, out):
@@ -56,15 +56,15 @@ def test_product_tile_with_a_bias_starts_every_row_from_it(G):
     """bias=True: out[g, r, u] = b[g, u] + sum_k ..., the same b for every row (the fused forward's biases)."""
     from numba import njit
     compute = "float32"
-    LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
-    tile = fused.product_tile(compute, G, NR, LANES, bias=True)
+    LANES, NR = microkernel.lanes_for(compute), microkernel.rows_for(G)
+    tile = microkernel.product_tile(compute, G, NR, LANES, bias=True)
 
     @njit
     def run(panel, rows, out, b):
         tile(panel.ctypes.data, rows.ctypes.data, panel.shape[1], out.ctypes.data, b.ctypes.data)
 
     rng = np.random.default_rng(G)
-    V = fused.vectors_per_pass(G, NR)
+    V = microkernel.vectors_per_pass(G, NR)
     for K in (0, 9):
         panel = rng.standard_normal((G // V, K, V, LANES)).astype(compute)
         source = rng.standard_normal((NR, K)).astype(compute)
@@ -78,7 +78,7 @@ def test_product_tile_with_a_bias_starts_every_row_from_it(G):
 def test_bias_tiles_lay_out_unit_tiles_with_zeros_past_H():
     G, H, NT, LANES = 3, 5, 2, 4
     b = np.arange(G * H, dtype=np.float32) + 1
-    out = fused.bias_tiles(b, H, NT, LANES, np.full((NT, G, LANES), np.nan, np.float32))
+    out = microkernel.bias_tiles(b, H, NT, LANES, np.full((NT, G, LANES), np.nan, np.float32))
     for jt in range(NT):
         for g in range(G):
             for u in range(LANES):
@@ -88,7 +88,7 @@ def test_bias_tiles_lay_out_unit_tiles_with_zeros_past_H():
 
 def test_product_tile_rejects_a_pass_width_that_does_not_divide_G():
     with pytest.raises(ValueError, match="V=3 must divide G=4"):
-        fused.product_tile("float32", 4, 2, 8, 3)
+        microkernel.product_tile("float32", 4, 2, 8, 3)
 
 
 @pytest.mark.parametrize("machine,nbytes,registers", [("x86_64", 16, 16), ("x86_64", 32, 16), ("x86_64", 64, 32),
@@ -98,17 +98,17 @@ def test_tile_shapes_keep_the_accumulators_in_registers(monkeypatch, machine, nb
     the one product_tile uses, and NR is a power of two; the shapes measured: LSTM one pass of 4 x 4 with
     AVX-512, two passes of 2 x 4 with 16 registers (one pass of 4 x 3 spilled on Zen 3: 43% of peak).
     AArch64 (NEON: 32 registers of 16 bytes) gets AVX-512's shapes on 4-lane vectors (not measured here)."""
-    monkeypatch.setattr(fused, "simd_bytes", lambda: nbytes)
-    monkeypatch.setattr(fused, "machine", lambda: machine)
-    assert fused.registers() == registers
+    monkeypatch.setattr(microkernel, "simd_bytes", lambda: nbytes)
+    monkeypatch.setattr(microkernel, "machine", lambda: machine)
+    assert microkernel.registers() == registers
     for G in range(1, 13):
-        V, NR = fused.tile_shape(G)
-        assert G % V == 0 and fused.fits(V, NR) and NR in (1, 2, 4, 8), (G, V, NR)
+        V, NR = microkernel.tile_shape(G)
+        assert G % V == 0 and microkernel.fits(V, NR) and NR in (1, 2, 4, 8), (G, V, NR)
         assert V * NR + V + 1 <= registers
-        assert fused.vectors_per_pass(G, NR) == V
-        assert fused.panel_shape(3, 5, G, np.float32) == (3, G // V, 5, V, nbytes // 4)
-    assert fused.tile_shape(4) == ((4, 4) if registers == 32 else (2, 4))
-    assert fused.fits(4, 3) == (registers == 32)
+        assert microkernel.vectors_per_pass(G, NR) == V
+        assert microkernel.panel_shape(3, 5, G, np.float32) == (3, G // V, 5, V, nbytes // 4)
+    assert microkernel.tile_shape(4) == ((4, 4) if registers == 32 else (2, 4))
+    assert microkernel.fits(4, 3) == (registers == 32)
 
 
 @pytest.mark.parametrize("V", [1, 3])
@@ -116,7 +116,7 @@ def test_pack_lays_out_unit_tiles_with_zeros_past_H(V):
     G, H, K, LANES = 3, 5, 4, 4
     W = np.arange(G * H * K, dtype=np.float32).reshape(G * H, K) + 1
     out = np.full((2, G // V, K, V, LANES), np.nan, dtype=np.float32)
-    fused.pack(W, out)
+    microkernel.pack(W, out)
     for jt in range(2):
         for g in range(G):
             for u in range(LANES):
@@ -130,7 +130,7 @@ def test_pack_columns_lays_out_column_tiles_with_zeros_past_P(V):
     K, P, MV, LANES = 3, 11, 2, 4
     R = np.arange(K * P, dtype=np.float32).reshape(K, P) + 1
     out = np.full((2, MV // V, K, V, LANES), np.nan, dtype=np.float32)
-    fused.pack_columns(R, out)
+    microkernel.pack_columns(R, out)
     for ct in range(2):
         for m in range(MV):
             for u in range(LANES):
@@ -142,8 +142,8 @@ def test_pack_columns_lays_out_column_tiles_with_zeros_past_P(V):
 def _wide_case(mode, dtype, **kw):
     """H spans two full unit tiles and a partial one; B two full row tiles and a partial one."""
     cfg_kw = {"direction": "bidirectional", "dropout": 0.3, "seed": 3, "seed2": 4} | kw
-    LANES = fused.lanes_for(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
-    NR = fused.rows_for(rnn_config(1, 4, 4, mode).G)
+    LANES = microkernel.lanes_for(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+    NR = microkernel.rows_for(rnn_config(1, 4, 4, mode).G)
     H, B, T = 2 * LANES + 3, 2 * NR + 1, 5
     lengths = [(2, T, 0, 4, 1, T, 3, 0, T, 2, 1, 4)[b % 12] for b in range(B)]   # unsorted, with 0 and T
     layers = cfg_kw.pop("layers", 2)
@@ -162,7 +162,7 @@ def test_wide_shapes_against_the_reference(mode):
 @pytest.mark.parametrize("mode", ["lstm", "peephole_lstm", "cifg_lstm"])
 def test_wide_shapes_with_projection(mode):
     """P = LANES + 5 < H: the projection's columns span a partial column tile; training and inference."""
-    case = _wide_case(mode, np.float32, num_proj=fused.lanes_for(np.float32) + 5)
+    case = _wide_case(mode, np.float32, num_proj=microkernel.lanes_for(np.float32) + 5)
     compare_cpu(case)
     compare_cpu(replace(case, is_training=False))
 
@@ -178,7 +178,7 @@ def test_training_inference_and_skip_input_share_one_compiled_loop():
     """`save` and `skip` are run-time flags of the fused forward: training and inference, linear and skip input
     run the same machine code (one numba overload), and each writes what it should (compare: the reserve only
     when training)."""
-    H = fused.lanes_for(np.float32) + 3
+    H = microkernel.lanes_for(np.float32) + 3
     loop = fused.forward_group(rnn_config(1, H, H, "gru").cell, "float32", False)   # what both loops run
     before = len(loop.overloads)
     for input_mode in ("linear_input", "skip_input"):
@@ -257,8 +257,8 @@ def vector_width(monkeypatch):
     """Run the fused loops as compiled for another vector width (AVX2: 32 bytes, SSE/NEON: 16): the loops are
     built again with that width's LANES and NR (LLVM splits the wider IR vectors for this CPU if needed)."""
     def use(nbytes):
-        monkeypatch.setattr(fused, "simd_bytes", lambda: nbytes)
-        monkeypatch.setattr(fused, "machine", lambda: "x86_64")
+        monkeypatch.setattr(microkernel, "simd_bytes", lambda: nbytes)
+        monkeypatch.setattr(microkernel, "machine", lambda: "x86_64")
         _clear_loops()
     yield use
     _clear_loops()
@@ -282,7 +282,7 @@ def test_other_vector_widths(vector_width, nbytes, mode):
     the lanes (2 at 16 bytes), in the two-pass tile.  The pointwise code of GRU and RNN in float64 is the same at
     every width (tested at the host's, test_wide_shapes_dtypes_and_skip_input and test_cpu_backend.py)."""
     vector_width(nbytes)
-    assert fused.lanes_for(np.float32) == nbytes // 4 and fused.tile_shape(4) == (2, 4)   # 2 passes, 16 registers
+    assert microkernel.lanes_for(np.float32) == nbytes // 4 and microkernel.tile_shape(4) == (2, 4)   # 2 passes, 16 registers
     if mode == "lstm":
         compare_cpu(_wide_case(mode, np.float32, num_proj=nbytes // 4 + 1))
         compare_cpu(_wide_case(mode, np.float64, layers=1, direction="unidirectional"))
@@ -305,7 +305,7 @@ def test_bench_cpu_fused_runs_at_tiny_sizes(capsys):
     assert "OpenBLAS np.matmul" in out
     for G, V, NR in bench.SHAPES_TRIED:
         assert f"G={G} V={V} NR={NR:2d}" in out
-        assert ("spills" in out.split(f"G={G} V={V} NR={NR:2d}")[1].splitlines()[0]) == (not fused.fits(V, NR))
+        assert ("spills" in out.split(f"G={G} V={V} NR={NR:2d}")[1].splitlines()[0]) == (not microkernel.fits(V, NR))
 
 
 def _leaky_forward(wx, rh, v, h, c, saved):
@@ -339,7 +339,7 @@ def test_projection_panel_follows_the_forward_row_tiles(vector_width, nbytes):
     LSTM.  (A 16-byte LEAKY was one more compiled loop pair, ~12-19 s into an empty numba cache, for this test
     alone.)"""
     vector_width(nbytes)
-    assert fused.rows_for(1) == 8 and fused.vectors_per_pass(fused.COLUMN_VECTORS, 8) != fused.tile_shape(4)[0]
+    assert microkernel.rows_for(1) == 8 and microkernel.vectors_per_pass(fused.COLUMN_VECTORS, 8) != microkernel.tile_shape(4)[0]
     compare_cpu(_wide_case(LEAKY.name, np.float32, num_proj=nbytes // 4 + 1))
 
 
@@ -355,9 +355,9 @@ def tuning_file(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning, "enabled", lambda: True)
     monkeypatch.setattr(tuning, "cache_path", lambda: str(path))
     monkeypatch.setattr(tuning, "_measured", {})
-    fused._chosen_shape.cache_clear()
+    microkernel._chosen_shape.cache_clear()
     yield path
-    fused._chosen_shape.cache_clear()
+    microkernel._chosen_shape.cache_clear()
     _clear_loops()
 
 
@@ -365,14 +365,14 @@ def test_tile_shapes_are_measured_once_per_machine_and_read_back(tuning_file, mo
     import json
 
     from numbarnn.cpu import tuning
-    regs, simd = fused.registers(), fused.simd_bytes()
+    regs, simd = microkernel.registers(), microkernel.simd_bytes()
     fake = {shape: float(k) for k, shape in enumerate(reversed(tuning.candidates(4, regs)))}   # the last: fastest
     timed = []
     monkeypatch.setattr(tuning, "measure", lambda G, V, NR: timed.append((V, NR)) or fake[(V, NR)])
     best = tuning.candidates(4, regs)[0]
     assert tuning.chosen(4, regs, simd) == best and sorted(timed) == sorted(fake)
     entry = json.loads(tuning_file.read_text())[tuning.key(4, regs, simd)]
-    assert entry["shape"] == list(best) and entry["static"] == list(fused._tile_shape(4, regs))
+    assert entry["shape"] == list(best) and entry["static"] == list(microkernel._tile_shape(4, regs))
     assert tuning.cpu_model() in tuning.key(4, regs, simd)
     monkeypatch.setattr(tuning, "_measured", {})                       # a new process: read, not measured
     monkeypatch.setattr(tuning, "measure", lambda *a: pytest.fail("measured again"))
@@ -385,7 +385,7 @@ def test_tile_shapes_are_measured_once_per_machine_and_read_back(tuning_file, mo
 
 def test_measure_checks_the_product_and_returns_gflops():
     from numbarnn.cpu import tuning
-    V, NR = fused._tile_shape(3, fused.registers())
+    V, NR = microkernel._tile_shape(3, microkernel.registers())
     assert tuning.measure(3, V, NR, K=16, B=5, repeats=1) > 0
 
 
@@ -396,10 +396,10 @@ def test_a_chosen_shape_other_than_the_rule_computes_the_same(tuning_file, monke
     and the projection's panel too (a loop pair without a projection was ~15 s more of numba compiling for the
     same tiles)."""
     from numbarnn.cpu import tuning
-    regs = fused.registers()
-    other = next(s for s in tuning.candidates(4, regs) if s != fused._tile_shape(4, regs))
+    regs = microkernel.registers()
+    other = next(s for s in tuning.candidates(4, regs) if s != microkernel._tile_shape(4, regs))
     monkeypatch.setattr(tuning, "measure", lambda G, V, NR: 2.0 if (G, V, NR) == (4, *other) else 1.0)
     _clear_loops()
-    assert fused.tile_shape(4) == other and fused.vectors_per_pass(4, other[1]) == other[0]
+    assert microkernel.tile_shape(4) == other and microkernel.vectors_per_pass(4, other[1]) == other[0]
     assert f"{other}" in fused._forward_key(get_cell("lstm"), "float32", False)     # numba's cache key too
     compare_cpu(_wide_case("lstm", np.float32, num_proj=3))

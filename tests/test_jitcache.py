@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from numbarnn.cells import get_cell
-from numbarnn.cpu import block_lstm, cells, fused, jitcache, network
+from numbarnn.cpu import block_lstm, cells, fused, jitcache, microkernel, network
 
 
 def test_processes_saving_at_once_file_every_key_under_its_own_data(tmp_path):
@@ -29,7 +29,7 @@ def test_a_key_saved_again_keeps_its_data_file(tmp_path):
 
 
 def test_every_cached_function_of_the_cpu_backend_is_locked():
-    dispatchers = [fused.pack, fused.pack_columns, network.commit_projection, network.total_dh,
+    dispatchers = [microkernel.pack, microkernel.pack_columns, network.commit_projection, network.total_dh,
                    block_lstm.cell_forward, block_lstm.cell_backward,
                    cells.forward_step(get_cell("gru"), "float32", False, False),
                    cells.backward_step(get_cell("lstm"), "float64", True, False),

@@ -1,12 +1,12 @@
-"""The per-call caches of tiny calls (issue 31, item 3): each one keyed so that a hit equals a miss and a changed
-key misses.
+"""The per-call caches of tiny calls: each one keyed so that a hit equals a miss and a changed key misses; and
+numbarnn.torch's per-signature fast path (inference and training) against its general path.
 
-Covered: the cpu backend's fused forward plan (`network._fused_plan`) and backward plan (`network._backward_plan`),
-the compiled weight packing (`network.fused_prepare`, against the NumPy packing it replaced), the bias sums
-(`network.bias_sums`, bit for bit NumPy's), inference outputs written whole without zeroing, the offsets of
-`params.unpack` and `reserve.reserve_views`, the backend modules by name (`backends.get_backend`), the nonce
-recorded in host_reserved (`config._recorded_nonce`), and numba's thread count without its locks
-(`cpu.threads.num_threads`).
+Covered: the cpu backend's fused forward plan (`fused_plan.forward_plan`) and backward plan
+(`fused_plan.backward_plan`), the compiled weight packing (`fused_plan.fused_prepare`, against the NumPy packing
+it replaced), the bias sums (`network.bias_sums`, bit for bit NumPy's), inference outputs written whole without
+zeroing, the offsets of `params.unpack` and `reserve.reserve_views`, the backend modules by name
+(`backends.get_backend`), the nonce recorded in host_reserved (`config._recorded_nonce`), and numba's thread count
+without its locks (`cpu.threads.num_threads`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from numbarnn import backends, ops
 from numbarnn.config import RNNCall, _recorded_nonce, check_reserve_nonce, rnn_config
-from numbarnn.cpu import fused, network, threads, workspace
+from numbarnn.cpu import fused_plan, microkernel, network, threads, workspace
 from numbarnn.params import _layer_spans, params_size, unpack
 from numbarnn.reserve import reserve_entries, reserve_views
 from numbarnn.testing import make_rnn_case, run_backward, run_forward
@@ -50,17 +50,17 @@ def _same(a, b):
                                 dict(lengths=[3, 1]), dict(dtype=np.float64), dict(training=False)])
 def test_plans_hit_equals_miss(kw):
     case = _case(**kw)
-    network._fused_plan.cache_clear()
-    network._backward_plan.cache_clear()
+    fused_plan.forward_plan.cache_clear()
+    fused_plan.backward_plan.cache_clear()
     miss = _run(case)                                            # the plans worked out
-    info_f, info_b = network._fused_plan.cache_info(), network._backward_plan.cache_info()
+    info_f, info_b = fused_plan.forward_plan.cache_info(), fused_plan.backward_plan.cache_info()
     assert info_f.misses >= 1 and info_f.hits == 0
     hit = _run(case)                                             # the same signature: found
-    assert network._fused_plan.cache_info().hits > info_f.hits
-    assert network._fused_plan.cache_info().misses == info_f.misses
+    assert fused_plan.forward_plan.cache_info().hits > info_f.hits
+    assert fused_plan.forward_plan.cache_info().misses == info_f.misses
     if case.is_training:
-        assert network._backward_plan.cache_info().hits > info_b.hits
-        assert network._backward_plan.cache_info().misses == info_b.misses
+        assert fused_plan.backward_plan.cache_info().hits > info_b.hits
+        assert fused_plan.backward_plan.cache_info().misses == info_b.misses
     _same(miss, hit)
 
 
@@ -70,11 +70,11 @@ def test_plans_changed_key_misses(change):
     other = {"T": dict(T=4), "B": dict(B=3), "H": dict(H=7), "lengths": dict(lengths=[2, 3]),
              "dtype": dict(dtype=np.float64), "mode": dict(mode="gru"), "training": dict(training=False)}[change]
     _run(_case(**base))
-    before = network._fused_plan.cache_info().misses
+    before = fused_plan.forward_plan.cache_info().misses
     got = _run(_case(**{**base, **other}))
-    assert network._fused_plan.cache_info().misses == before + 1
-    network._fused_plan.cache_clear()
-    network._backward_plan.cache_clear()
+    assert fused_plan.forward_plan.cache_info().misses == before + 1
+    fused_plan.forward_plan.cache_clear()
+    fused_plan.backward_plan.cache_clear()
     _same(got, _run(_case(**{**base, **other})))                 # and equals what a cold cache computes
 
 
@@ -90,8 +90,8 @@ def test_plans_follow_the_thread_count_and_the_tile():
     finally:
         numba.set_num_threads(old)
     call = RNNCall(case.cfg, 4, 16, np.dtype(np.float32), True, True, (4,) * 16)
-    ct, cell, tile = np.dtype(np.float32), case.cfg.cell, fused.geometry(4)
-    for plan in (network._fused_plan, network._backward_plan):
+    ct, cell, tile = np.dtype(np.float32), case.cfg.cell, microkernel.geometry(4)
+    for plan in (fused_plan.forward_plan, fused_plan.backward_plan):
         one = plan(call, ct, tile, 1, cell)
         assert plan(call, ct, tile, 1, cell) is one                              # a hit
         assert plan(call, ct, tile, 2, cell) is not one                          # threads
@@ -102,15 +102,15 @@ def test_plans_follow_the_thread_count_and_the_tile():
                     cell) is not one                                             # the call
     from dataclasses import replace
     twin = replace(cell)                                                          # a cell registered again
-    assert twin == cell and network._fused_plan(call, ct, tile, 1, twin) is network._fused_plan(call, ct, tile, 1,
-                                                                                                   cell)
+    plan = fused_plan.forward_plan
+    assert twin == cell and plan(call, ct, tile, 1, twin) is plan(call, ct, tile, 1, cell)
 
 
 @pytest.mark.parametrize("ct", [np.float32, np.float64])
 @pytest.mark.parametrize("mode,proj,skip", [("lstm", 0, False), ("gru", 0, False), ("lstm", 3, False),
                                             ("rnn_tanh", 0, True)])
 def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
-    """`fused_prepare` writes what `fused.pack`, `pack_columns`, `bias_tiles` and the padding wrote before."""
+    """`fused_prepare` writes what `microkernel.pack`, `pack_columns`, `bias_tiles` and the padding wrote before."""
     ct = np.dtype(ct)
     H, I, B = 5, 5 if skip else 7, 3
     cfg = rnn_config(1, H, I, mode, "skip_input" if skip else "linear_input", num_proj=proj)
@@ -118,7 +118,7 @@ def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
     params = rng.standard_normal(params_size(cfg)).astype(ct)
     lp = unpack(cfg, params)[0]
     P, G = cfg.P, cfg.G
-    z = network._fused_sizes(cfg, I, ct, fused.geometry(G))
+    z = fused_plan.fused_sizes(cfg, I, ct, microkernel.geometry(G))
     HP = z.HP
     h = rng.standard_normal((B, P)).astype(ct)
     c = rng.standard_normal((B, H)).astype(ct)
@@ -126,21 +126,21 @@ def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
     got = [np.full(z.W_panels, np.nan, ct), np.full(z.R_panels, np.nan, ct), np.full(z.Wq_panels, np.nan, ct),
            np.full((z.NT, G, z.LANES), np.nan, ct), np.full((z.NT, G, z.LANES), np.nan, ct),
            np.full((1, HP), np.nan, ct), np.full((2, B, max(HP, P)), np.nan, ct), np.full((B, HP), np.nan, ct)]
-    network.fused_prepare(params, spans, I, H, cfg.V, h, c if cfg.has_cell_state else np.zeros((0, 0), ct), *got,
+    fused_plan.fused_prepare(params, spans, I, H, cfg.V, h, c if cfg.has_cell_state else np.zeros((0, 0), ct), *got,
                           True)
     Rp = np.empty(z.R_panels, ct)
-    fused.pack(lp.R, Rp)
+    microkernel.pack(lp.R, Rp)
     np.testing.assert_array_equal(got[1], Rp)
     if not skip:
         Wp = np.empty(z.W_panels, ct)
-        fused.pack(lp.W, Wp)
+        microkernel.pack(lp.W, Wp)
         np.testing.assert_array_equal(got[0], Wp)
     if proj:
         Wq = np.empty(z.Wq_panels, ct)
-        fused.pack_columns(lp.W_proj.T, Wq)
+        microkernel.pack_columns(lp.W_proj.T, Wq)
         np.testing.assert_array_equal(got[2], Wq)
     for b, out in ((lp.bW, got[3]), (lp.bR, got[4])):
-        np.testing.assert_array_equal(out, fused.bias_tiles(b, H, z.NT, z.LANES, np.empty_like(out)))
+        np.testing.assert_array_equal(out, microkernel.bias_tiles(b, H, z.NT, z.LANES, np.empty_like(out)))
     np.testing.assert_array_equal(got[5], np.zeros((1, HP), ct))
     want_h = np.zeros((2, B, max(HP, P)), ct)
     want_h[0, :, :P] = h
@@ -276,12 +276,12 @@ def test_numpy_gather_of_the_weight_views(dtype):
 def _general(module, *args):
     """module(*args) by the general eager path (the inference fast path declined)."""
     import numbarnn.torch as nt
-    fast = nt._NumbaRNNBase._inference
-    nt._NumbaRNNBase._inference = lambda *a: None
+    fast = nt._NumbaRNNBase._fast
+    nt._NumbaRNNBase._fast = lambda *a: None
     try:
         return module(*args)
     finally:
-        nt._NumbaRNNBase._inference = fast
+        nt._NumbaRNNBase._fast = fast
 
 
 def _leaves(out) -> list:
@@ -306,7 +306,7 @@ def test_inference_fast_path_equals_the_general_path(mode, kw, dtype, state):
     dt = getattr(torch, dtype)
     m = getattr(nt, mode)(5, 4, **kw).to(dt).eval()
     ref = getattr(torch.nn, mode)(5, 4, **kw).to(dt).eval()
-    calls = m._inference_calls.entries
+    calls = m._fast_calls.entries
     D, L, P = 2 if kw.get("bidirectional") else 1, kw.get("num_layers", 1), kw.get("proj_size") or 4
     for B in (3, 1, 3):
         x = torch.randn((B, 2, 5) if kw.get("batch_first") else (2, B, 5), dtype=dt)
@@ -317,7 +317,7 @@ def test_inference_fast_path_equals_the_general_path(mode, kw, dtype, state):
         ref.load_state_dict(m.state_dict())
         with torch.no_grad():
             fast, general, want = m(*args), _general(m, *args), ref(*args)
-        assert (x.shape, dt, m.batch_first, 0.0) in calls            # the fast path ran
+        assert (x.shape, dt, m.batch_first, 0.0, False) in calls   # the fast path ran
         for a, b, c in zip(_leaves(fast), _leaves(general), _leaves(want)):
             assert a.shape == b.shape == c.shape and a.dtype == b.dtype == dt
             assert torch.equal(a, b)
@@ -338,22 +338,22 @@ def test_inference_fast_path_declines_what_it_does_not_run():
     m(x)                                                     # training mode, dropout active
     with torch.no_grad():
         m.eval()(x)
-        assert len(m._inference_calls.entries) == 1         # only the eval-mode call
+        assert len(m._fast_calls.entries) == 1         # only the eval-mode call
         with torch.autocast("cpu", dtype=torch.bfloat16):
             m(x)
         half = nt.GRU(5, 4).to(torch.bfloat16).eval()
         half(x.to(torch.bfloat16))
-    assert len(m._inference_calls.entries) == 1 and not half._inference_calls.entries
+    assert len(m._fast_calls.entries) == 1 and not half._fast_calls.entries
     m.train()
-    m._inference_calls.entries.clear()
+    m._fast_calls.entries.clear()
     m(x)                                                     # grad mode, weights need gradients
     with torch.no_grad(), pytest.raises(TypeError, match="float32"):
         m(x.double())                                        # weights float32, input float64: torch.nn's error
-    assert not m._inference_calls.entries
+    assert not m._fast_calls.entries
     ref = nt.GRU(5, 4, backend="reference").eval()
     with torch.no_grad():
         ref(x)
-    assert not ref._inference_calls.entries
+    assert not ref._fast_calls.entries
     from numbarnn.backends import get_default_backend, set_default_backend
     from numbarnn.cpu import backend as cpu_backend
     if get_default_backend() == "cpu":                       # a module without a backend follows the default
@@ -388,11 +388,97 @@ def test_inference_fast_path_takes_zoneouts_expectation():
         plain = nt.GRU(5, 4, num_layers=2).eval()
         plain.load_state_dict(m.state_dict())
         assert not torch.equal(plain(x, h)[0], fast[0])               # the expectation was taken
-    assert (x.shape, x.dtype, False, 0.3) in m._inference_calls.entries
+    assert (x.shape, x.dtype, False, 0.3, False) in m._fast_calls.entries
     for a, b in zip(_leaves(fast), _leaves(general)):
         assert torch.equal(a, b)
     m.train()
-    m._inference_calls.entries.clear()
+    m._fast_calls.entries.clear()
     with torch.no_grad():
         m(x, h)
-    assert not m._inference_calls.entries
+    assert not m._fast_calls.entries
+
+
+def _grads_of(module, args, create_graph=False, general=False) -> list:
+    """The outputs of module(*args) (general: by the general path) and the gradients of a fixed function of all
+    of them with respect to the input, the given state and every weight that requires one."""
+    torch = pytest.importorskip("torch")
+    out = _leaves(_general(module, *args) if general else module(*args))
+    loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)).sum() for o in out)
+    wrt = [a for a in _leaves(args) if a.requires_grad] + [w for w in module.parameters() if w.requires_grad]
+    return [o.detach() for o in out] + list(torch.autograd.grad(loss, wrt, create_graph=create_graph))
+
+
+@pytest.mark.parametrize("mode, kw, dtype, state", [
+    ("GRU", {}, "float32", None),
+    ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True}, "float32", "given"),
+    ("LSTM", {"proj_size": 3}, "float64", "given"),
+    ("RNN", {"nonlinearity": "relu", "batch_first": True}, "float64", None),
+    ("GRU", {"num_layers": 2, "dropout": 0.5}, "float32", "given"),   # eval mode: no dropout, the fast path
+])
+def test_training_fast_path_equals_the_general_path(mode, kw, dtype, state):
+    """An eager CPU call that needs gradients takes the per-signature fast path (`_FastRNNFunction`): outputs and
+    gradients (input, given state, weights) bit for bit the general path's and torch.nn's to rounding."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    torch.manual_seed(1)
+    dt = getattr(torch, dtype)
+    m = getattr(nt, mode)(5, 4, **kw).to(dt)
+    if kw.get("dropout"):
+        m.eval()
+    ref = getattr(torch.nn, mode)(5, 4, **kw).to(dt).train(m.training)
+    D, L, P = 2 if kw.get("bidirectional") else 1, kw.get("num_layers", 1), kw.get("proj_size") or 4
+    for B in (3, 1):
+        x = torch.randn((B, 2, 5) if kw.get("batch_first") else (2, B, 5), dtype=dt, requires_grad=True)
+        args = [x]
+        if state == "given":
+            h = torch.randn(L * D, B, P, dtype=dt, requires_grad=True)
+            args.append((h, torch.randn(L * D, B, 4, dtype=dt, requires_grad=True)) if mode == "LSTM" else h)
+        ref.load_state_dict(m.state_dict())
+        fast = _grads_of(m, args)
+        assert (x.shape, dt, m.batch_first, 0.0, True) in m._fast_calls.entries      # the fast path ran
+        general = _grads_of(m, args, general=True)
+        want = _grads_of(ref, args)
+        assert len(fast) == len(general) == len(want)
+        for a, b, c in zip(fast, general, want):
+            assert a.shape == b.shape == c.shape and a.dtype == b.dtype == dt
+            assert torch.equal(a, b)
+            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+
+
+def test_training_fast_path_second_derivatives_and_autograd_rules():
+    """On the fast path: create_graph=True gives gradients autograd differentiates again (gradgradcheck), and
+    gradcheck's batched gradients (vmap over backward) work; unused outputs, a frozen weight, a second backward
+    with retain_graph, and an in-place weight change between forward and backward (autograd's error) behave as
+    in torch.nn."""
+    torch = pytest.importorskip("torch")
+    import numbarnn.torch as nt
+    torch.manual_seed(2)
+    m = nt.LSTM(3, 2, batch_first=True).double()
+    x = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
+    h = (torch.randn(1, 2, 2, dtype=torch.float64, requires_grad=True),
+         torch.randn(1, 2, 2, dtype=torch.float64, requires_grad=True))
+    m(x, h)
+    assert (x.shape, torch.float64, True, 0.0, True) in m._fast_calls.entries
+    torch.autograd.gradcheck(lambda x, h0, c0: m(x, (h0, c0))[0], (x, *h), check_batched_grad=True)   # (vmap)
+    torch.autograd.gradgradcheck(lambda x, h0, c0: m(x, (h0, c0))[0], (x, *h))
+    first = _grads_of(m, [x, h], create_graph=True)
+    assert all(g.requires_grad for g in first[3:])                 # a graph: differentiable again
+    for a, b in zip(first, _grads_of(m, [x, h], general=True)):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-12, atol=1e-12)
+    ref = torch.nn.LSTM(3, 2, batch_first=True).double()
+    ref.load_state_dict(m.state_dict())
+    (g_fast,), (g_ref,) = (torch.autograd.grad(mod(x, h)[1][0].sum(), [x]) for mod in (m, ref))   # h_n only
+    torch.testing.assert_close(g_fast, g_ref)
+    m.weight_hh_l0.requires_grad_(False)                         # a frozen weight gets no gradient
+    y, _ = m(x, h)
+    y.sum().backward(retain_graph=True)
+    once = m.weight_ih_l0.grad.clone()
+    y.sum().backward()                                           # a second backward of the same graph
+    torch.testing.assert_close(m.weight_ih_l0.grad, 2 * once)
+    assert m.weight_hh_l0.grad is None
+    m.weight_hh_l0.requires_grad_(True)
+    y, _ = m(x, h)
+    with torch.no_grad():
+        m.weight_ih_l0.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -16,8 +16,9 @@ the NumPy reference).  Three things go wrong: OpenBLAS packs R into its own layo
 pointwise loop runs on one core while OpenBLAS's other threads spin.
 
 numbarnn/cpu/fused.py packs W and R once per call and runs the whole time loop in one numba function.  Its
-product is a *micro-kernel*, the innermost piece of every fast GEMM: a tile of NR batch rows times G gates
-of LANES units, kept as G*NR vector accumulators in registers while k runs over the reduction:
+product (numbarnn/cpu/microkernel.py) is a *micro-kernel*, the innermost piece of every fast GEMM: a tile of
+NR batch rows times G gates of LANES units, kept as G*NR vector accumulators in registers while k runs over
+the reduction:
 
     for k in 0..K-1:
         w[g]  = panel[k, g, 0:LANES]          G vector loads (R packed: gates of LANES units side by side)
@@ -29,7 +30,7 @@ LLVM does not find this register blocking in a scalar Python loop, so numbarnn w
 through llvmlite (numba's own code generator, no C compiler).  The accumulators, the G loaded vectors and
 the broadcast must all fit in the vector registers: 4 gates x 4 rows = 21 of AVX-512's 32, but with AVX2's 16
 the LSTM runs two passes over k of 2 gates x 6 rows each (15 registers; the panel is packed pass by pass,
-`fused.panel_shape`).  One pass of 4 x 3 on AVX2 needs 17: LLVM spills, and the kernel runs at 43% of the
+`microkernel.panel_shape`).  One pass of 4 x 3 on AVX2 needs 17: LLVM spills, and the kernel runs at 43% of the
 core's peak.  The tile's results then go straight into the
 cell's own pointwise code (the CellSpec's `forward`, compiled by numba) while they are in L1.
 """
@@ -45,23 +46,23 @@ import numpy as np
 from numba import njit
 
 from numbarnn.config import rnn_config
-from numbarnn.cpu import fused, network
+from numbarnn.cpu import fused, microkernel, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
 
 
 def show_micro_kernel():
-    src = inspect.getsource(fused.product_tile)
+    src = inspect.getsource(microkernel.product_tile)
     body = src[src.index("                builder.position_at_end(body)"):
                src.index("                builder.position_at_end(done)")]
-    print("  the loop body as it builds the IR (numbarnn/cpu/fused.py, product_tile):")
+    print("  the loop body as it builds the IR (numbarnn/cpu/microkernel.py, product_tile):")
     for line in body.rstrip().splitlines():
         print("    " + line[12:])
     G, compute = 4, "float32"
-    LANES, (V, NR) = fused.lanes_for(compute), fused.tile_shape(G)
-    print(f"  this CPU: {fused.simd_bytes() * 8}-bit vectors, {fused.registers()} registers -> LANES = {LANES} "
+    LANES, (V, NR) = microkernel.lanes_for(compute), microkernel.tile_shape(G)
+    print(f"  this CPU: {microkernel.simd_bytes() * 8}-bit vectors, {microkernel.registers()} registers -> LANES = {LANES} "
           f"float32 units per vector; {G // V} pass(es) of V = {V} gates x NR = {NR} rows: {V * NR} accumulators")
-    one_tile = tile_runner(fused.product_tile(compute, G, NR, LANES))
-    panel = np.ones(fused.panel_shape(1, 8, G, compute)[1:], np.float32)    # [G//V, K, V, LANES]
+    one_tile = tile_runner(microkernel.product_tile(compute, G, NR, LANES))
+    panel = np.ones(microkernel.panel_shape(1, 8, G, compute)[1:], np.float32)    # [G//V, K, V, LANES]
     rows = np.array([panel.ctypes.data] * NR, np.int64)
     out = np.empty((G, NR, LANES), np.float32)
     one_tile(panel, rows, out)
@@ -85,9 +86,9 @@ def tile_runner(tile):
 def check_micro_kernel(rng):
     for compute in ("float32", "float64"):
         for G, K in ((4, 37), (3, 5), (1, 1)):
-            LANES, NR = fused.lanes_for(compute), fused.rows_for(G)
-            run = tile_runner(fused.product_tile(compute, G, NR, LANES))
-            panel = rng.standard_normal(fused.panel_shape(1, K, G, compute)[1:]).astype(compute)  # [G//V, K, V, LANES]
+            LANES, NR = microkernel.lanes_for(compute), microkernel.rows_for(G)
+            run = tile_runner(microkernel.product_tile(compute, G, NR, LANES))
+            panel = rng.standard_normal(microkernel.panel_shape(1, K, G, compute)[1:]).astype(compute)  # [G//V, K, V, LANES]
             source = rng.standard_normal((2 * NR, K)).astype(compute)
             picked = rng.permutation(2 * NR)[:NR]                  # rows anywhere: given by address
             out = np.empty((G, NR, LANES), compute)
@@ -125,13 +126,13 @@ def benchmark(quick):
     T, B, H, G = (20, 8, 128, 4) if quick else (100, 32, 512, 4)
     reps = 3 if quick else 7
     ct = np.float32
-    LANES, NR = fused.lanes_for(ct), fused.rows_for(G)
-    tile = fused.product_tile("float32", G, NR, LANES)
+    LANES, NR = microkernel.lanes_for(ct), microkernel.rows_for(G)
+    tile = microkernel.product_tile("float32", G, NR, LANES)
     rng = np.random.default_rng(0)
     R = (rng.standard_normal((G * H, H)) * 0.05).astype(ct)
     h = rng.standard_normal((B, H)).astype(ct)
-    Rp = np.empty(fused.panel_shape(-(-H // LANES), H, G, ct), ct)   # [NT, G//V, H, V, LANES]
-    fused.pack(R, Rp)
+    Rp = np.empty(microkernel.panel_shape(-(-H // LANES), H, G, ct), ct)   # [NT, G//V, H, V, LANES]
+    microkernel.pack(R, Rp)
     rows = np.array([[h[min(i + r, B - 1)].ctypes.data for r in range(NR)] for i in range(0, B, NR)], np.int64)
     out = np.empty((Rp.shape[0], rows.shape[0], G, NR, LANES), ct)
 

@@ -1,15 +1,14 @@
 """The CPU network driver: layers, directions, ragged lengths, dropout, projection (SPEC 3, 5, 6, 7).
 
-The same structure as `numbarnn/reference/network.py` (see the package docstring), in the compute dtype, with
-BLAS for every product and the njit step loops of `cells.py` for the pointwise math.  All arrays here are
+The same structure as `numbarnn/reference/network.py` (see the package docstring), in the compute dtype: the
+fused loops (`fused.py`, their per-call plans in `fused_plan.py`) where a cell allows them, else BLAS for every
+product and the njit step loops of `cells.py` for the pointwise math.  All arrays here are
 NumPy arrays in the compute dtype `ct`; `backend.py` converts at the boundary.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,10 +16,7 @@ from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
-from ..util import cdiv
-from . import cells, diagonal, fused, layer_norm, modulated, panels, threads, zoneout
-from .fused import pack as _pack
-from .fused import pack_columns as _pack_columns
+from . import cells, diagonal, fused, fused_plan, layer_norm, microkernel, modulated, panels, threads, zoneout
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -108,188 +104,17 @@ def _layout_size(call: RNNCall) -> int:
 _inference_views: dict = {}
 
 
-_name = functools.cache(str)     # a dtype's name, the loops' cache key (numpy's str(dtype) costs ~5 us)
-
-
-@functools.lru_cache(maxsize=256)
-def _rows(call: RNNCall) -> tuple:
-    """What a call's lengths decide, worked out once per call signature (shared: never written):
-    (lens [B] int32, steps: the longest length, order [B] int64: rows longest first, n_active [steps] int64:
-    rows active at each step, padded: some [t, b] never runs, ran [<=B]: the rows with a step, t_last: per
-    direction [B] the t of each row's last step)."""
-    lens = call.lengths_array().astype(np.int32)
-    B = call.B
-    steps = int(lens.max()) if B else 0
-    order = fused.rows_by_length(lens)
-    n_active = (lens[None, :] > np.arange(steps)[:, None]).sum(axis=1).astype(np.int64)
-    ran = np.nonzero(lens > 0)[0]                             # rows with at least one step
-    t_last = (lens - 1, np.zeros_like(lens))                  # per direction: the t of a row's last step
-    return lens, steps, order, n_active, B > 0 and int(lens.min()) < call.T, ran, t_last
-
-
 #: run the fused loops (`fused.py`); False: the BLAS loops (`blas_forward`, the backward's per-step loop)
 #: everywhere (tests and bench/bench_cpu_fused.py compare the two)
 FUSED = True
 
 
-@dataclass(frozen=True)
-class _FusedSizes:
-    """What `fused_forward` derives from a layer's sizes alone (worked out once per configuration, tile shape
-    and dtype: a small call spent most of its time recomputing it)."""
-    LANES: int              # units per vector
-    NT: int                 # unit tiles
-    HP: int                 # H padded to whole tiles
-    R_panels: tuple         # shape of R packed by unit tiles
-    W_panels: tuple         # shape of W packed by unit tiles (no W: skip input)
-    Wq_panels: tuple        # shape of W_proj^T by column tiles (empty without a projection)
-    macs: int               # multiply-adds per row and step
-
-
-@functools.lru_cache(maxsize=256)
-def _fused_sizes(cfg, I_l: int, ct, geometry: tuple) -> _FusedSizes:
-    """(geometry: `fused.geometry(G)`, the vector width and tile shape, in the key: the tuner changes the tile,
-    tests the width)"""
-    H, P, G = cfg.H, cfg.P, cfg.G
-    LANES, MQ = fused.lanes_for(ct), fused.COLUMN_VECTORS
-    NT = cdiv(H, LANES)
-    NR = fused.rows_for(G)
-    Wq = fused.panel_shape(cdiv(P, MQ * LANES), H, MQ, ct, NR) if cfg.has_proj else \
-        fused.panel_shape(0, 0, MQ, ct, NR)
-    return _FusedSizes(LANES, NT, NT * LANES, fused.panel_shape(NT, P, G, ct), fused.panel_shape(NT, I_l, G, ct),
-                       Wq, G * H * (I_l + P) + (H * P if cfg.has_proj else 0))
-
-
-@njit_cached
-def fused_prepare(
-    params,   # [N]  the opaque buffer (compute dtype)
-    spans,    # [6]  int64 offsets in params of this pseudo-layer's W, R, W_proj, bW, bR, V (-1: absent)
-    I_l,      # int  the layer's input size
-    H,        # int  hidden units
-    V,        # int  cell vectors
-    h,        # [B, P]  the state h entering the layer
-    c,        # [B, H]  the state c (no cell state: empty)
-    Wp,       # out: [NT, G//V, I_l, V, LANES] W by unit tiles (`fused.pack`; not written with skip input)
-    Rp,       # out: [NT, G//V, P, V, LANES]  R by unit tiles
-    Wq,       # out: W_proj^T by column tiles (`fused.pack_columns`; not written without a projection)
-    bWt,      # out: [NT, G, LANES] bW by unit tiles, zeros past H (`fused.bias_tiles`)
-    bRt,      # out: [NT, G, LANES] bR
-    vec,      # out: [VL, HP] the cell vectors, zeros past H (all zeros without vectors)
-    hbuf,     # out: [2, B, HB] hbuf[0] = h (zeros past P), hbuf[1] zeros
-    cbuf,     # out: [B, HP] c, zeros past H (all zeros without a cell state)
-    weights,  # bool   pack the weights (Wp .. vec); False: they already hold these (`panels.KEPT`)
-):
-    """Everything `fused.forward_loop` reads besides x, read straight from the opaque buffer (`params.unpack`'s
-    layout) in one compiled call: a tiny call spent ~50 us in the NumPy operations, views and look-ups that
-    did this one by one."""
-    NT, G, LANES = bWt.shape
-    P = h.shape[1]
-    oW, oR, oQ, obW, obR, oV = spans[0], spans[1], spans[2], spans[3], spans[4], spans[5]
-    GH = G * H
-    if weights:
-        if oW >= 0:
-            _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp)
-        _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp)
-        if oQ >= 0:
-            _pack_columns(params[oQ:oQ + P * H].reshape((P, H)).T, Wq)
-        for jt in range(NT):
-            for g in range(G):
-                for u in range(LANES):
-                    j = jt * LANES + u
-                    if j < H:
-                        bWt[jt, g, u] = params[obW + g * H + j]
-                        bRt[jt, g, u] = params[obR + g * H + j]
-                    else:
-                        bWt[jt, g, u] = 0.0
-                        bRt[jt, g, u] = 0.0
-        vec[...] = 0.0
-        if oV >= 0:
-            for v in range(V):
-                for j in range(H):
-                    vec[v, j] = params[oV + v * H + j]
-    hbuf[...] = 0.0
-    for b in range(h.shape[0]):
-        for k in range(P):
-            hbuf[0, b, k] = h[b, k]
-    cbuf[...] = 0.0
-    for b in range(c.shape[0]):
-        for j in range(c.shape[1]):
-            cbuf[b, j] = c[b, j]
-
-
-@dataclass(frozen=True)
-class _FusedLayer:
-    """What `fused_forward` needs of one pseudo-layer besides its arrays (shared: never written)."""
-    z: _FusedSizes
-    loop: object            # fused.forward_loop's loop
-    groups: int             # row groups
-    spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
-    skip: bool              # skip input: no W
-    small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `_small_buffers`
-    no_Wq: np.ndarray       # the empty Wq panels without a projection (never written)
-    no_m: np.ndarray        # [0, HP]: mbuf without a projection (never written)
-
-
-@dataclass(frozen=True)
-class _FusedPlan:
-    """`forward`'s fused path of one call signature: per pseudo-layer a `_FusedLayer`, and what the rows decide."""
-    layers: tuple
-    full: bool              # every row runs all T steps: a row's last output is y[T-1] (reverse: y[0])
-    no_c: np.ndarray        # [0, 0]: c of `fused_prepare` without a cell state (never written)
-    none3: np.ndarray       # [0, 0, 0]: the absent reserve entries (never written)
-    kept: tuple             # per pseudo-layer the shapes `panels.KEPT` keeps: Wp, Rp, Wq panels, bW, bR, vec
-
-
-@functools.lru_cache(maxsize=256)
-def _fused_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell) -> _FusedPlan:
-    """The fused forward's plan of a call, worked out once per call signature, compute dtype, vector width and
-    tile shape (`fused.geometry`), thread count and cell (all in the key: the tuner changes the tile, tests the
-    width, row groups follow the threads, a cell may be registered again under its name)."""
-    from ..params import _layer_spans
-    cfg, B = call.config, call.B
-    _, _, _, n_active, padded, ran, _ = _rows(call)
-    layers = []
-    for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
-        z = _fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
-        groups = fused.row_groups(B, fused.rows_for(cfg.G), int(n_active.sum()) * z.macs)
-        loop = fused.forward_loop(cell, _name(ct), groups > 1, cfg.has_proj)
-        offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
-        small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
-                 (2, B, max(z.HP, cfg.P)), (B, z.HP))
-        small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(_FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
-                                  np.zeros((0, z.HP), ct)))
-    kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
-                 for lay in layers)
-    return _FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
-                      np.zeros((0, 0, 0), ct), kept)
-
-
-def _small_buffers(small: tuple, ct) -> list:
-    """Views of the shapes small[0] carved from one scratch buffer ("fused_small", small[1] elements), carved once
-    while that buffer stays the same (five look-ups of the pool cost ~5 us a tiny call)."""
-    flat = scratch("fused_small", (small[1],), ct)
-    hit = _small_views.get((small, ct))
-    if hit is None or hit[0] is not flat:                 # the scratch grew, or another thread's
-        if len(_small_views) > 64:
-            _small_views.clear()
-        views, at = [], 0
-        for shape in small[0]:
-            size = math.prod(shape)
-            views.append(flat[at:at + size].reshape(shape))
-            at += size
-        hit = _small_views[(small, ct)] = (flat, views)
-    return hit[1]
-
-
-#: (shapes, dtype) -> (the "fused_small" scratch, the views `_small_buffers` carved of it)
-_small_views: dict = {}
-
-
-def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct,
+def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct,
                   kept=None):
     """Pseudo-layer p (direction d) by `fused.forward_loop`, its weights read from the opaque `params`: h [B, P]
     and c [B, H] (or None) are updated in place to the state after each row's last step; y, acts, cs (and ms
-    with a projection) are written for the active [t, b].  plan: `_fused_plan`, rows: `_rows(call)`.
+    with a projection) are written for the active [t, b].  plan: `fused_plan.forward_plan`, rows:
+    `fused_plan.call_rows(call)`.
     kept: (the layer's kept panels Wp, Rp, Wq, bW, bR, vec, whether they hold params already) or None: the
     panels are packed into scratch."""
     cfg, B = call.config, call.B
@@ -299,7 +124,7 @@ def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c,
     z = lay.z
     HP = z.HP
     # bW, bR [NT, G, LANES], vec [VL, HP], hbuf [2, B, HB] (h, double-buffered), cbuf [B, HP]: one scratch
-    bW, bR, vec, hbuf, cbuf = _small_buffers(lay.small, ct)
+    bW, bR, vec, hbuf, cbuf = fused_plan.small_buffers(lay.small, ct)
     if kept is None:
         Rp = scratch("fused_Rp", z.R_panels, ct)             # [NT, G//V, P, V, LANES] R by unit tiles
         Wp = Rp if lay.skip else scratch("fused_Wp", z.W_panels, ct)   # [NT, G//V, I, V, LANES] (skip: not read)
@@ -310,8 +135,8 @@ def fused_forward(call: RNNCall, plan: _FusedPlan, p: int, params, d, x_l, h, c,
         (Wp, Rp, Wq, bW, bR, vec), packed = kept
         Wp = Rp if lay.skip else Wp
     mbuf = scratch("fused_m", (B, HP), ct) if cfg.has_proj else lay.no_m   # [B, HP] m of a step
-    fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp, Wq, bW, bR,
-                  vec, hbuf, cbuf, not packed)
+    fused_plan.fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp,
+                             Wq, bW, bR, vec, hbuf, cbuf, not packed)
     lay.loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
              cs, lay.groups, Wq, mbuf, ms, lay.skip, call.is_training)
     if plan.full:                            # every row's last step: t = T-1 (reverse: 0)
@@ -347,7 +172,7 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
     if cfg.cell.modulated:                                   # two products, m ⊙ h between them (modulated.py)
         rows1, rows2 = modulated.gate_rows(cfg.cell, H, False), modulated.gate_rows(cfg.cell, H, True)
         R1, R2 = lp.R[rows1], lp.R[rows2]                    # [G1*H, P], [G2*H, P] the two products' rows
-        modulate = modulated.modulate(cfg.cell, _name(ct))
+        modulate = modulated.modulate(cfg.cell, fused_plan.dtype_name(ct))
         qT_buf = scratch("qT", (H, B), ct)                   # [H, B] m ⊙ h, transposed like h
         gh1T = scratch("gh1T", (rows1.size, B), ct)          # [G1*H, B] R_1 h
         gh2T = scratch("gh2T", (rows2.size, B), ct)          # [G2*H, B] R_2 (m ⊙ h)
@@ -380,7 +205,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     -> (y [T, B, D*P], hT [L*D, B, P], cT [L*D, B, H] or None, reserve [R] (ct, nonce slot zero))."""
     cfg, T, B = call.config, call.T, call.B
     P, D = cfg.P, cfg.D
-    rows = _rows(call)
+    rows = fused_plan.call_rows(call)
     lens, steps = rows[0], rows[1]                            # [B], no step past the longest
     cell = cfg.cell
     if cell.layer_norm:                                       # the row reductions of SPEC 13 (layer_norm.py)
@@ -390,7 +215,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     # (nor with zoneout: the BLAS loop's step is followed by zoneout's commit)
     use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not cfg.zoneout
     if use_fused:                                             # (reads the weights from params: no views)
-        plan = _fused_plan(call, ct, fused.geometry(cell.G), threads.num_threads(), cell)
+        plan = fused_plan.forward_plan(call, ct, microkernel.geometry(cell.G), threads.num_threads(), cell)
         layers, none3 = None, plan.none3
     else:
         layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
@@ -453,45 +278,6 @@ def bias_sums(
             dbR[c] += gh[r, c]
 
 
-@dataclass(frozen=True)
-class _BackwardPlan:
-    """What `backward`'s fused path works out of a call signature alone (shared: never written)."""
-    grouped: tuple          # (rows [groups, n] int64, loop): the row groups before any BLAS product
-    serial: tuple           # (rows [1, B] int64, loop): one group, after BLAS
-    RTp_shape: tuple        # R by column tiles
-    Wc_shape: tuple         # W_proj by column tiles (projection)
-    no_proj: tuple          # the loop's projection arguments without a projection (empty, never written)
-    split: bool             # some gate's R side has its own gradient (GRU's candidate)
-    no_vec: np.ndarray      # [0, H]
-    none3: np.ndarray       # [0, 0, 0]
-
-
-@functools.lru_cache(maxsize=256)
-def _backward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell) -> _BackwardPlan:
-    """The fused backward's row groups, loops and panel shapes of a call, once per call signature, compute dtype,
-    vector width and column tile (`fused.geometry(MV)`), thread count and cell (all in the key, as
-    `_fused_plan`)."""
-    cfg, B = call.config, call.B
-    H, P, G = cfg.H, cfg.P, cfg.G
-    lens, _, by_length, _, _, _, _ = _rows(call)
-    MV = fused.COLUMN_VECTORS
-    NR = fused.rows_for(MV)
-    LANES = fused.lanes_for(ct)
-    macs = int(lens.sum()) * G * H * P                         # the per-step products dgh_s R
-    name = _name(ct)
-    grouped = fused.group_rows(by_length, fused.row_groups(B, NR, macs), NR)
-    serial = fused.group_rows(by_length, 1, NR)
-    serial_loop = fused.backward_loop(cell, name, False, MV, cfg.has_proj)
-    grouped_loop = fused.backward_loop(cell, name, True, MV, cfg.has_proj) if grouped.shape[0] > 1 else \
-        serial_loop
-    no_rows = np.zeros((0, P), ct)
-    return _BackwardPlan((grouped, grouped_loop), (serial, serial_loop),
-                         fused.panel_shape(cdiv(P, MV * LANES), G * H, MV, ct),
-                         fused.panel_shape(cdiv(H, MV * LANES), P, MV, ct),
-                         (np.zeros(fused.panel_shape(0, 0, MV, ct), ct), no_rows, no_rows, np.zeros((0, 0, 0), ct)),
-                         any(cell.split_mask), np.zeros((0, H), ct), np.zeros((0, 0, 0), ct))
-
-
 def _no_dv(B: int, H: int, ct) -> np.ndarray:
     """dv_acc [B, 0, H] of a cell without vectors (empty: never read or written)."""
     return np.zeros((B, 0, H), ct)
@@ -502,9 +288,10 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     -> (dx [T, B, I], dh0 [L*D, B, P], dc0 [L*D, B, H] or None, dparams [N])."""
     cfg, T, B = call.config, call.T, call.B
     H, P, D, G, V = cfg.H, cfg.P, cfg.D, cfg.G, cfg.V
-    lens, steps, by_length, _, padded, _, _ = _rows(call)    # [B], the longest length, [B] longest first
+    lens, steps, by_length, _, padded, _, _ = fused_plan.call_rows(call)   # [B], the longest length, [B]
+    #                                                                          longest first
     if cfg.cell.layer_norm:                                  # the row reductions of SPEC 13 (layer_norm.py)
-        return layer_norm.backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, _rows(call))
+        return layer_norm.backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, fused_plan.call_rows(call))
     layers = unpack(cfg, params)
     dparams = np.zeros(params.shape[0], dtype=ct)
     dlayers = unpack(cfg, dparams)
@@ -516,11 +303,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not call.zoneout_active
     if cell.modulated:                                       # modulated.py: two products per step
         rows1, rows2 = modulated.gate_rows(cell, H, False), modulated.gate_rows(cell, H, True)
-        modulate_backward = modulated.modulate_backward(cell, _name(ct))
+        modulate_backward = modulated.modulate_backward(cell, fused_plan.dtype_name(ct))
         dq = scratch("dq", (B, H), ct)                       # [B, H] dgh_2 R_2 of a step
     if use_fused:
         MV = fused.COLUMN_VECTORS
-        plan = _backward_plan(call, ct, fused.geometry(MV), threads.num_threads(), cell)
+        plan = fused_plan.backward_plan(call, ct, microkernel.geometry(MV), threads.num_threads(), cell)
         no_vec, none3 = plan.no_vec, plan.none3
     else:
         step = cells.pick(cells.backward_step, cell, ct, cfg.has_proj, B, H)
@@ -587,11 +374,11 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             dv_acc.fill(0)
             if use_fused:
                 RTp = scratch("fused_RTp", plan.RTp_shape, ct)      # R by columns
-                fused.pack_columns(lp.R, RTp)
+                microkernel.pack_columns(lp.R, RTp)
                 rows, loop = plan.serial if blas_used else plan.grouped   # after BLAS: one group
                 if cfg.has_proj:                                     # W_proj's columns, by column tiles
                     Wc = scratch("fused_Wc", plan.Wc_shape, ct)
-                    fused.pack_columns(lp.W_proj, Wc)
+                    microkernel.pack_columns(lp.W_proj, Wc)
                     proj = (Wc, dht, dm, dh_all)
                 else:
                     proj = plan.no_proj

@@ -1,6 +1,6 @@
 """Packed weights kept between the calls of a loop over few rows (the fused forward's panels).
 
-The fused forward reads W, R and W_proj as panels packed by unit tiles (`fused.pack`), packed from the opaque
+The fused forward reads W, R and W_proj as panels packed by unit tiles (`microkernel.pack`), packed from the opaque
 buffer at every call.  Packing streams the weights about three times; a call's products stream them once per
 row and step.  So at T*B = 1 (an inference loop over one step, a reinforcement-learning rollout, sampling)
 packing is most of the call, and at T*B in the thousands it is nothing.

@@ -1,7 +1,7 @@
 """The micro-kernel's tile shape chosen by measuring it on the machine that runs it, once per CPU.
 
-`fused.tile_shape(G)` is the (V, NR) of a product of G vectors: V vectors per pass over k (G // V passes), NR
-batch rows per tile.  Its static rule (`fused._tile_shape`: the most accumulators that fit in the registers,
+`microkernel.tile_shape(G)` is the (V, NR) of a product of G vectors: V vectors per pass over k (G // V passes), NR
+batch rows per tile.  Its static rule (`microkernel._tile_shape`: the most accumulators that fit in the registers,
 then the fewest loads per multiply-add) was measured on AMD Zen 3 and Zen 4; other cores (Intel's AVX-512
 parts, with two FMA ports, or ARM) can prefer another shape.  So at the first call that needs a shape for G,
 `chosen` times the micro-kernel alone on one thread for each shape that fits the registers (float32, panels of
@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import settings
 from ..util import cdiv
+from . import microkernel
 
 FILENAME = "numbarnn_tile_shapes.json"
 _measured: dict = {}          # this process's choices: key -> (V, NR)
@@ -75,21 +76,19 @@ def key(G: int, regs: int, simd: int) -> str:
 
 
 def candidates(G: int, regs: int) -> list:
-    """The (V, NR) shapes worth timing for G: every one that fits the registers (`fused.fits`) with at least 4
+    """The (V, NR) shapes worth timing for G: every one that fits the registers (`microkernel.fits`) with at least 4
     accumulators (fewer, one row or one vector at a time, is never faster), NR a power of two up to the static
     rule's limit, in the static rule's order (its choice first)."""
-    from . import fused
     nr_max = 4 if regs == 32 else 8
     shapes = [(V, NR) for V in range(1, G + 1) if G % V == 0
-              for NR in (1, 2, 4, 8) if NR <= nr_max and V * NR >= 4 and fused.fits(V, NR, regs)]
+              for NR in (1, 2, 4, 8) if NR <= nr_max and V * NR >= 4 and microkernel.fits(V, NR, regs)]
     return sorted(shapes, key=lambda s: (-(s[0] * s[1]), s[0] + s[1]))
 
 
 def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
     """The tile shape for a product of G vectors on this machine: the file's entry, else measured now (and
     written), else the static rule (tuning off, or the measurement failed)."""
-    from . import fused
-    static = fused._tile_shape(G, regs)
+    static = microkernel._tile_shape(G, regs)
     if not enabled():
         return static
     k = key(G, regs, simd)
@@ -116,17 +115,16 @@ def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
 
 
 def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5) -> float:
-    """GFLOP/s of `fused.product_tile` for (V, NR) on one thread, float32: panels of 2048 rows over K, B rows
+    """GFLOP/s of `microkernel.product_tile` for (V, NR) on one thread, float32: panels of 2048 rows over K, B rows
     (a partial last tile where NR does not divide B), every unit tile of every row tile, best of `repeats`."""
-    from . import fused
     ct = np.float32
-    LANES = fused.lanes_for(ct)
-    tile = fused.product_tile("float32", G, NR, LANES, V)
+    LANES = microkernel.lanes_for(ct)
+    tile = microkernel.product_tile("float32", G, NR, LANES, V)
     NT = max(1, 2048 // (G * LANES))
     rng = np.random.default_rng(0)
     R = rng.standard_normal((G * NT * LANES, K)).astype(ct)          # [G*NT*LANES, K]
     Rp = np.empty((NT, G // V, K, V, LANES), ct)                      # packed as the op packs it
-    fused.pack(R, Rp)
+    microkernel.pack(R, Rp)
     NB = cdiv(B, NR)
     h = rng.standard_normal((NB * NR, K)).astype(ct)                 # [NB*NR, K]
     rows = np.array([[h[i + r].ctypes.data for r in range(NR)] for i in range(0, NB * NR, NR)], np.int64)
