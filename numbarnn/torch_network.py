@@ -3,7 +3,9 @@
 numbarnn's kernels compute the forward and the first-order backward; their backward is not itself
 differentiable.  When a caller differentiates a gradient (``create_graph=True``: gradient penalties,
 Hessian-vector products, MAML, ``gradgradcheck``), numbarnn.torch recomputes the forward here, with torch
-operations that autograd can differentiate to any order, and lets autograd supply the derivatives.
+operations that autograd can differentiate to any order, and lets autograd supply the derivatives.  (It also
+gives the states after every step, `forward(..., state_sequence=True)`, which the kernels do not return:
+numbarnn.torch.LayerNormLSTM's return_state_sequence.)
 
 The cell is the spec's own scalar ``forward(wx, rh, v, h, c, saved)``, run once per step on whole tensors: gate g's
 ``wx[g]``/``rh[g]`` are the [B, H] columns of that gate, ``v[k]`` a cell vector [H], ``h``/``c`` the [B, H] states,
