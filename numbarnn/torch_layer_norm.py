@@ -70,6 +70,15 @@ class _HasteLayerNorm(torch.nn.Module):
     def _extra_parameters(self, factory) -> None:
         pass
 
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        for name, default in (("batch_first", False), ("forget_bias", 1.0), ("dropout", 0.0), ("zoneout", 0.0),
+                              ("return_state_sequence", False), ("backend", None)):
+            value = getattr(self, name, default)
+            if value != default:
+                s += f", {name}={value!r}"
+        return s
+
     def reset_parameters(self) -> None:
         """haste's: per gate block Xavier-uniform kernel and orthogonal recurrent_kernel, zero biases, unit gains."""
         H = self.hidden_size
@@ -144,10 +153,12 @@ class _HasteLayerNorm(torch.nn.Module):
         """[T, B] bool: step t of row b runs (t < len[b])."""
         return torch.arange(T, device=device)[:, None] < torch.as_tensor(lens, device=device)[None, :]
 
+    @torch.compiler.disable
     def _state_sequence_network(self, x, h0, c0, weights, lens, seeds):
         """The layer as torch operations (numbarnn.torch_network), with the states after every step:
         x [T, B, I], h0, c0 [1, B, H] -> (y [T, B, H], hs [T, B, H], cs [T, B, H]); zoneout's masks from `seeds`
-        in training (the op's own Philox draws), its expectation in eval mode."""
+        in training (the op's own Philox draws), its expectation in eval mode.  (Run eagerly under torch.compile:
+        the masks and lengths are NumPy arrays, which dynamo does not trace.)"""
         layout = _layout(self.cell, 1, self.hidden_size, self.input_size, False, 0, True)
         cfg = _call_config(layout, 0.0, _seeds(seeds), self.zoneout)
         zoneout_keys = (cfg.seed, cfg.seed2) if self.training and self.zoneout else None

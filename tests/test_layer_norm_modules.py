@@ -206,6 +206,7 @@ def test_zoneout_agrees_with_hastes_script_to_1e10(cls_name, training):
 @pytest.mark.parametrize("cls_name", CLASSES)
 def test_zoneout_masks_are_drawn_per_call_and_eval_is_the_expectation(cls_name):
     module, plain = _module(cls_name, 2, 3, zoneout=0.5), _module(cls_name, 2, 3)
+    assert repr(module) == f"{cls_name}(2, 3, zoneout=0.5)" and repr(plain) == f"{cls_name}(2, 3)"
     x = torch.randn(4, 2, 2, dtype=F64)
     torch.manual_seed(3)
     a = module(x)[0]
@@ -284,3 +285,16 @@ def test_return_state_sequence_must_be_a_bool():
     with pytest.raises(TypeError, match="LayerNormGRU: return_state_sequence must be a bool"):
         nt.LayerNormGRU(2, 3, return_state_sequence="yes")
 
+
+
+def test_state_sequence_under_torch_compile():
+    """The LSTM's state sequence (torch_network, NumPy masks and lengths) runs eagerly inside a compiled module."""
+    module = _module("LayerNormLSTM", 2, 3, zoneout=0.3, return_state_sequence=True)
+    compiled = torch.compile(module, backend="eager")
+    x = torch.randn(4, 2, 2, dtype=F64)
+    outs = []
+    for run in (compiled, module):
+        torch.manual_seed(1)
+        outs.append(run(x, lengths=[4, 1]))
+    for a, b in zip((outs[0][0], *outs[0][1]), (outs[1][0], *outs[1][1])):
+        assert torch.equal(a, b)
