@@ -434,20 +434,11 @@ def _network_function(net, lengths, seeds):
     keys = (cfg.seed, cfg.seed2) if cfg.L > 1 and dropout > 0 else None
     zoneout_keys = (cfg.seed, cfg.seed2) if zoneout and is_training else None    # else: the expectation
 
-    if cfg.cell.layer_norm:
-        raise NotImplementedError(f"rnn_mode {cell!r}: a layer-normalised cell has no torch-operations network "
-                                  f"(numbarnn.torch_network) yet, so no second derivatives")
-
     def fn(x, h0, *rest):
         c0 = rest[0] if lstm else None
         weights = rest[1:] if lstm else rest
         dtype = _compute_dtype(x)
-        layers = [dict(W=None, R=None, bW=None, bR=None, W_proj=None, V=[None] * cfg.V) for _ in range(L * cfg.D)]
-        for (p, slot), w in zip(layout.slots, weights):
-            if isinstance(slot, str):
-                layers[p][slot] = w.to(dtype)
-            else:
-                layers[p]["V"][slot[1]] = w.to(dtype)
+        layers = torch_network.layer_tensors(cfg, layout.slots, weights, dtype)
         y, hT, cT = torch_network.forward(cfg, layers, x.to(dtype), h0.to(dtype),
                                           c0.to(dtype) if lstm else None, lengths, keys, zoneout_keys)
         out = x.dtype

@@ -378,13 +378,10 @@ def test_numbarnn_torch_modules_take_hastes_names_and_compute_hastes_equations(c
     assert torch.autograd.gradcheck(f, inputs)
 
 
-def test_numbarnn_torch_modules_refuse_what_they_do_not_implement():
+def test_numbarnn_torch_modules_refuse_bad_arguments():
+    """(zoneout and return_state_sequence: tests/test_layer_norm_modules.py)"""
     torch = pytest.importorskip("torch", reason="numbarnn.torch needs torch")
     import numbarnn.torch as nt
-    with pytest.raises(ValueError, match="LayerNormLSTM: zoneout is not implemented"):
-        nt.LayerNormLSTM(2, 3, zoneout=0.1)
-    with pytest.raises(ValueError, match="LayerNormGRU: return_state_sequence is not implemented"):
-        nt.LayerNormGRU(2, 3, return_state_sequence=True)
     with pytest.raises(ValueError, match="LayerNormGRU: dropout must be in"):
         nt.LayerNormGRU(2, 3, dropout=2.0)
     m = nt.LayerNormGRU(2, 3)
