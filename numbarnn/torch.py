@@ -62,10 +62,11 @@ torch's current stream (no host synchronisation).  Device memory of results is a
 torch's caching allocator.  The CUDA path cannot be exercised without a GPU (the tests cover the CPU path).
 
 The parts: this module holds the modules (one base: constructor checks, parameter registration, input forms,
-the eager inference path); numbarnn/torch_ops.py the two operators, their autograd and the eager way round the
-dispatcher; numbarnn/torch_tensors.py tensors <-> arrays, the parameters' layout and the checks the modules and
-the cells (numbarnn/torch_cells.py) share; numbarnn/torch_layer_norm.py haste's LayerNormLSTM and LayerNormGRU;
-numbarnn/torch_network.py the network in torch operations (higher derivatives only).
+the eager per-signature fast path); numbarnn/torch_ops.py the two operators, their autograd, the eager way round
+the dispatcher and the fast path's autograd function; numbarnn/torch_tensors.py tensors <-> arrays, the
+parameters' layout and the checks the modules and the cells (numbarnn/torch_cells.py) share;
+numbarnn/torch_layer_norm.py haste's LayerNormLSTM and LayerNormGRU; numbarnn/torch_network.py the network in
+torch operations (higher derivatives, forward mode, haste's state sequences).
 """
 from __future__ import annotations
 
