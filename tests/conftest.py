@@ -81,23 +81,31 @@ def _simulator_state_is_restored():
 # The kernel report test compiles every kernel for sm_80 and sm_90 when its stored copy is out of date
 # (numbarnn.analysis.report_cache: 7 minutes on 2 cores; seconds when read back): started first, the rest of the
 # suite runs beside it.  Then the other long ones, longest first (a fresh clone's `--durations` on 2 cores,
-# busy: the CPU backend's loops compiled into an empty numba cache, 135, 87, 85, 75, 72, 70 s ...), so that no
+# busy: the CPU backend's loops compiled into an empty numba cache, 208, 107, 85, 85, 82, 69 s ...), so that no
 # long test is left for the end, when one worker would run it alone.
 LONGEST_FIRST = ("test_every_kernel_compiles_for_sm80_and_sm90_without_spills",
-                 "test_other_vector_widths", "test_base_install_has_no_cuda_toolkit_wheels_and_runs_check",
+                 "test_hypothesis_float64", "test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm",
+                 "test_check_cell_without_hypothesis", "test_base_install_has_no_cuda_toolkit_wheels_and_runs_check",
+                 "test_other_vector_widths", "test_tutorial_runs_and_passes_its_checks",
+                 "test_a_cell_file_loads_by_path_once_and_runs_everywhere", "test_gradgrad",
                  "test_check_cli_loads_the_cell_from_its_module_and_its_path",
-                 "test_wide_shapes_with_projection", "test_wide_shapes_against_the_reference",
-                 "test_tutorial_runs_and_passes_its_checks", "test_hypothesis_float64", "test_gradgrad",
+                 "test_an_edit_to_the_library_recompiles_the_cached_loops",
+                 "test_bench_cpu_runs_the_training_loop_and_memory_comparisons", "test_wide_shapes_with_projection",
+                 "test_narrow_tiles_against_the_reference", "test_projection_panel_follows_the_forward_row_tiles",
+                 "test_user_cell_network_gradients_by_finite_differences_on_cuda", "test_check_cell",
+                 "test_cuda_several_blocks_with_a_partial_last_block",
+                 "test_check_cli_runs_a_layer_normalised_cell_on_every_backend",
+                 "test_persistent_on_many_blocks", "test_a_chosen_shape_other_than_the_rule_computes_the_same",
+                 "test_check_cell_catches_a_wrong_gradient_through_m",
                  "test_installed_package_without_gpu_from_any_directory",
+                 "test_ddp_two_processes_match_one_process_on_the_whole_batch",
+                 "test_wide_shapes_against_the_reference",
+                 "test_run_profile_of_the_persistent_v3_kernels", "test_workspace_is_never_read_before_it_is_written",
                  "test_v3_product_loops_issue_few_instructions_per_fma", "test_hypothesis_float32",
-                 "test_run_profile_of_the_persistent_v3_kernels", "test_a_chosen_shape_other_than_the_rule_computes_the_same",
-                 "test_an_edit_to_the_library_recompiles_the_cached_loops", "test_check_cell_without_hypothesis",
-                 "test_workspace_is_never_read_before_it_is_written", "test_check_cell", "test_readme_example_runs",
-                 "test_bench_cpu_cells_rows_compare_each_cell_with_the_lstm", "test_run_profile_of_an_op_call",
-                 "test_hypothesis_float16", "test_row_groups_give_the_same_bits", "test_hypothesis_inference",
+                 "test_run_profile_of_an_op_call", "test_readme_example_runs", "test_hypothesis_float16",
+                 "test_row_groups_give_the_same_bits", "test_hypothesis_inference",
                  "test_cuda_several_blocks_with_a_partial_last_stride",
-                 "test_numbarnn_torch_modules_take_hastes_names_and_compute_hastes_equations",
-                 "test_check_cli_runs_a_layer_normalised_cell_on_every_backend")
+                 "test_numbarnn_torch_modules_take_hastes_names_and_compute_hastes_equations")
 
 
 def pytest_collection_modifyitems(config, items):

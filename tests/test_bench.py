@@ -546,15 +546,10 @@ def _bench_script(name):
     return module
 
 
-def test_train_loop_and_memory_benches_run_at_tiny_sizes(capsys):
-    """bench/bench_train_loop.py (the losses validated before anything is timed) and bench/bench_memory.py (each
-    implementation in its own process) at tiny sizes."""
+def test_small_train_bench_runs_at_tiny_sizes(capsys):
+    """bench/bench_small_train.py (examples/ddp_train.py's loop; the losses validated before anything is timed) at
+    a tiny size.  (bench_train_loop.py and bench_memory.py: through bench_cpu.py's --train --memory below.)"""
     pytest.importorskip("torch")
-    assert _bench_script("bench_train_loop").main(["--T", "3", "--B", "2", "--I", "4", "--H", "5", "--steps", "1",
-                                                   "--warmup", "1"]) == 0
-    assert _bench_script("bench_memory").main(["--T", "3", "--B", "2", "--I", "4", "--H", "4", "--L", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "numbarnn.torch / torch.nn:" in out and "losses agree" in out and "peak RSS growth" in out
     assert _bench_script("bench_small_train").main(["--rounds", "1", "--steps", "1", "--hidden", "4"]) == 0
     out = capsys.readouterr().out
     assert "losses agree" in out and "numbarnn.torch / torch.nn:" in out
