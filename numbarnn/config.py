@@ -6,6 +6,9 @@ work; backends receive arrays already checked and normalised to time-major.
 
 Letters: T time, B batch, I input size, H num_units, P width of h (num_proj or H), L layers,
 D directions, G gates per cell.
+
+Why one file (over 500 lines): the description and every check of it are read together: each check's message
+names a field the description defines, and the ops, the layers and numbarnn.torch import both.
 """
 from __future__ import annotations
 

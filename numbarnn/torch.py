@@ -67,6 +67,9 @@ the dispatcher and the fast path's autograd function; numbarnn/torch_tensors.py 
 parameters' layout and the checks the modules and the cells (numbarnn/torch_cells.py) share;
 numbarnn/torch_layer_norm.py haste's LayerNormLSTM and LayerNormGRU; numbarnn/torch_network.py the network in
 torch operations (higher derivatives, forward mode, haste's state sequences).
+
+Why one file (over 500 lines): the modules a torch.nn user imports, one base class with torch.nn's checks and
+messages and its subclasses; the operators and the tensor plumbing are in torch_ops.py and torch_tensors.py.
 """
 from __future__ import annotations
 

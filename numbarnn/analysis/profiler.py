@@ -24,6 +24,9 @@ tiles), because warp-level figures need full warps; ``geometry="simulator"`` kee
 This module imports numba only inside functions, and with it the kernel modules (all but gpus and simulator
 import numba): `run_profile` re-runs itself in a subprocess with NUMBA_ENABLE_CUDASIM=1 when the calling process
 has numba loaded without the simulator.
+
+Why one file (over 500 lines): one tool: whole op calls through the recorder, per-kernel figures and their
+report.
 """
 from __future__ import annotations
 

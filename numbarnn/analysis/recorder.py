@@ -45,6 +45,9 @@ as the simulator itself.  Not modelled: caches between launches, L1 capacity, in
 One file: the recorder, the array proxies and the simulator patches share one state (the active recording) and
 are only correct together (`numbarnn.analysis.profiler` runs whole op calls through it).  Imports no numba at
 module level: numba's simulator modules only inside `recording()`.
+
+Why one file (over 500 lines): one mechanism: the array proxies, the trace they write and its grouping into
+warp requests and sectors.
 """
 from __future__ import annotations
 

@@ -31,6 +31,8 @@ Exit code 1 when any kernel fails to compile, spills, keeps a device function ca
 
 numba, the CUDA bindings and the kernel modules (which import numba) are imported inside the functions that use
 them: `numbarnn kernels` imports this module in whatever process it runs in, simulator or not.
+
+Why one file (over 500 lines): one tool's pipeline: compile every spec, parse the linker's log, check, print.
 """
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ The GPUs (`GPUS`) and the memory system's granularities come from numbarnn.kerne
 plans read too.  The kernel modules (step_v2, step_v3, staging) are imported inside the functions that use them:
 they import numba, and this module is read before a command chooses numba's CUDA simulator (`numbarnn bench`
 reads DEEPBENCH, `numbarnn profile` the GPU names).
+
+Why one file (over 500 lines): the model's one formula, the plans' figures it reads and its tables.
 """
 from __future__ import annotations
 

@@ -10,39 +10,16 @@ Backward splits the gradient before the cell step (`split`) and adds the bypass 
 
     dh_tot = dy[t, b] + dh[b] ;  the cell gets mask*dh_tot ;  dh_prev = ... + (1-mask)*dh_tot
 
-The masks are the CUDA kernels' Philox device function (`kernels/philox.zoneout_update`) compiled for the CPU,
-bit-identical to `numbarnn.reference.philox.zoneout_update_mask`.
+The masks are the CUDA kernels' Philox device function (`kernels/philox.zoneout_update`'s stream) compiled
+for the CPU (philox.py), bit-identical to `numbarnn.reference.philox.zoneout_update_mask`.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uint64
-
-from ..cells.functions import compile_with_twins
-from ..dropout import check_zoneout_mask_args, dropout_key, dropout_threshold
-from ..kernels import philox as _cuda_philox
+from ..dropout import ZONEOUT_STREAM, check_zoneout_mask_args, dropout_key, dropout_threshold
 from .jitcache import njit_cached
+from .philox import stream_mask
 from .workspace import scratch
-
-#: update(n, k0, k1, threshold) -> bool, the device function `zoneout_update` compiled for the CPU
-zoneout_update = compile_with_twins(_cuda_philox.zoneout_update.py_func, {}, njit(inline="always"))
-
-
-@njit_cached(parallel=True)
-def _mask(
-    out,        # [T, B, P] uint8: 1 = take h_new, 0 = keep h_prev (written)
-    pl,         # uint64: the pseudo-layer l*D + d
-    k0,         # uint32: key low word
-    k1,         # uint32: key high word
-    threshold,  # uint32
-):
-    T, B, P = out.shape
-    for e in prange(T * B * P):
-        t = e // (B * P)
-        b = (e // P) % B
-        j = e % P
-        n = ((uint64(pl) * uint64(T) + uint64(t)) * uint64(B) + uint64(b)) * uint64(P) + uint64(j)
-        out[t, b, j] = 1 if zoneout_update(n, k0, k1, threshold) else 0
 
 
 def update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int, P: int, p: float) -> np.ndarray:
@@ -51,7 +28,8 @@ def update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int, P: int
     k0, k1 = dropout_key(seed, seed2)
     out = np.empty((T, B, P), dtype=np.uint8)
     if out.size:
-        _mask(out, np.uint64(pseudo_layer), np.uint32(k0), np.uint32(k1), np.uint32(dropout_threshold(p)))
+        stream_mask(out, np.uint64(pseudo_layer), np.uint32(k0), np.uint32(k1),
+                    np.uint32(dropout_threshold(p)), np.uint32(ZONEOUT_STREAM))
     return out
 
 

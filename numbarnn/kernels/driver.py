@@ -44,7 +44,7 @@ from . import target
 from .gemm import gemm
 from .launch import launch
 from .layer_ops import column_sums
-from .plan import NONCE_KERNEL, backward_plan, forward_plan, launch_plan, plan_rows  # noqa: F401 (re-exported)
+from .plan import NONCE_KERNEL, Run, backward_plan, forward_plan, launch_plan, plan_rows  # noqa: F401 (re-exported)
 from .steps import (DIAGONAL_NOTE, MODULATED_NOTE, STEP_VERSIONS, StepPlan, pinned_step_version,  # noqa: F401
                     step_plan, step_version)
 
@@ -259,14 +259,14 @@ def _bind(e, env: dict) -> tuple:
 
 def run_entry(e, env: dict, log: LaunchLog) -> None:
     """One entry that is not per-step: a kernel, a gemm() or column_sums() call; the launches a call makes
-    itself ("with_previous") and the nonce ops writes ("by_ops") are not run here."""
-    if e.run == "kernel":
+    itself (Run.WITH_PREVIOUS) and the nonce ops writes (Run.BY_OPS) are not run here."""
+    if e.run is Run.KERNEL:
         log(jit(*e.kernel), e.name, e.grid, e.block, *[resolve(r, env) for r in e.args])
-    elif e.run == "gemm":
+    elif e.run is Run.GEMM:
         gemm(*[resolve(r, env) for r in e.args], **dict(e.options), log=log, scratch=scratch)
-    elif e.run == "column_sums":
+    elif e.run is Run.COLUMN_SUMS:
         column_sums(log, *[resolve(r, env) for r in e.args], scratch)
-    elif e.run not in ("with_previous", "by_ops"):
+    elif e.run not in (Run.WITH_PREVIOUS, Run.BY_OPS):
         raise ValueError(f"unknown plan entry kind {e.run!r}")
 
 

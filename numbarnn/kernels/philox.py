@@ -81,13 +81,13 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 @device
-def dropout_keep(n, k0, k1, threshold):
-    """True iff element n (uint64) is kept: (x >> 8) >= threshold,
-    x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), 0, 0), key=(k0, k1))[n % 4]."""
+def stream_test(n, k0, k1, threshold, stream):
+    """The Bernoulli test of element n (uint64) on a Philox stream: (x >> 8) >= threshold,
+    x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), stream, 0), key=(k0, k1))[n % 4]."""
     n = uint64(n)
     q = n >> _U64_2                           # counter n // 4
     lane = n & _U64_3                         # n % 4
-    x0, x1, x2, x3 = philox4x32_10(uint32(q & _MASK32), uint32(q >> _SHIFT32), _ZERO32, _ZERO32, k0, k1)
+    x0, x1, x2, x3 = philox4x32_10(uint32(q & _MASK32), uint32(q >> _SHIFT32), stream, _ZERO32, k0, k1)
     x = x3
     if lane == _U64_0:
         x = x0
@@ -96,6 +96,12 @@ def dropout_keep(n, k0, k1, threshold):
     elif lane == _U64_2:
         x = x2
     return uint32(x >> _SHIFT8) >= uint32(threshold)
+
+
+@device
+def dropout_keep(n, k0, k1, threshold):
+    """True iff dropout keeps element n (uint64): the test of stream 0 (SPEC 6)."""
+    return stream_test(n, k0, k1, threshold, _ZERO32)
 
 
 _ZONEOUT_STREAM = np.uint32(1)   # numbarnn.dropout.ZONEOUT_STREAM: counter word 2 of the zoneout masks
@@ -103,20 +109,8 @@ _ZONEOUT_STREAM = np.uint32(1)   # numbarnn.dropout.ZONEOUT_STREAM: counter word
 
 @device
 def zoneout_update(n, k0, k1, threshold):
-    """True iff h takes h_new at zoneout element n (uint64) (SPEC 6.1): dropout's test on the stream
-    x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), 1, 0), key=(k0, k1))[n % 4]."""
-    n = uint64(n)
-    q = n >> _U64_2                           # counter n // 4
-    lane = n & _U64_3                         # n % 4
-    x0, x1, x2, x3 = philox4x32_10(uint32(q & _MASK32), uint32(q >> _SHIFT32), _ZONEOUT_STREAM, _ZERO32, k0, k1)
-    x = x3
-    if lane == _U64_0:
-        x = x0
-    elif lane == _U64_1:
-        x = x1
-    elif lane == _U64_2:
-        x = x2
-    return uint32(x >> _SHIFT8) >= uint32(threshold)
+    """True iff h takes h_new at zoneout element n (uint64) (SPEC 6.1): dropout's test on stream 1."""
+    return stream_test(n, k0, k1, threshold, _ZONEOUT_STREAM)
 
 
 @cuda.jit

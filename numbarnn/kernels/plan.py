@@ -18,9 +18,9 @@ compiles nothing and touches no device, so a GPU's plan can be made in the simul
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
+import enum
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,12 +40,19 @@ from . import zoneout
 NONCE_KERNEL = "put4 (the reserve's nonce)"
 
 
+class Run(str, enum.Enum):
+    """How the executor (driver.run_entry) runs a plan entry."""
+    KERNEL = "kernel"                 # one launch of `kernel` (per step of `steps` with each_step)
+    GEMM = "gemm"                     # a gemm.gemm call (its split_k_sum: the WITH_PREVIOUS entry after it)
+    COLUMN_SUMS = "column_sums"       # a layer_ops.column_sums call (its column_totals after it)
+    WITH_PREVIOUS = "with_previous"   # launched by the call of the entry before it
+    BY_OPS = "by_ops"                 # the reserve's nonce, written by ops after the forward
+
+
 @dataclass(frozen=True)
 class Launch:
     """One entry of a plan: a kernel launch, or one per step of `steps` (each_step), or one call of a launcher
-    that makes its own launches (run "gemm": gemm.gemm, its split_k_sum the "with_previous" entry after it;
-    run "column_sums": layer_ops.column_sums, its column_totals after it; run "by_ops": the reserve's nonce,
-    written by ops after the forward)."""
+    that makes its own launches (`Run`)."""
 
     phase: str                   # "forward" or "backward"
     layer: int | None            # None: a launch for the whole call (the reserve's fill, dparams' fill, the nonce)
@@ -59,7 +66,7 @@ class Launch:
     each_step: bool = False      # one launch per step of `steps` (else one launch covers them all)
     swaps: bool = False          # the state ping-pongs (h_in <-> h_out) once per step covered
     why: str = ""                # the step plan's note (step launches)
-    run: str = "kernel"          # "kernel", "gemm", "column_sums", "with_previous", "by_ops" (see above)
+    run: Run = Run.KERNEL        # how the executor runs it
     options: tuple = ()          # (name, value) pairs of the gemm() call: trans_a, trans_b, beta, split_k
     flops: int = 0               # per launch: FLOPs
     nbytes: int = 0              # per launch: compulsory global-memory bytes (no cache effects)
@@ -144,20 +151,20 @@ class Builder:
         split = auto_split_k(DEFAULT_VERSION, self.dts, False, M, N, K, config, simulator=self.sim)
         grid, block = v.launch(M, N, split, config)
         label = f"gemm v{DEFAULT_VERSION} ({what})" + (f", split-K {split}" if split > 1 else "")
-        self.add(label, "gemm", grid, math.prod(block), (), (a, b, c), run="gemm",
+        self.add(label, "gemm", grid, math.prod(block), (), (a, b, c), run=Run.GEMM,
                  options=tuple(options.items()) + (("split_k", split),), flops=2 * M * N * K,
                  nbytes=(M * K + K * N + split * M * N) * self.sz)
         if split > 1:                  # stage 2: read the partials, read C (beta) and write it
-            self.add(f"split_k_sum ({what})", "split_k_sum", *self.flat_grid(M * N), run="with_previous",
+            self.add(f"split_k_sum ({what})", "split_k_sum", *self.flat_grid(M * N), run=Run.WITH_PREVIOUS,
                      flops=split * M * N, nbytes=(split + 2) * M * N * self.sz)
 
     def column_sums(self, what: str, a, b, out, N: int, C: int) -> None:
         """out = the column sums of a (and b), deterministic: column_partials, then column_totals."""
         S = 1 if b is None else 2
         (name1, grid1, block1), (name2, grid2, block2) = column_sums_launches(N, C, S, simulator=self.sim)
-        self.add(f"{name1} ({what})", name1, grid1, block1, (), (a, b, out), run="column_sums",
+        self.add(f"{name1} ({what})", name1, grid1, block1, (), (a, b, out), run=Run.COLUMN_SUMS,
                  flops=S * N * C, nbytes=S * (N + grid1[1]) * C * self.sz)
-        self.add(f"{name2} ({what})", name2, grid2, block2, run="with_previous", flops=S * grid1[1] * C,
+        self.add(f"{name2} ({what})", name2, grid2, block2, run=Run.WITH_PREVIOUS, flops=S * grid1[1] * C,
                  nbytes=S * (grid1[1] + 1) * C * self.sz)
 
 
@@ -218,7 +225,7 @@ def forward_plan(call, simulator: bool | None = None, device_reserve: bool = Fal
         x_l = f"saved.y{layer}"
     b.layer = None
     if call.is_training and device_reserve:                     # ops.write_nonce, after the forward
-        b.add(NONCE_KERNEL, NONCE_KERNEL, (1,), 1, (make_put4, dt), run="by_ops", nbytes=NONCE_SIZE * b.sz)
+        b.add(NONCE_KERNEL, NONCE_KERNEL, (1,), 1, (make_put4, dt), run=Run.BY_OPS, nbytes=NONCE_SIZE * b.sz)
     return b.entries
 
 

@@ -47,6 +47,10 @@ thread issues per step are its time (`python -m numbarnn.analysis.sass --per-ste
     co-resident: more warps an SM, fewer instructions each.
 
 Each revision's instruction counts and timings: bench/results/gpu_h100.md.
+
+Why one file (over 500 lines): the forward and backward persistent kernels share their slice geometry, the
+choice of width and their launch; the arithmetic of the slices is in v3_slices.py, the device functions in
+v3_parts.py.
 """
 from __future__ import annotations
 
