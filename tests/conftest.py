@@ -447,3 +447,15 @@ def assert_cpu_agrees_in_lower_precision(mode: str, dtype, tol: float) -> None:
     for got, want in zip(run_backward(case, got_f, "cpu"), run_backward(case, want_f, "reference")):
         if want is not None:
             assert relative_error(got, want) < 10 * tol
+
+
+def assert_zoneout_masks_drawn_per_call(module, plain, x) -> None:
+    """A training-mode zoneout module's masks: a function of the keys drawn from torch's generator (the same seed,
+    the same output), fresh keys per call, and not the module without zoneout."""
+    import torch
+    torch.manual_seed(3)
+    a = module(x)[0]
+    torch.manual_seed(3)
+    assert torch.equal(a, module(x)[0])                       # masks a function of the drawn keys
+    assert not torch.equal(a, module(x)[0])                   # fresh keys per call
+    assert not torch.equal(a, plain(x)[0])

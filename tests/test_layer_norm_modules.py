@@ -10,6 +10,7 @@ row over each sequence's own length, differentiated by autograd.
 import numpy as np
 import pytest
 
+from conftest import assert_zoneout_masks_drawn_per_call
 from numbarnn.config import rnn_config
 from numbarnn.params import param_regions
 from numbarnn.reference.philox import zoneout_update_mask
@@ -208,12 +209,7 @@ def test_zoneout_masks_are_drawn_per_call_and_eval_is_the_expectation(cls_name):
     module, plain = _module(cls_name, 2, 3, zoneout=0.5), _module(cls_name, 2, 3)
     assert repr(module) == f"{cls_name}(2, 3, zoneout=0.5)" and repr(plain) == f"{cls_name}(2, 3)"
     x = torch.randn(4, 2, 2, dtype=F64)
-    torch.manual_seed(3)
-    a = module(x)[0]
-    torch.manual_seed(3)
-    assert torch.equal(a, module(x)[0])                       # masks a function of the drawn keys
-    assert not torch.equal(a, module(x)[0])                   # fresh keys per call
-    assert not torch.equal(a, plain(x)[0])
+    assert_zoneout_masks_drawn_per_call(module, plain, x)
     module.eval()
     one = x[:1]
     assert torch.allclose(module(one)[0], 0.5 * plain.eval()(one)[0], rtol=0, atol=1e-15)   # h0 = 0: (1-p) h_new

@@ -289,15 +289,19 @@ def _leaves(out) -> list:
     return torch.utils._pytree.tree_leaves(out)
 
 
-@pytest.mark.parametrize("mode, kw, dtype, state", [
+#: (module, its arguments, dtype, initial state) of the fast path's equality tests
+FAST_PATH_CASES = [
     ("GRU", {}, "float32", None),
     ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True}, "float32", "given"),
     ("LSTM", {"proj_size": 3}, "float64", "given"),
     ("RNN", {"nonlinearity": "relu", "batch_first": True}, "float64", None),
     ("GRU", {"num_layers": 2, "dropout": 0.5}, "float32", "given"),   # eval mode: no dropout, the fast path
-])
+]
+
+
+@pytest.mark.parametrize("mode, kw, dtype, state", FAST_PATH_CASES)
 def test_inference_fast_path_equals_the_general_path(mode, kw, dtype, state):
-    """An eager CPU inference call takes the per-signature fast path (`_NumbaRNNBase._inference`) and returns,
+    """An eager CPU inference call takes the per-signature fast path (`_NumbaRNNBase._fast`) and returns,
     bit for bit, what the general path returns (and what torch.nn returns, to rounding), for a second call of
     the signature too, after an in-place weight change and with another batch size."""
     torch = pytest.importorskip("torch")
@@ -408,13 +412,7 @@ def _grads_of(module, args, create_graph=False, general=False) -> list:
     return [o.detach() for o in out] + list(torch.autograd.grad(loss, wrt, create_graph=create_graph))
 
 
-@pytest.mark.parametrize("mode, kw, dtype, state", [
-    ("GRU", {}, "float32", None),
-    ("LSTM", {"num_layers": 2, "bidirectional": True, "batch_first": True}, "float32", "given"),
-    ("LSTM", {"proj_size": 3}, "float64", "given"),
-    ("RNN", {"nonlinearity": "relu", "batch_first": True}, "float64", None),
-    ("GRU", {"num_layers": 2, "dropout": 0.5}, "float32", "given"),   # eval mode: no dropout, the fast path
-])
+@pytest.mark.parametrize("mode, kw, dtype, state", FAST_PATH_CASES)
 def test_training_fast_path_equals_the_general_path(mode, kw, dtype, state):
     """An eager CPU call that needs gradients takes the per-signature fast path (`_FastRNNFunction`): outputs and
     gradients (input, given state, weights) bit for bit the general path's and torch.nn's to rounding."""
