@@ -233,12 +233,21 @@ def test_recorded_nonce_hit_equals_miss_and_mismatch_raises():
         check_reserve_nonce(host.astype(np.int16), reserve)           # not host_reserved: decode's message
 
 
-def test_num_threads_equals_numbas():
-    old = numba.get_num_threads()
+def test_num_threads_equals_numbas_without_its_locks(monkeypatch):
+    """Once numba's threads are up, `threads.num_threads` / `set_num_threads` read and set numba's count through
+    its layer's functions, not numba's locked get/set_num_threads (which it defines only when it launches its
+    threads, after this module is imported: the lock-free path was once never taken), and agree with numba."""
+    old = numba.get_num_threads()                                      # (launches numba's threads)
+    assert threads._layer_functions() is not None
     try:
         for n in sorted({1, old}):
-            numba.set_num_threads(n)
-            assert threads.num_threads() == numba.get_num_threads() == n
+            threads.set_num_threads(n)
+            assert numba.get_num_threads() == n
+            with monkeypatch.context() as m:
+                m.setattr(numba, "get_num_threads", lambda: pytest.fail("numba's locked getter was called"))
+                m.setattr(numba, "set_num_threads", lambda n: pytest.fail("numba's locked setter was called"))
+                assert threads.num_threads() == n
+                threads.set_num_threads(n)
     finally:
         numba.set_num_threads(old)
 

@@ -30,16 +30,25 @@ def _blas_libraries() -> tuple:
 
 try:                                               # numba's internals, read by `num_threads` where present
     from numba.np.ufunc import parallel as _parallel
-    _parallel._get_num_threads, _parallel._set_num_threads     # noqa: B018
-except (ImportError, AttributeError):              # pragma: no cover - another numba
+except ImportError:                                # pragma: no cover - another numba
     _parallel = None
+
+
+def _layer_functions() -> tuple | None:
+    """numba's (_get_num_threads, _set_num_threads) of its threading layer once the layer is up (numba defines
+    them when it launches its threads: not yet when this module is imported), else None."""
+    if _parallel is None or not getattr(_parallel, "_is_initialized", False):
+        return None
+    get, put = getattr(_parallel, "_get_num_threads", None), getattr(_parallel, "_set_num_threads", None)
+    return None if get is None or put is None else (get, put)
 
 
 def num_threads() -> int:
     """numba.get_num_threads(), without its two locks once numba's threading layer is up (~0.2 us instead of
     ~1.4: a tiny call asks several times); numba's own function otherwise."""
-    if _parallel is not None and getattr(_parallel, "_is_initialized", False):
-        n = _parallel._get_num_threads()
+    layer = _layer_functions()
+    if layer is not None:
+        n = layer[0]()
         if n > 0:
             return n
     return numba.get_num_threads()
@@ -48,9 +57,9 @@ def num_threads() -> int:
 def set_num_threads(n: int) -> None:
     """numba.set_num_threads(n) for 1 <= n <= NUMBA_NUM_THREADS, without its locks and checks once numba's
     threading layer is up (numbarnn.torch sets torch's count around every call, and back: ~10 us a tiny call)."""
-    if _parallel is not None and getattr(_parallel, "_is_initialized", False) and \
-            1 <= n <= numba.config.NUMBA_NUM_THREADS:
-        _parallel._set_num_threads(n)
+    layer = _layer_functions()
+    if layer is not None and 1 <= n <= numba.config.NUMBA_NUM_THREADS:
+        layer[1](n)
     else:
         numba.set_num_threads(n)
 
