@@ -24,12 +24,16 @@ from numba import njit
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_views
-from . import threads, zoneout
+from . import layer_norm_fused, threads, zoneout
 from .cells import njit_function, stack_buffer
 from .philox import dropout_keep_mask
 from .workspace import scratch
 
 EPS = 1e-5
+
+#: run the forward by layer_norm_fused.py where it applies; False: `forward_direction` (BLAS) everywhere (tests
+#: compare the two)
+FUSED = True
 
 
 def _columns(cell, name: str) -> int:
@@ -419,11 +423,13 @@ def forward(call, x, h0, c0, params, ct, rows, saved, flat):
                             saved[f"zmask{layer}"][d])
                 elif call.zoneout_expected:
                     zone = (np.zeros((0, 0, 0), np.uint8), none3)
-                forward_direction(call, layers[p], d, np.ascontiguousarray(x_l), hT[p],
-                                  cT[p] if cT is not None else no_c, y, saved[f"acts{layer}"][d],
-                                  saved[f"c{layer}"][d] if cT is not None else none3, saved[f"lnstat{layer}"][d],
-                                  saved[f"rh{layer}"][d] if "rh" in cfg.cell.layer_norm else none3, lens, steps, ct,
-                                  zone)
+                args = (call, layers[p], d, np.ascontiguousarray(x_l), hT[p], cT[p] if cT is not None else no_c, y,
+                        saved[f"acts{layer}"][d], saved[f"c{layer}"][d] if cT is not None else none3,
+                        saved[f"lnstat{layer}"][d], saved[f"rh{layer}"][d] if "rh" in cfg.cell.layer_norm else none3)
+                if FUSED and steps > 0 and layer_norm_fused.supported(call, layers[p]):
+                    layer_norm_fused.forward_direction(*args, rows, ct)
+                else:
+                    forward_direction(*args, lens, steps, ct, zone)
             x_l = y
     return x_l, hT, cT, flat
 
