@@ -18,7 +18,7 @@ from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from ..util import cdiv
-from . import cells, diagonal, fused, layer_norm, modulated, panels, threads, zoneout
+from . import cells, diagonal, fused, layer_norm, modulated, modulated_fused, panels, threads, zoneout
 from .fused import pack as _pack
 from .fused import pack_columns as _pack_columns
 from .jitcache import njit_cached
@@ -417,6 +417,10 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             if use_fused:
                 fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct,
                               None if kept is None else (kept[0].layers[p], kept[1]))
+            elif cell.modulated and FUSED and steps > 0 and modulated_fused.supported(call, layers[p]):
+                with threads.budget():                       # two products a step, fused (modulated_fused.py)
+                    modulated_fused.forward_direction(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs,
+                                                      saved[f"mod{layer}"][d], rows, ct)
             else:
                 zone = None
                 if call.zoneout_active:
