@@ -6,6 +6,8 @@ operations written from haste's published equations (its LayerNormLSTMScript / L
 the whole row, gains gamma[0], gamma[1], gamma_h, beta_h), looping row by row over each sequence's own length,
 differentiated by autograd.
 """
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -424,8 +426,8 @@ def test_zoneout_on_a_layer_normalised_cell(backend, training):
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
     """The fused forward (cpu/layer_norm_fused.py), in one row group and in 3 (the prange loop), gives the BLAS
-    loop's (layer_norm.FUSED False) outputs and reserve (statistics, R h, saved values: the backward reads them)
-    and the reference's gradients: H = 9 (a partial unit tile), B = 7 with lengths 0 (a partial row tile, rows
+    loop's (layer_norm.FUSED False) outputs and reserve (statistics, R h, saved values: the backward reads them),
+    the reference's gradients, and the same outputs at inference (no reserve written): H = 9 (a partial unit tile), B = 7 with lengths 0 (a partial row tile, rows
     ending at different steps), 2 layers, bidirectional."""
     from numbarnn.cpu import fused, layer_norm, layer_norm_fused
     cfg = rnn_config(2, 9, 5, cell, direction="bidirectional")
@@ -441,4 +443,6 @@ def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypat
         for a, b in zip(got[:3] + (got[3][:-NONCE_SIZE],), want[:3] + (want[3][:-NONCE_SIZE],)):   # (not the tag)
             assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
         assert_agrees_with_the_reference(case, got, run_backward(case, got, "cpu"))
-    assert ran == [False] * 4 + [True] * 4                    # 2 layers x 2 directions, serial then parallel
+        for a, b in zip(run_forward(replace(case, is_training=False), "cpu")[:3], want[:3]):   # (no reserve written)
+            assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
+    assert ran == [False] * 8 + [True] * 8        # 2 layers x 2 directions x (training, inference), serial, parallel

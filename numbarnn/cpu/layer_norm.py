@@ -12,6 +12,8 @@ The network driver of `network.py` with the row reductions added, as the referen
                then dW, dx, dR as big products
 
 Every loop works on one row at a time (its G*H or H values), so a row's reduction is a plain loop over it.
+The forward above (`forward_direction`) runs with zoneout, skip input, or `FUSED` False; otherwise the forward is
+`layer_norm_fused.py`'s one fused time loop (the same results and reserve).
 """
 from __future__ import annotations
 

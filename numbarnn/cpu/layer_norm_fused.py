@@ -6,12 +6,14 @@ where the built-in cells run `fused.py`'s loops, both cores at the micro-kernel'
 needs the whole row of a product (its G*H values) before any unit's cell can run, and a row depends on no other
 row, so the loop here works row tile by row tile (NR rows, `fused.rows_for(G)`), per step:
 
-    products   for every unit tile: raw_w[r] = W x_t of the row, raw_r[r] = R h of the row
-               (`fused.product_tile` over the packed W and R, `fused.pack`), kept in the group's row scratch
+    products   for every unit tile: W x_t and R h of the tile's rows (`fused.product_tile` over the packed W and
+               R, `fused.pack`), kept by unit tile in the group's scratch (the micro-kernel's own layout)
     statistics "wx", "rh": mean and rstd of each row over its G*H values (the reserve's lnstat; R h raw to rh_raw)
-    cell       per unit tile: wx = LN(raw_w) γ_x + bW, rh = LN(raw_r) γ_r + bR (or raw + bias where not
-               normalised), the cell's own `forward` on NR*LANES lanes; acts, c' (to the row scratch with "c")
+    cell       per unit tile: wx = LN(W x) γ_x + bW, rh = LN(R h) γ_r + bR (or the product + bias where not
+               normalised), the cell's own `forward` on NR*LANES lanes; acts, c' (with "c" also to the scratch)
     "c"        mean and rstd of each row's c'; per unit tile m = output(LN(c') γ_c + β_c) ; h', y
+
+An inference call writes no reserve (acts, cs, lnstat, rh_raw), as `fused.forward_group`.
 
 A row's products read only its own h, and the row tile writes its h' after all of them: h needs no double
 buffer.  Threads split the row tiles into groups, each its own time loop (as `fused.row_groups`).  The backward
@@ -35,7 +37,7 @@ EPS = 1e-5
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
 # `forward` (pointwise) and `output` (out_fn), the micro-kernel and the stack scratch of the loop's sizes.
 pointwise = out_fn = tile = group = moments = None
-rows_x = rows_h = rows_b = rows_t = rows_s = lanes_o = lanes_w = lanes_r = lanes_V = lanes_S = None
+rows_x = rows_h = rows_b = rows_t = rows_s = lanes_w = lanes_r = lanes_V = lanes_S = None
 lanes_h = lanes_c = lanes_m = lanes_n = lanes_p = None
 
 
@@ -84,27 +86,29 @@ def forward_group(cell, compute: str):
     KEY = _key(cell, compute)
 
     @numba.njit(inline="always")
-    def moments(a, K, count, part):
-        """(mean, rstd) of the first `count` values of each of the K rows of a [K, HP] together (HP whole tiles
-        of LANES, zeros past `count`), ε = EPS: sums over lanes first, `part` [LANES] (stack scratch), so the
-        loops vectorize; each padded zero adds mean² to the squared deviations, taken off again."""
-        HP = a.shape[1]
+    def moments(a, r, count, part):
+        """(mean, rstd) of row r's values in a [NT, K, NR*LANES] (product_tile's layout by unit tile: row r at
+        lanes r*LANES ..; `count` units per k, zeros past them), ε = EPS: sums over lanes first, `part` [LANES]
+        (stack scratch), so the loops vectorize; each padded zero adds mean² to the squared deviations, taken
+        off again."""
+        NT, K = a.shape[0], a.shape[1]
+        q = r * LANES
         part[:] = zero
-        for k in range(K):
-            for j0 in range(0, HP, LANES):
-                accumulate(part, a[k, j0:j0 + LANES], LANES)
+        for jt in range(NT):
+            for k in range(K):
+                accumulate(part, a[jt, k, q:q + LANES], LANES)
         total = zero
         for u in range(LANES):
             total += part[u]
         mean = total / acc(K * count)
         part[:] = zero
-        for k in range(K):
-            for j0 in range(0, HP, LANES):
-                _squares(part, a[k, j0:j0 + LANES], mean, LANES)
+        for jt in range(NT):
+            for k in range(K):
+                _squares(part, a[jt, k, q:q + LANES], mean, LANES)
         var = zero
         for u in range(LANES):
             var += part[u]
-        var = max(var - acc(K * (HP - count)) * mean * mean, zero)
+        var = max(var - acc(K * (NT * LANES - count)) * mean * mean, zero)
         return mean, one / np.sqrt(var / acc(K * count) + eps)
 
     def group(
@@ -122,14 +126,16 @@ def forward_group(cell, compute: str):
         hb,       # [B, HP]        the state h, updated in place (zeros past H)
         cb,       # [B, HP]        the state c, updated in place (unused without a state)
         y,        # [T, B, D*H]    layer output
-        acts,     # [T, B, S*H]    reserve: saved values
-        cs,       # [T, B, H]      reserve: c'
-        lnstat,   # [T, B, 2K]     reserve: mean, rstd of each normalised row
-        rh_raw,   # [T, B, G*H]    reserve ("rh"): R h
-        raw_w,    # [groups, NR, G, HP]  row scratch: W x of the tile's rows
-        raw_r,    # [groups, NR, G, HP]  row scratch: R h
-        c_rows,   # [groups, NR, HP]     row scratch: c' ("c")
+        acts,     # [T, B, S*H]    reserve: saved values (not written without `save`)
+        cs,       # [T, B, H]      reserve: c' (not written without `save`)
+        lnstat,   # [T, B, 2K]     reserve: mean, rstd of each normalised row (not written without `save`)
+        rh_raw,   # [T, B, G*H]    reserve ("rh"): R h (not written without `save`)
+        raw_w,    # [groups, NT, G, L]  scratch: W x of the tile's rows, by unit tile (product_tile's layout)
+        raw_r,    # [groups, NT, G, L]  scratch: R h
+        c_t,      # [groups, NT, 1, L]  scratch ("c"): c', zeros past H
+        saved_t,  # [groups, NT, S, L]  scratch ("c"): the saved values
         groups,   # int     row groups run in parallel
+        save,     # bool    write the reserve: False in an inference call
     ):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
@@ -141,6 +147,13 @@ def forward_group(cell, compute: str):
         h_addr = i64(hb.ctypes.data)
         w_addr = i64(Wp.ctypes.data)
         r_addr = i64(Rp.ctypes.data)
+        rw = raw_w[grp]                              # [NT, G, L]
+        rr = raw_r[grp]                              # [NT, G, L]
+        ct = c_t[grp]                                # [NT, 1, L]
+        st = saved_t[grp]                            # [NT, S, L]
+        rw_addr = i64(rw.ctypes.data)
+        rr_addr = i64(rr.ctypes.data)
+        GL = G * L * ITEM                            # bytes of a unit tile's products
         # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
         xrows_p = rows_x(i64)
         xrows = numba.carray(xrows_p, NR)            # [NR] addresses of the rows' x_t
@@ -148,22 +161,16 @@ def forward_group(cell, compute: str):
         hrows = numba.carray(hrows_p, NR)            # [NR] addresses of the rows' h
         rb = numba.carray(rows_b(i64), NR)           # [NR] batch row of each lane group
         rt = numba.carray(rows_t(i64), NR)           # [NR] its time index
-        prod_p = lanes_o(acc)
-        prod = numba.carray(prod_p, (G, L))          # [G, NR*LANES] a product_tile's results
         stat = numba.carray(rows_s(acc), (3, 2, NR)) # [3, 2, NR] per row: mean, rstd of W x, R h, c'
+        part = numba.carray(lanes_p(acc), LANES)     # [LANES] partial sums of `moments`
         wx = numba.carray(lanes_w(acc), (G, L))      # [G, L] wx_g
         rh = numba.carray(lanes_r(acc), (G, L))      # [G, L] rh_g
         v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
         saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
         h_prev = numba.carray(lanes_h(acc), L)       # [L] h
         c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
-        m_out = numba.carray(lanes_m(acc), L)        # [L] out: m (with "c": unused)
+        m_out = numba.carray(lanes_m(acc), L)        # [L] out: m (with "c": unused until the output pass)
         c_out = numba.carray(lanes_n(acc), L)        # [L] out: c' ; with "c" then n = LN(c') γ_c + β_c
-        rw = raw_w[grp]                              # [NR, G, HP]
-        rr = raw_r[grp]                              # [NR, G, HP]
-        cr = c_rows[grp]                             # [NR, HP]
-        cr[:, H:] = zero                             # (only [:H] is written: `_moments` reads zeros past H)
-        part = numba.carray(lanes_p(acc), LANES)     # [LANES] partial sums of `_moments`
         for s in range(n_active.shape[0]):
             n = n_active[s]
             for i0 in range(grp * NR, n, groups * NR):
@@ -175,32 +182,30 @@ def forward_group(cell, compute: str):
                     rt[r] = t
                     xrows[r] = x_addr + ((t * B + b) * I) * ITEM
                     hrows[r] = h_addr + (b * HP) * ITEM
-                # the products of every unit tile, into the rows' scratch
+                # the products of every unit tile, straight into the group's scratch (zeros past H)
                 for jt in range(NT):
-                    j0 = jt * LANES
-                    tile(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, prod_p)
-                    for g in range(G):
-                        for r in range(NR):
-                            load(rw[r, g, j0:j0 + LANES], prod[g, r * LANES:(r + 1) * LANES], LANES)
-                    tile(r_addr + jt * (H * G * LANES * ITEM), hrows_p, H, prod_p)
-                    for g in range(G):
-                        for r in range(NR):
-                            load(rr[r, g, j0:j0 + LANES], prod[g, r * LANES:(r + 1) * LANES], LANES)
-                # each row's statistics over its G*H values (padded units hold 0: not in the variance)
+                    tile(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, rw_addr + jt * GL)
+                    tile(r_addr + jt * (H * G * LANES * ITEM), hrows_p, H, rr_addr + jt * GL)
+                # each row's statistics over its G*H values
                 for r in range(NR):
-                    stat[0, 0, r], stat[0, 1, r] = moments(rw[r], G, H, part) if NWX else (zero, one)
-                    stat[1, 0, r], stat[1, 1, r] = moments(rr[r], G, H, part) if NRH else (zero, one)
-                for r in range(nr):
-                    b = rb[r]
-                    t = rt[r]
-                    if NWX:
-                        lnstat[t, b, KWX] = stat[0, 0, r]
-                        lnstat[t, b, KWX + 1] = stat[0, 1, r]
-                    if NRH:
-                        lnstat[t, b, KRH] = stat[1, 0, r]
-                        lnstat[t, b, KRH + 1] = stat[1, 1, r]
-                        for g in range(G):
-                            load(rh_raw[t, b, g * H:(g + 1) * H], rr[r, g, :H], H)
+                    stat[0, 0, r], stat[0, 1, r] = moments(rw, r, H, part) if NWX else (zero, one)
+                    stat[1, 0, r], stat[1, 1, r] = moments(rr, r, H, part) if NRH else (zero, one)
+                if save:
+                    for r in range(nr):
+                        b = rb[r]
+                        t = rt[r]
+                        if NWX:
+                            lnstat[t, b, KWX] = stat[0, 0, r]
+                            lnstat[t, b, KWX + 1] = stat[0, 1, r]
+                        if NRH:
+                            lnstat[t, b, KRH] = stat[1, 0, r]
+                            lnstat[t, b, KRH + 1] = stat[1, 1, r]
+                            q = r * LANES
+                            for jt in range(NT):
+                                j0 = jt * LANES
+                                nu = min(LANES, H - j0)
+                                for g in range(G):
+                                    load(rh_raw[t, b, g * H + j0:g * H + j0 + nu], rr[jt, g, q:q + nu], nu)
                 # the cell, unit tile by unit tile
                 for jt in range(NT):
                     j0 = jt * LANES
@@ -209,9 +214,9 @@ def forward_group(cell, compute: str):
                         q = r * LANES
                         b = rb[r]
                         for g in range(G):
-                            _normalise(wx[g, q:q + LANES], rw[r, g, j0:j0 + LANES], norm[0, g, j0:j0 + LANES],
+                            _normalise(wx[g, q:q + LANES], rw[jt, g, q:q + LANES], norm[0, g, j0:j0 + LANES],
                                        norm[1, g, j0:j0 + LANES], stat[0, 0, r], stat[0, 1, r], LANES)
-                            _normalise(rh[g, q:q + LANES], rr[r, g, j0:j0 + LANES], norm[2, g, j0:j0 + LANES],
+                            _normalise(rh[g, q:q + LANES], rr[jt, g, q:q + LANES], norm[2, g, j0:j0 + LANES],
                                        norm[3, g, j0:j0 + LANES], stat[1, 0, r], stat[1, 1, r], LANES)
                         for k in range(V):
                             load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
@@ -227,40 +232,51 @@ def forward_group(cell, compute: str):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        for k in range(S):
-                            load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+                        if save:
+                            for k in range(S):
+                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
                         if STATE:
                             load(cb[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                            load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
-                        if NC:
-                            load(cr[r, j0:j0 + nu], c_out[q:q + nu], nu)
-                        else:
+                            if save:
+                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
+                        if not NC:
                             load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
                             load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                    if NC:                           # kept for the output pass (c' zeros past H: `moments`)
+                        for r in range(NR):
+                            for u in range(nu, LANES):
+                                c_out[r * LANES + u] = zero
+                        load(ct[jt, 0], c_out, L)
+                        for k in range(S):
+                            load(st[jt, k], saved[k], L)
                 if NC:                               # n = LN(c') γ_c + β_c, m = output(n) of the active rows
-                    for r in range(nr):
-                        stat[2, 0, r], stat[2, 1, r] = moments(cr[r:r + 1], 1, H, part)
-                        lnstat[rt[r], rb[r], KC] = stat[2, 0, r]
-                        lnstat[rt[r], rb[r], KC + 1] = stat[2, 1, r]
+                    for r in range(NR):
+                        stat[2, 0, r], stat[2, 1, r] = moments(ct, r, H, part)
+                    if save:
+                        for r in range(nr):
+                            lnstat[rt[r], rb[r], KC] = stat[2, 0, r]
+                            lnstat[rt[r], rb[r], KC + 1] = stat[2, 1, r]
                     for jt in range(NT):
                         j0 = jt * LANES
                         nu = min(LANES, H - j0)
+                        for r in range(NR):
+                            q = r * LANES
+                            _normalise(c_out[q:q + LANES], ct[jt, 0, q:q + LANES], norm[4, 0, j0:j0 + LANES],
+                                       norm[5, 0, j0:j0 + LANES], stat[2, 0, r], stat[2, 1, r], LANES)
+                            for k in range(V):
+                                load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+                        for k in range(S):
+                            load(saved[k], st[jt, k], L)
+                        for q in range(L):
+                            m_out[q] = out_fn(c_out[q], saved[:, q], v[:, q])
                         for r in range(nr):
                             b = rb[r]
-                            t = rt[r]
-                            for k in range(S):
-                                load(saved[k, :nu], acts[t, b, k * H + j0:k * H + j0 + nu], nu)
-                            for k in range(V):
-                                load(v[k, :nu], vec[k, j0:j0 + nu], nu)
-                            _normalise(c_out[:nu], cr[r, j0:j0 + nu], norm[4, 0, j0:j0 + nu], norm[5, 0, j0:j0 + nu],
-                                       stat[2, 0, r], stat[2, 1, r], nu)
-                            for u in range(nu):
-                                m_out[u] = out_fn(c_out[u], saved[:, u], v[:, u])
-                            load(hb[b, j0:j0 + nu], m_out[:nu], nu)
-                            load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[:nu], nu)
+                            q = r * LANES
+                            load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
+                            load(y[rt[r], b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
 
     extra = {"tile": fused.product_tile(compute, G, NR, LANES), "out_fn": cells.njit_function(cell.output, compute)
-             if NC else None, "lanes_o": cells.stack_buffer(G * L), "lanes_w": cells.stack_buffer(G * L),
+             if NC else None, "lanes_w": cells.stack_buffer(G * L),
              "lanes_r": cells.stack_buffer(G * L)}
     for name in ("rows_x", "rows_h", "rows_b", "rows_t"):
         extra[name] = cells.stack_buffer(NR)
@@ -282,11 +298,11 @@ def forward_loop(cell, compute: str, parallel: bool):
     KEY = _key(cell, compute) + " row groups"       # its machine code includes the group's
 
     def loop(d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, rh_raw, raw_w, raw_r,
-             c_rows, groups):
+             c_t, saved_t, groups, save):
         KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
         for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
             group(np.int64(g), d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat,
-                  rh_raw, raw_w, raw_r, c_rows, groups)
+                  rh_raw, raw_w, raw_r, c_t, saved_t, groups, save)
 
     return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute))
 
@@ -337,12 +353,15 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, rows,
         cb[:, :H] = c
     macs = int(n_active.sum()) * G * H * (I_l + H)
     groups = fused.row_groups(B, NR, macs)
-    raw_w = scratch("ln_raw_w", (groups, NR, G, HP), ct)              # [groups, NR, G, HP] W x of a tile's rows
-    raw_r = scratch("ln_raw_r", (groups, NR, G, HP), ct)              # [groups, NR, G, HP] R h
-    c_rows = scratch("ln_c_rows", (groups, NR, HP), ct)               # [groups, NR, HP]    c'
+    L = NR * LANES
+    raw_w = scratch("ln_raw_w", (groups, NT, G, L), ct)               # [groups, NT, G, L] W x of a tile's rows
+    raw_r = scratch("ln_raw_r", (groups, NT, G, L), ct)               # [groups, NT, G, L] R h
+    NC = "c" in cell.layer_norm
+    c_t = scratch("ln_c", (groups, NT if NC else 0, 1, L), ct)                  # [groups, NT, 1, L] c'
+    saved_t = scratch("ln_saved", (groups, NT if NC else 0, cell.S, L), ct)     # [groups, NT, S, L]
     loop = forward_loop(cell, str(ct), groups > 1)
     loop(d, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, rh_raw,
-         raw_w, raw_r, c_rows, groups)
+         raw_w, raw_r, c_t, saved_t, groups, call.is_training)
     h[...] = hb[:, :H]
     if c.shape[0]:
         c[...] = cb[:, :H]
