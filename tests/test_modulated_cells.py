@@ -7,6 +7,7 @@ Zhou et al. 2016's MGU), looping row by row over each sequence's own length, dif
 """
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -292,9 +293,9 @@ def test_cpu_inference_and_the_layer():
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
     """The fused forward (cpu/modulated_fused.py), in one row group and in 3 (the prange loop), gives the BLAS
-    loop's (network.FUSED False) outputs and reserve (m, saved values: the backward reads them) and the reference's
-    gradients: H = 9 (a partial unit tile), B = 7 with lengths 0 (a partial row tile, rows ending at different
-    steps), 2 layers, bidirectional."""
+    loop's (network.FUSED False) outputs and reserve (m, saved values: the backward reads them), the reference's
+    gradients and the same outputs at inference (no reserve written): H = 9 (a partial unit tile), B = 7 with
+    lengths 0 (a partial row tile, rows ending at different steps), 2 layers, bidirectional."""
     from numbarnn.cpu import fused, modulated_fused, network
     from numbarnn.reserve import NONCE_SIZE
     cfg = rnn_config(2, 9, 5, cell, direction="bidirectional")
@@ -307,10 +308,13 @@ def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypat
     for groups in (1, 3):
         monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
         got = run_forward(case, "cpu")
-        for a, b in zip(got[:3] + (got[3][:-NONCE_SIZE],), want[:3] + (want[3][:-NONCE_SIZE],)):   # (not the tag)
+        tagless = (lambda out: out[:3] + (out[3][:-NONCE_SIZE],))      # the reserve without its random tag
+        for a, b in zip(tagless(got), tagless(want)):
             assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
         assert_agrees_with_the_reference(case, got, run_backward(case, got, "cpu"))
-    assert ran == [False] * 4 + [True] * 4                    # 2 layers x 2 directions, serial then parallel
+        for a, b in zip(run_forward(replace(case, is_training=False), "cpu")[:2], want[:2]):   # (no reserve written)
+            assert relative_error(a, b) < 1e-12
+    assert ran == [False] * 8 + [True] * 8        # 2 layers x 2 directions x (training, inference), serial, parallel
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ tiles (`fused.product_tile` over weights packed by unit tiles, `fused.pack`):
 
 A row's products read only its own h and q, and its h' is written in pass 2, after pass 1 read all of h: h
 needs no double buffer.  Threads split the row tiles into groups, each its own time loop (as
-`fused.row_groups`).  The backward stays network.py's BLAS loop (it reads the same reserve).  Not here
-(`network.blas_forward` runs them): zoneout, skip input.
+`fused.row_groups`).  The backward stays network.py's BLAS loop (it reads the same reserve); an inference call
+writes no reserve (acts, cs, mods), as `fused.forward_group`.  Not here (`network.blas_forward` runs them):
+zoneout, skip input.
 """
 from __future__ import annotations
 
@@ -80,12 +81,13 @@ def forward_group(cell, compute: str):
         cb,       # [B, HP]        the state c, updated in place (unused without a state)
         qb,       # [B, HP]        m ⊙ h of the step (zeros past H)
         y,        # [T, B, D*H]    layer output
-        acts,     # [T, B, S*H]    reserve: saved values
-        cs,       # [T, B, H]      reserve: c'
-        mods,     # [T, B, H]      reserve: m
+        acts,     # [T, B, S*H]    reserve: saved values (not written without `save`)
+        cs,       # [T, B, H]      reserve: c' (not written without `save`)
+        mods,     # [T, B, H]      reserve: m (not written without `save`)
         wx_t,     # [groups, NT, G, NR*LANES]  scratch: wx of the tile's rows, by unit tile (product_tile's layout)
         rh_t,     # [groups, NT, G1, NR*LANES] scratch: rh_1
         groups,   # int     row groups run in parallel
+        save,     # bool    write the reserve: False in an inference call
     ):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
@@ -161,7 +163,8 @@ def forward_group(cell, compute: str):
                         m_out[q] = mod_fn(wx[:, q], rh[:, q], v[:, q], h_prev[q])
                     for r in range(nr):
                         q = r * LANES
-                        load(mods[rt[r], rb[r], j0:j0 + nu], m_out[q:q + nu], nu)
+                        if save:
+                            load(mods[rt[r], rb[r], j0:j0 + nu], m_out[q:q + nu], nu)
                         for u in range(nu):
                             qb[rb[r], j0 + u] = m_out[q + u] * h_prev[q + u]
                 # pass 2: rh_2 and the cell of every unit tile
@@ -193,13 +196,15 @@ def forward_group(cell, compute: str):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        for k in range(S):
-                            load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+                        if save:
+                            for k in range(S):
+                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
                         load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
                         load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
                         if STATE:
                             load(cb[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                            load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
+                            if save:
+                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
 
     extra = {"tile_w": fused.product_tile(compute, G, NR, LANES, bias=True),
              "tile_1": fused.product_tile(compute, G1, NR, LANES, bias=True),
@@ -224,11 +229,11 @@ def forward_loop(cell, compute: str, parallel: bool):
     KEY = _key(cell, compute) + " row groups"       # its machine code includes the group's
 
     def loop(d, lens, order, n_active, x, Wp, R1p, R2p, bW, bR1, bR2, vec, hb, cb, qb, y, acts, cs, mods, wx_t, rh_t,
-             groups):
+             groups, save):
         KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
         for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
             group(np.int64(g), d, lens, order, n_active, x, Wp, R1p, R2p, bW, bR1, bR2, vec, hb, cb, qb, y, acts,
-                  cs, mods, wx_t, rh_t, groups)
+                  cs, mods, wx_t, rh_t, groups, save)
 
     return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute))
 
@@ -275,7 +280,7 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, mods, rows, ct):
     none3 = np.zeros((0, 0, 0), dtype=ct)
     loop = forward_loop(cell, str(ct), groups > 1)
     loop(d, lens, order, n_active, np.ascontiguousarray(x_l), Wp, R1p, R2p, bW, bR1, bR2, vec, hb, cb, qb, y, acts,
-         cs if c is not None else none3, mods, wx_t, rh_t, groups)
+         cs if c is not None else none3, mods, wx_t, rh_t, groups, call.is_training)
     h[...] = hb[:, :H]
     if c is not None:
         c[...] = cb[:, :H]
