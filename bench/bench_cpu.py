@@ -332,10 +332,14 @@ def peak_lines(rows, shapes, threads: int) -> list[str]:
 
 
 def cell_lines(rows) -> list[str]:
-    """Each cell's cpu time as a multiple of the first row's (the built-in LSTM at the same shape)."""
+    """Each cell's cpu time as a multiple of the first row's (the built-in LSTM at the same shape): medians, and
+    in brackets the best rounds' (on a shared machine the medians of rows measured minutes apart swing with the
+    load; the best rounds less)."""
     lstm = rows[0]
-    return [f"{r['shape']}: forward {r['fwd_ms']:.1f} ms = {r['fwd_ms'] / lstm['fwd_ms']:.2f}x the LSTM's, "
-            f"forward+backward {r['fwdbwd_ms']:.1f} ms = {r['fwdbwd_ms'] / lstm['fwdbwd_ms']:.2f}x" for r in rows[1:]]
+    return [f"{r['shape']}: forward {r['fwd_ms']:.1f} ms = {r['fwd_ms'] / lstm['fwd_ms']:.2f}x the LSTM's "
+            f"(best {r['fwd_best_ms'] / lstm['fwd_best_ms']:.2f}x), forward+backward {r['fwdbwd_ms']:.1f} ms = "
+            f"{r['fwdbwd_ms'] / lstm['fwdbwd_ms']:.2f}x (best {r['fwdbwd_best_ms'] / lstm['fwdbwd_best_ms']:.2f}x)"
+            for r in rows[1:]]
 
 
 def markdown(rows) -> str:

@@ -12,6 +12,11 @@ The network driver of `network.py` with the row reductions added, as the referen
                then dW, dx, dR as big products
 
 Every loop works on one row at a time (its G*H or H values), so a row's reduction is a plain loop over it.
+The forward above (`forward_direction`) runs with zoneout, skip input, or `FUSED` False; otherwise the forward is
+`layer_norm_fused.py`'s one fused time loop (the same results and reserve).
+
+Why one file (over 500 lines): the forward and backward row loops of SPEC 13 and their row reductions are read
+side by side (each backward step undoes its forward step); the fused forward is layer_norm_fused.py.
 """
 from __future__ import annotations
 
@@ -24,12 +29,16 @@ from numba import njit
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_views
-from . import threads, zoneout
+from . import layer_norm_fused, threads, zoneout
 from .cells import njit_function, stack_buffer
 from .philox import dropout_keep_mask
 from .workspace import scratch
 
 EPS = 1e-5
+
+#: run the forward by layer_norm_fused.py where it applies; False: `forward_direction` (BLAS) everywhere (tests
+#: compare the two)
+FUSED = True
 
 
 def _columns(cell, name: str) -> int:
@@ -393,8 +402,8 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, lens,
 
 
 def forward(call, x, h0, c0, params, ct, rows, saved, flat):
-    """`network.forward` of a layer-normalised cell (its arguments; rows: `network._rows(call)`, saved/flat: the
-    reserve's views and buffer) -> (y, hT, cT or None, reserve)."""
+    """`network.forward` of a layer-normalised cell (its arguments; rows: `fused_plan.call_rows(call)`, saved/flat:
+    the reserve's views and buffer) -> (y, hT, cT or None, reserve)."""
     cfg, T, B = call.config, call.T, call.B
     H, D = cfg.H, cfg.D
     lens, steps = rows[0], rows[1]
@@ -419,11 +428,13 @@ def forward(call, x, h0, c0, params, ct, rows, saved, flat):
                             saved[f"zmask{layer}"][d])
                 elif call.zoneout_expected:
                     zone = (np.zeros((0, 0, 0), np.uint8), none3)
-                forward_direction(call, layers[p], d, np.ascontiguousarray(x_l), hT[p],
-                                  cT[p] if cT is not None else no_c, y, saved[f"acts{layer}"][d],
-                                  saved[f"c{layer}"][d] if cT is not None else none3, saved[f"lnstat{layer}"][d],
-                                  saved[f"rh{layer}"][d] if "rh" in cfg.cell.layer_norm else none3, lens, steps, ct,
-                                  zone)
+                args = (call, layers[p], d, np.ascontiguousarray(x_l), hT[p], cT[p] if cT is not None else no_c, y,
+                        saved[f"acts{layer}"][d], saved[f"c{layer}"][d] if cT is not None else none3,
+                        saved[f"lnstat{layer}"][d], saved[f"rh{layer}"][d] if "rh" in cfg.cell.layer_norm else none3)
+                if FUSED and steps > 0 and layer_norm_fused.supported(call, layers[p]):
+                    layer_norm_fused.forward_direction(*args, rows, ct)
+                else:
+                    forward_direction(*args, lens, steps, ct, zone)
             x_l = y
     return x_l, hT, cT, flat
 

@@ -16,7 +16,8 @@ from ..config import RNNCall
 from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
-from . import cells, diagonal, fused, fused_plan, layer_norm, microkernel, modulated, panels, threads, zoneout
+from . import (cells, diagonal, fused, fused_plan, layer_norm, microkernel, modulated, modulated_fused, panels,
+               threads, zoneout)
 from .jitcache import njit_cached
 from .philox import dropout_keep_mask
 from .workspace import scratch
@@ -242,6 +243,10 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             if use_fused:
                 fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct,
                               None if kept is None else (kept[0].layers[p], kept[1]))
+            elif cell.modulated and FUSED and steps > 0 and modulated_fused.supported(call, layers[p]):
+                with threads.budget():                       # two products a step, fused (modulated_fused.py)
+                    modulated_fused.forward_direction(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs,
+                                                      saved[f"mod{layer}"][d], rows, ct)
             else:
                 zone = None
                 if call.zoneout_active:
@@ -360,7 +365,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
             dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else _no_dv(B, H, ct)   # [B, V, H]
             dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
-            qs = scratch(f"qs{d}", (T, B, H), ct) if cfg.cell.modulated else None   # [T, B, H] m ⊙ h_prev (s layout)
+            qs = scratch(f"qs{d}", (T, B, H), ct) if cfg.cell.modulated else None   # [T, B, H] m ⊙ h_prev (s
+            #                                                                              layout)
             grads.append((dgx, dgh, hp, dv_acc, dh_all, qs))
             if padded:
                 dgx.fill(0)
