@@ -72,8 +72,9 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     h' = h_new where the mask is 1, else h_prev (training, the mask recorded in zmask), or p*h_prev + (1-p)*h_new
     (inference), applied to the lanes of a row before they reach y and the next step's h (with a projection to
     the projected h).  Each is a branch per row of a tile, never per lane, so one compiled loop serves training
-    and inference, with or without skip input or zoneout (a cold compile takes seconds a variant).  The projection stays a compile-time choice: it brings a second micro-kernel
-    (`tile_q`), whose machine code would lengthen every parallel loop's first compile."""
+    and inference, with or without skip input or zoneout (a cold compile takes seconds a variant).  The
+    projection stays a compile-time choice: it brings a second micro-kernel (`tile_q`), whose machine code would
+    lengthen every parallel loop's first compile."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
