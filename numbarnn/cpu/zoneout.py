@@ -10,8 +10,8 @@ Backward splits the gradient before the cell step (`split`) and adds the bypass 
 
     dh_tot = dy[t, b] + dh[b] ;  the cell gets mask*dh_tot ;  dh_prev = ... + (1-mask)*dh_tot
 
-The masks are the CUDA kernels' Philox device function (`kernels/philox.zoneout_update`) compiled for the CPU,
-bit-identical to `numbarnn.reference.philox.zoneout_update_mask`.
+The masks are `kernels/philox.zoneout_update`'s draws, by the CUDA kernels' Philox device function compiled for
+the CPU (one call per counter, its 4 words), bit-identical to `numbarnn.reference.philox.zoneout_update_mask`.
 
 The fused loops (`fused.py`) take zoneout the same way, lanes at a time: `zone_lanes` after the cell (or the
 projection) of a row tile, `split_row` and a carry around the backward's step of a row group.
@@ -19,33 +19,40 @@ projection) of a row tile, `split_row` and a carry around the backward's step of
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uint64
+from numba import njit, prange, uint32, uint64
 
 from ..cells.functions import compile_with_twins
-from ..dropout import check_zoneout_mask_args, dropout_key, dropout_threshold
+from ..dropout import ZONEOUT_STREAM, check_zoneout_mask_args, dropout_key, dropout_threshold
 from ..kernels import philox as _cuda_philox
 from .jitcache import njit_cached
 from .workspace import scratch
 
-#: update(n, k0, k1, threshold) -> bool, the device function `zoneout_update` compiled for the CPU
-zoneout_update = compile_with_twins(_cuda_philox.zoneout_update.py_func, {}, njit(inline="always"))
+#: Philox4x32-10(c0, c1, c2, c3, k0, k1) -> 4 uint32, the device function compiled for the CPU
+philox4x32_10 = compile_with_twins(_cuda_philox.philox4x32_10.py_func, {}, njit(inline="always"))
+_STREAM = np.uint32(ZONEOUT_STREAM)
+_SHIFT8 = np.uint32(8)
 
 
 @njit_cached(parallel=True)
 def _mask(
-    out,        # [T, B, P] uint8: 1 = take h_new, 0 = keep h_prev (written)
+    out,        # [T*B*P] uint8: 1 = take h_new, 0 = keep h_prev (written), element e = (t*B + b)*P + j
     pl,         # uint64: the pseudo-layer l*D + d
     k0,         # uint32: key low word
     k1,         # uint32: key high word
     threshold,  # uint32
 ):
-    T, B, P = out.shape
-    for e in prange(T * B * P):
-        t = e // (B * P)
-        b = (e // P) % B
-        j = e % P
-        n = ((uint64(pl) * uint64(T) + uint64(t)) * uint64(B) + uint64(b)) * uint64(P) + uint64(j)
-        out[t, b, j] = 1 if zoneout_update(n, k0, k1, threshold) else 0
+    """`kernels/philox.zoneout_update` of every element, one Philox call per counter n//4 (its 4 words: 4
+    consecutive n; `zoneout_update` per element makes the same call 4 times)."""
+    size = uint64(out.shape[0])
+    first = uint64(pl) * size                   # n of element e: first + e (SPEC 6.1's n, pl's block)
+    q0 = first >> uint64(2)
+    for i in prange((((first + size + uint64(3)) >> uint64(2)) - q0)):
+        q = q0 + uint64(i)
+        x = philox4x32_10(uint32(q & uint64(0xFFFFFFFF)), uint32(q >> uint64(32)), _STREAM, uint32(0), k0, k1)
+        for lane in range(4):
+            n = (q << uint64(2)) + uint64(lane)
+            if n >= first and n < first + size:
+                out[n - first] = 1 if uint32(x[lane] >> _SHIFT8) >= uint32(threshold) else 0
 
 
 def update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int, P: int, p: float) -> np.ndarray:
@@ -54,7 +61,8 @@ def update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int, P: int
     k0, k1 = dropout_key(seed, seed2)
     out = np.empty((T, B, P), dtype=np.uint8)
     if out.size:
-        _mask(out, np.uint64(pseudo_layer), np.uint32(k0), np.uint32(k1), np.uint32(dropout_threshold(p)))
+        _mask(out.reshape(-1), np.uint64(pseudo_layer), np.uint32(k0), np.uint32(k1),
+              np.uint32(dropout_threshold(p)))
     return out
 
 
