@@ -195,19 +195,20 @@ def test_training_inference_and_skip_input_share_one_compiled_loop():
     assert len(loop.overloads) == max(before, 1)
 
 
-@pytest.mark.parametrize("num_proj", [0, microkernel.lanes_for(np.float64) + 1])
+@pytest.mark.parametrize("kw", [{}, dict(num_proj=microkernel.lanes_for(np.float64) + 1),
+                                dict(input_mode="skip_input")])
 @pytest.mark.parametrize("is_training", [True, False])
-def test_zoneout_in_the_fused_loops(monkeypatch, num_proj, is_training):
+def test_zoneout_in_the_fused_loops(monkeypatch, kw, is_training):
     """Zoneout (SPEC 6.1) inside the fused loops over several unit and row tiles, partial ones too, 2 layers
     bidirectional, unsorted ragged lengths with 0, float64 against the reference (training: the mask, backward
-    too; inference: the expectation); with a projection, of the projected h (P = LANES + 1: two vectors).  The
-    BLAS loops fail if called."""
+    too; inference: the expectation); with a projection, of the projected h (P = LANES + 1: two vectors); with
+    skip input.  The BLAS loops fail if called."""
     def fail(*args, **kwargs):
         raise AssertionError("the BLAS loop ran")
 
     monkeypatch.setattr(network, "blas_forward", fail)
     monkeypatch.setattr(cells, "pick", fail)
-    case = _wide_case("lstm", np.float64, zoneout=0.3, num_proj=num_proj)
+    case = _wide_case("lstm", np.float64, zoneout=0.3, **kw)
     compare_cpu(replace(case, is_training=is_training))
 
 
