@@ -42,9 +42,9 @@ from ..util import cdiv
 from . import cells
 from .cells import accumulate, load
 from . import threads
+from .microkernel import lanes_for, product_tile, rows_for, tile_shape
 from .zoneout import NONE as ZONE_NONE
 from .zoneout import split_row, zone_lanes
-from .microkernel import lanes_for, product_tile, rows_for, tile_shape
 
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
 # pointwise function, the micro-kernels, the backward's step loop and the stack scratch of each loop's sizes.
