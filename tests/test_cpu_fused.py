@@ -7,6 +7,7 @@ in the serial and the parallel twin, against the reference and against the BLAS 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -17,7 +18,8 @@ from hypothesis import strategies as st
 
 from numbarnn.cells import CellSpec, dtanh, get_cell, register, tanh
 from numbarnn.config import rnn_config
-from numbarnn.cpu import fused, microkernel, network
+from numbarnn.reserve import reserve_contents
+from numbarnn.cpu import cells, fused, fused_plan, microkernel, network
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
 
 ALL_CELLS = cpu_cells()     # the built-ins, the contrib cells (registered now) and conftest's MINGRU
@@ -187,6 +189,39 @@ def test_training_inference_and_skip_input_share_one_compiled_loop():
         compare_cpu(case)
         compare_cpu(replace(case, is_training=False))
     assert len(loop.overloads) == max(before, 1)
+    for is_training in (True, False):              # zoneout (a run-time argument): the same compiled loop too
+        compare_cpu(make_rnn_case(rnn_config(1, H, H, "gru", zoneout=0.4), 3, 2, [3, 1], seed=5, dtype=np.float32,
+                                  is_training=is_training))
+    assert len(loop.overloads) == max(before, 1)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(num_proj=microkernel.lanes_for(np.float64) + 1),
+                                dict(input_mode="skip_input")])
+@pytest.mark.parametrize("is_training", [True, False])
+def test_zoneout_in_the_fused_loops(monkeypatch, kw, is_training):
+    """Zoneout (SPEC 6.1) inside the fused loops over several unit and row tiles, partial ones too, 2 layers
+    bidirectional, unsorted ragged lengths with 0, float64 against the reference (training: the mask, backward
+    too; inference: the expectation); with a projection, of the projected h (P = LANES + 1: two vectors); with
+    skip input.  The BLAS loops fail if called."""
+    def fail(*args, **kwargs):
+        raise AssertionError("the BLAS loop ran")
+
+    monkeypatch.setattr(network, "blas_forward", fail)
+    monkeypatch.setattr(cells, "pick", fail)
+    case = _wide_case("lstm", np.float64, zoneout=0.3, **kw)
+    compare_cpu(replace(case, is_training=is_training))
+
+
+def test_zoneout_row_groups_give_the_same_bits(monkeypatch):
+    """Zoneout's masks, h' and backward split in the parallel loops (3 row groups) as in the serial ones."""
+    case = _wide_case("lstm", np.float32, num_proj=5, zoneout=0.2)
+    runs = []
+    for groups in (1, 3):
+        _use_row_groups(monkeypatch, groups)
+        fwd = run_forward(case, "cpu")
+        runs.append(named(fwd, run_backward(case, fwd, "cpu")) | {"reserve": reserve_contents(fwd[3])})
+    for name, a in runs[0].items():
+        assert a.tobytes() == runs[1][name].tobytes(), name
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
@@ -197,10 +232,10 @@ def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
     body: the group functions have one overload each (a prange index passed as it is, unsigned, compiled the
     forward body a second time)."""
     case = _wide_case(mode, np.float32, num_proj=5 if mode == "lstm" else 0)
-    monkeypatch.setattr(fused, "row_groups", lambda *a: 1)
+    _use_row_groups(monkeypatch, 1)
     serial = run_forward(case, "cpu")
     serial = named(serial, run_backward(case, serial, "cpu"))
-    monkeypatch.setattr(fused, "row_groups", lambda *a: groups)
+    _use_row_groups(monkeypatch, groups)
     par = run_forward(case, "cpu")
     par = named(par, run_backward(case, par, "cpu"))
     for name, a in serial.items():
@@ -213,6 +248,24 @@ def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
         # the parallel loop's machine code includes the group's: its cache key (a closure value) extends the
         # group's, so anything that changes the group (the vector width, the tiles) changes the loop's
         assert _closure(loop)["KEY"].startswith(_closure(group)["KEY"])
+
+
+def _use_row_groups(monkeypatch, groups: int) -> None:
+    """Every call from now on runs in `groups` row groups: the plans (cached per call signature, not per row
+    groups) made in caches of their own until the test ends, the forward's checked."""
+    monkeypatch.setattr(fused, "row_groups", lambda *a: groups)
+    forward_plan = functools.lru_cache(_FORWARD_PLAN.__wrapped__)
+
+    def checked(*args):
+        plan = forward_plan(*args)
+        assert all(lay.groups == groups for lay in plan.layers)
+        return plan
+
+    monkeypatch.setattr(fused_plan, "forward_plan", checked)
+    monkeypatch.setattr(fused_plan, "backward_plan", functools.lru_cache(_BACKWARD_PLAN.__wrapped__))
+
+
+_FORWARD_PLAN, _BACKWARD_PLAN = fused_plan.forward_plan, fused_plan.backward_plan
 
 
 def _closure(dispatcher) -> dict:

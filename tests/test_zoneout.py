@@ -251,18 +251,57 @@ def test_agrees_with_plain_torch_to_1e10(mode, time_major, training):
 
 def test_cpu_masks_are_the_reference_masks_bit_for_bit():
     from numbarnn.cpu.zoneout import update_mask
-    for args in ((5, 1, 0, 4, 3, 3, 0.3), (-2, 2**40, 3, 2, 5, 7, 0.9), (0, 0, 1, 3, 1, 2, 0.0)):
-        assert np.array_equal(update_mask(*args).astype(bool), zoneout_update_mask(*args))
+    # (a pseudo-layer's elements start and end anywhere in a Philox counter's 4 words: n = pl*T*B*P + ...)
+    for args in ((5, 1, 0, 4, 3, 3, 0.3), (-2, 2**40, 3, 2, 5, 7, 0.9), (0, 0, 1, 3, 1, 2, 0.0),
+                 (7, 3, 5, 3, 5, 7, 0.5), (1, 2, 3, 1, 1, 1, 0.5), (4, 4, 2, 1, 1, 5, 0.5)):
+        assert np.array_equal(update_mask(*args).astype(bool), zoneout_update_mask(*args)), args
+
+
+@pytest.fixture
+def fused_only(monkeypatch):
+    """The cpu backend's BLAS loops fail if called: zoneout runs in the fused loops (cpu/fused.py), forward and
+    backward (`cells.pick` picks the BLAS loops' step functions, forward and backward)."""
+    from numbarnn.cpu import cells, network
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the BLAS loop ran")
+
+    monkeypatch.setattr(network, "blas_forward", fail)
+    monkeypatch.setattr(cells, "pick", fail)
 
 
 @pytest.mark.parametrize("mode, kw", [
     ("lstm", {}), ("gru", dict(time_major=False)), ("rnn_tanh", dict(dropout=0.5)),
-    ("lstm", dict(num_proj=2, direction="unidirectional")),
+    ("lstm", dict(num_proj=2, direction="unidirectional")), ("lstm", dict(num_proj=2)),
     ("gru", dict(is_training=False)), ("lstm", dict(is_training=False, num_proj=2)),
+    ("rnn_tanh", dict(is_training=False)),
 ])
-def test_cpu_agrees_with_the_reference(mode, kw):
+def test_cpu_agrees_with_the_reference(fused_only, mode, kw):
+    """2 layers (bidirectional unless said), lengths [4, 0, 2], float64: forward, backward, and each backward on
+    the other backend's reserve, to 1e-12; the fused loops only (the fixture)."""
     from conftest import compare_cpu
     compare_cpu(_case(mode, **kw))
+
+
+@pytest.mark.parametrize("mode, kw", [("gru", {}), ("lstm", dict(num_proj=2))])
+def test_cpu_fused_and_blas_loops_agree_and_read_each_others_reserve(monkeypatch, mode, kw):
+    """The fused loops (zoneout inside them) and the BLAS loops (zoneout.py's steps around them): the same masks
+    bit for bit, outputs and gradients to rounding, and either backward on either forward's reserve."""
+    from numbarnn.cpu import network
+    case = _case(mode, **kw)
+    fused_f = run_forward(case, "cpu")
+    monkeypatch.setattr(network, "FUSED", False)
+    blas_f = run_forward(case, "cpu")
+    blas_b = [run_backward(case, f, "cpu") for f in (fused_f, blas_f)]
+    monkeypatch.setattr(network, "FUSED", True)
+    fused_b = [run_backward(case, f, "cpu") for f in (fused_f, blas_f)]
+    for got, want in zip(_masks(case, fused_f[3]), _masks(case, blas_f[3])):
+        assert np.array_equal(got, want) and got.any() and not got.all()
+    for got, want in zip(fused_f[:3], blas_f[:3]):
+        assert relative_error(got, want) < 1e-14
+    for grads in blas_b[1:] + fused_b:
+        for got, want in zip(grads, blas_b[0]):
+            assert relative_error(got, want) < 1e-14
 
 
 def test_cpu_float32_agrees_with_the_reference():

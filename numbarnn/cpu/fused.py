@@ -43,6 +43,8 @@ from . import cells
 from .cells import accumulate, load
 from . import threads
 from .microkernel import lanes_for, product_tile, rows_for, tile_shape
+from .zoneout import NONE as ZONE_NONE
+from .zoneout import split_row, zone_lanes
 
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
 # pointwise function, the micro-kernels, the backward's step loop and the stack scratch of each loop's sizes.
@@ -65,11 +67,14 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     a projection the cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by
     the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
 
-    Two run-time flags: `save` False (an inference call) writes no reserve (acts, cs: the largest writes of the
-    loop); `skip`: skip input, x reaches the gates as it is.  Each is a branch per row of a tile, never per lane,
-    so one compiled loop serves training and inference, with or without skip input (a cold compile takes
-    seconds a variant).  The projection stays a compile-time choice: it brings a second micro-kernel
-    (`tile_q`), whose machine code would lengthen every parallel loop's first compile."""
+    Three run-time flags: `save` False (an inference call) writes no reserve (acts, cs: the largest writes of the
+    loop); `skip`: skip input, x reaches the gates as it is; `zone`: haste's zoneout of h (SPEC 6.1, zoneout.py),
+    h' = h_new where the mask is 1, else h_prev (training, the mask recorded in zmask), or p*h_prev + (1-p)*h_new
+    (inference), applied to the lanes of a row before they reach y and the next step's h (with a projection to
+    the projected h).  Each is a branch per row of a tile, never per lane, so one compiled loop serves training
+    and inference, with or without skip input or zoneout (a cold compile takes seconds a variant).  The
+    projection stays a compile-time choice: it brings a second micro-kernel (`tile_q`), whose machine code would
+    lengthen every parallel loop's first compile."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
@@ -108,6 +113,10 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         ms,       # [T, B, H]      projection: reserve m (not written without `save`)
         skip,     # bool    skip input: x_t reaches the gates as it is (I == H), Wp not read
         save,     # bool    write the reserve (acts, cs, ms): False in an inference call
+        zone,     # int     zoneout: zoneout.NONE, MASK (training) or EXPECTATION (inference)
+        zp,       # float   zoneout: the probability p
+        zin,      # [T, B, P]      zoneout: the update mask, uint8 (MASK; else empty)
+        zmask,    # [T, B, P]      zoneout: reserve, the mask at active [t, b] (MASK; else empty)
     ):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
@@ -203,6 +212,8 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                             if save:
                                 load(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu)
                         else:
+                            if zone != ZONE_NONE:            # h' of zoneout, in place of h_new
+                                zone_lanes(zone, zp, zin, zmask, t, b, j0, nu, h_prev[q:q + nu], m_out[q:q + nu])
                             load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
                             load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
                         if STATE:
@@ -225,6 +236,9 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                                 c0 = (cq * MQ + mq) * LANES
                                 nc = min(LANES, P - c0)
                                 if nc > 0:
+                                    if zone != ZONE_NONE:    # h' of zoneout: of the projected h
+                                        zone_lanes(zone, zp, zin, zmask, t, b, c0, nc, hbuf[cur, b, c0:c0 + nc],
+                                                   q_out[mq, r * LANES:r * LANES + nc])
                                     load(hbuf[nxt, b, c0:c0 + nc], q_out[mq, r * LANES:r * LANES + nc], nc)
                                     load(y[t, b, d * P + c0:d * P + c0 + nc], q_out[mq, r * LANES:r * LANES + nc],
                                          nc)
@@ -242,7 +256,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
 
 @functools.cache
 def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
-    """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., skip, save)`` (the
+    """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., save, zone, .., zmask)`` (the
     arguments of `forward_group` after grp) runs every row group of `forward_group`.  Serial: the group
     function itself for group 0 of 1.  Parallel: an njit prange over the groups, each calling it.
 
@@ -255,11 +269,11 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     KEY = _forward_key(cell, compute, has_proj) + " row groups"      # its machine code includes the group's
 
     def loop(d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs, groups, Wq, mbuf, ms,
-             skip, save):
+             skip, save, zone, zp, zin, zmask):
         KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
         for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
             group(np.int64(g), d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,  # noqa: F821
-                  cs, groups, Wq, mbuf, ms, skip, save)
+                  cs, groups, Wq, mbuf, ms, skip, save, zone, zp, zin, zmask)
 
     # `group` a global of the compiled copy, not a closure value: numba keys its cache by the closure's pickled
     # values, and a dispatcher's pickle differs from process to process (the cache would never hit)
@@ -352,6 +366,10 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
                                             dh (the part that bypasses R), dc, dv_acc (the BLAS loop's step)
         dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NR rows per product_tile call,
                                             column tiles of MV*LANES columns
+
+    With zoneout (`zon`, training: zoneout.py's split and carry, row by row) the step first splits dy + dh by
+    the forward's mask: the cell gets mask*(dy + dh) (in dh, dy then zeros), and (1-mask)*(dy + dh) is added
+    to dh after R's product, the part of dh' that h_prev took.
     """
     acc = np.dtype(compute).type
     i64 = np.int64
@@ -386,6 +404,10 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
         dht,      # [B, P]        projection: dy + dh of the step
         dm,       # [B, H]        projection: W_proj^T (dy + dh), the step's dm_proj ([0, P] without)
         dh_all,   # [T, B, P]     projection: dy + dh at [t, b] (for dW_proj)
+        zon,      # bool    zoneout (training): dy above is zeros, dyo the output's gradient, split by zmask
+        zmask,    # [T, B, P]     zoneout: reserve, the forward's mask (else empty)
+        dyo,      # [T, B, D*P]   zoneout: the gradient reaching the layer output (else dy)
+        carry,    # [B, P]        zoneout: (1-mask)*(dy + dh) of the step, bypassing the cell (else empty)
     ):
         KEY  # noqa: B018  (the variant's fingerprint, see forward_loop)
         B = dh.shape[0]
@@ -410,6 +432,10 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
             n = 0                                    # the group's rows active at s: a prefix
             while n < size and lens[rows_g[n]] > s:
                 n += 1
+            if zon:                                  # zoneout: dh = mask*(dy + dh), carry = the rest (dy: zeros)
+                for i in range(n):
+                    b = rows_g[i]
+                    split_row(s if d == 0 else lens[b] - 1 - s, b, d, zmask, dyo, dh, carry)
             if PROJ:                                 # dm = W_proj^T (dy + dh) for the active rows
                 for i in range(n):
                     b = rows_g[i]
@@ -432,6 +458,10 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
                 for ct in range(NC):
                     tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
                     scatter_columns(dh, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, P, True)
+            if zon:                                  # zoneout: dh_prev += what bypassed the cell
+                for i in range(n):
+                    b = rows_g[i]
+                    accumulate(dh[b], carry[b], P)
 
     extra = {"step_fn": step, "tile": product_tile(compute, MV, NR, LANES), "rows_d": cells.stack_buffer(NR),
              "lanes_w": cells.stack_buffer(MV * NR * LANES)}
@@ -448,11 +478,11 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
     KEY = _backward_key(cell, compute, MV, has_proj) + " row groups"  # its machine code includes the group's
 
     def loop(d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps, Wc, dht, dm,
-             dh_all):
+             dh_all, zon, zmask, dyo, carry):
         KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
         for g in prange(groups.shape[0]):       # (prange's index is unsigned: int64 as the serial call's grp)
             group(np.int64(g), d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp,  # noqa: F821
-                  dv_acc, RTp, steps, Wc, dht, dm, dh_all)
+                  dv_acc, RTp, steps, Wc, dht, dm, dh_all, zon, zmask, dyo, carry)
 
     # `group` a global of the compiled copy, not a closure value (see forward_loop)
     return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=backward_group(cell, compute, MV, has_proj))

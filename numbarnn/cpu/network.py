@@ -111,13 +111,14 @@ FUSED = True
 
 
 def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct,
-                  kept=None):
+                  kept=None, zone=None):
     """Pseudo-layer p (direction d) by `fused.forward_loop`, its weights read from the opaque `params`: h [B, P]
     and c [B, H] (or None) are updated in place to the state after each row's last step; y, acts, cs (and ms
     with a projection) are written for the active [t, b].  plan: `fused_plan.forward_plan`, rows:
     `fused_plan.call_rows(call)`.
     kept: (the layer's kept panels Wp, Rp, Wq, bW, bR, vec, whether they hold params already) or None: the
-    panels are packed into scratch."""
+    panels are packed into scratch.  zone: zoneout's (mask [T, B, P] uint8, zmask [T, B, P] reserve) in training,
+    (empty, empty) at inference (the expectation), or None: no zoneout."""
     cfg, B = call.config, call.B
     H, P = cfg.H, cfg.P
     lens, _, order, n_active, _, ran, t_last = rows
@@ -138,8 +139,10 @@ def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, 
     mbuf = scratch("fused_m", (B, HP), ct) if cfg.has_proj else lay.no_m   # [B, HP] m of a step
     fused_plan.fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp,
                              Wq, bW, bR, vec, hbuf, cbuf, not packed)
+    zin, zmask = zone if zone is not None else (zoneout.NO_MASK, plan.none3)
     lay.loop(d, H, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
-             cs, lay.groups, Wq, mbuf, ms, lay.skip, call.is_training)
+             cs, lay.groups, Wq, mbuf, ms, lay.skip, call.is_training, zoneout.fused_mode(call), cfg.zoneout, zin,
+             zmask)
     if plan.full:                            # every row's last step: t = T-1 (reverse: 0)
         h[...] = y[call.T - 1 if d == 0 else 0, :, d * P:(d + 1) * P]
     else:                                    # rows that ran: h is their last output
@@ -151,7 +154,7 @@ def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, 
 def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None,
                  zone=None):
     """One layer and direction by BLAS products and the njit step loop (FUSED False; always for a diagonal or a
-    modulated cell, or with zoneout): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod
+    modulated cell): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod
     [T, B, H]: the reserve's m of a modulated cell; zone: zoneout's (mask [T, B, P] uint8, zmask [T, B, P] reserve)
     (zoneout.py; empty arrays at inference)."""
     cfg, T, B = call.config, call.T, call.B
@@ -213,8 +216,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
         flat, saved = buffers(call, ct)
         return layer_norm.forward(call, x, h0, c0, params, ct, rows, saved, flat)
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    # (nor with zoneout: the BLAS loop's step is followed by zoneout's commit)
-    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not cfg.zoneout
+    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
     if use_fused:                                             # (reads the weights from params: no views)
         plan = fused_plan.forward_plan(call, ct, microkernel.geometry(cell.G), threads.num_threads(), cell)
         layers, none3 = None, plan.none3
@@ -240,20 +242,19 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
             c_state = cT[p] if cT is not None else None
             ms = saved[f"m{layer}"][d] if cfg.has_proj else none3
+            zone = None                                      # zoneout's (mask, zmask) (zoneout.py)
+            if call.zoneout_active:
+                zone = (zoneout.update_mask(cfg.seed, cfg.seed2, p, T, B, P, cfg.zoneout), saved[f"zmask{layer}"][d])
+            elif call.zoneout_expected:
+                zone = (zoneout.NO_MASK, none3)
             if use_fused:
                 fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct,
-                              None if kept is None else (kept[0].layers[p], kept[1]))
+                              None if kept is None else (kept[0].layers[p], kept[1]), zone)
             elif cell.modulated and FUSED and steps > 0 and modulated_fused.supported(call, layers[p]):
                 with threads.budget():                       # two products a step, fused (modulated_fused.py)
                     modulated_fused.forward_direction(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs,
                                                       saved[f"mod{layer}"][d], rows, ct)
             else:
-                zone = None
-                if call.zoneout_active:
-                    zone = (zoneout.update_mask(cfg.seed, cfg.seed2, p, T, B, P, cfg.zoneout),
-                            saved[f"zmask{layer}"][d])
-                elif call.zoneout_expected:
-                    zone = (np.zeros((0, 0, 0), np.uint8), none3)
                 with threads.budget():
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
                                  saved[f"mod{layer}"][d] if cfg.cell.modulated else None, zone)
@@ -305,7 +306,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     cell = cfg.cell
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated and not call.zoneout_active
+    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
     if cell.modulated:                                       # modulated.py: two products per step
         rows1, rows2 = modulated.gate_rows(cell, H, False), modulated.gate_rows(cell, H, True)
         modulate_backward = modulated.modulate_backward(cell, fused_plan.dtype_name(ct))
@@ -388,8 +389,12 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                     proj = (Wc, dht, dm, dh_all)
                 else:
                     proj = plan.no_proj
-                loop(d, lens, rows, dy_l, y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
-                     *proj)
+                if call.zoneout_active:                              # the loop splits dy_l + dh by the mask
+                    zone = (no_dy, True, saved[f"zmask{layer}"][d], dy_l, carry)
+                else:                                                # (empty [0, P]: carry never read)
+                    zone = (dy_l, False, none3, dy_l, plan.no_proj[1])
+                loop(d, lens, rows, zone[0], y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
+                     *proj, *zone[1:])
                 continue
             if cfg.cell.modulated:
                 R1, R2 = lp.R[rows1], lp.R[rows2]            # [G1*H, P], [G2*H, P] the two products' rows

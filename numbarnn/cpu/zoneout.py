@@ -10,12 +10,18 @@ Backward splits the gradient before the cell step (`split`) and adds the bypass 
 
     dh_tot = dy[t, b] + dh[b] ;  the cell gets mask*dh_tot ;  dh_prev = ... + (1-mask)*dh_tot
 
-The masks are the CUDA kernels' Philox device function (`kernels/philox.zoneout_update`'s stream) compiled
-for the CPU (philox.py), bit-identical to `numbarnn.reference.philox.zoneout_update_mask`.
+The masks are `kernels/philox.zoneout_update`'s draws, by the CUDA kernels' Philox device function compiled for
+the CPU (philox.stream_mask: one call per counter, its 4 words), bit-identical to
+`numbarnn.reference.philox.zoneout_update_mask`.
+
+The fused loops (`fused.py`) take zoneout the same way, lanes at a time: `zone_lanes` after the cell (or the
+projection) of a row tile, `split_row` and a carry around the backward's step of a row group.
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
+
 from ..dropout import ZONEOUT_STREAM, check_zoneout_mask_args, dropout_key, dropout_threshold
 from .jitcache import njit_cached
 from .philox import stream_mask
@@ -98,6 +104,66 @@ def add_carry(
     for b in range(B):
         for k in range(P):
             dh[b, k] += carry[b, k]
+
+
+#: the mode argument of the fused loops: no zoneout, the training mask, the inference expectation
+NONE, MASK, EXPECTATION = 0, 1, 2
+
+#: [0, 0, 0] uint8: the fused forward's mask argument without a training mask (never read)
+NO_MASK = np.zeros((0, 0, 0), np.uint8)
+
+
+def fused_mode(call) -> int:
+    """The fused loops' zoneout mode of a call (NONE, MASK or EXPECTATION)."""
+    return MASK if call.zoneout_active else EXPECTATION if call.zoneout_expected else NONE
+
+
+@njit(inline="always")
+def zone_lanes(
+    mode,     # int     MASK or EXPECTATION (NONE: nothing to do, not called)
+    p,        # float   the zoneout probability
+    mask,     # [T, B, P] uint8 the update mask (MASK)
+    zmask,    # [T, B, P] reserve: the mask recorded at [t, b, c0:c0+n] (MASK)
+    t,        # int     time index of the row's step
+    b,        # int     batch row
+    c0,       # int     first column of h the lanes hold
+    n,        # int     lanes
+    h_prev,   # [n]     h entering the step, columns c0..
+    h_new,    # [n]     in: the cell's (or the projection's) h_new; out: h', what y and the next step get
+):
+    """`commit` for n columns of one row, in the fused forward: the same values, the same arithmetic."""
+    if mode == MASK:
+        for k in range(n):
+            keep_new = mask[t, b, c0 + k] != 0
+            zmask[t, b, c0 + k] = 1.0 if keep_new else 0.0
+            if not keep_new:
+                h_new[k] = h_prev[k]
+    else:
+        q = 1.0 - p
+        for k in range(n):
+            h_new[k] = p * h_prev[k] + q * h_new[k]
+
+
+@njit(inline="always")
+def split_row(
+    t,        # int     time index of the row's step
+    b,        # int     batch row (active at the step)
+    d,        # int     direction
+    zmask,    # [T, B, P] reserve: the forward's mask
+    dy,       # [T, B, D*P] gradient reaching the layer output
+    dh,       # [B, P]  in: dh' from the next step; out: mask*(dy + dh)
+    carry,    # [B, P]  out: (1-mask)*(dy + dh)
+):
+    """`split` of one active row, in the fused backward: the same values."""
+    P = dh.shape[1]
+    for k in range(P):
+        tot = dy[t, b, d * P + k] + dh[b, k]
+        if zmask[t, b, k] != 0:
+            dh[b, k] = tot
+            carry[b, k] = 0.0
+        else:
+            dh[b, k] = 0.0
+            carry[b, k] = tot
 
 
 def backward_buffers(T: int, B: int, D: int, P: int, ct) -> tuple:
