@@ -459,3 +459,34 @@ def assert_zoneout_masks_drawn_per_call(module, plain, x) -> None:
     assert torch.equal(a, module(x)[0])                       # masks a function of the drawn keys
     assert not torch.equal(a, module(x)[0])                   # fresh keys per call
     assert not torch.equal(a, plain(x)[0])
+
+
+def assert_fused_forward_equals_the_blas_loop(monkeypatch, cell: str, switch, fused_module) -> None:
+    """A cell family's fused cpu forward (`fused_module`'s forward_loop), in one row group and in 3 (the prange
+    loop), gives the BLAS loop's outputs and reserve (`switch.FUSED` False; the backward reads that reserve), the
+    reference's gradients, and the same outputs at inference (no reserve written): H = 9 (a partial unit tile),
+    B = 7 with lengths 0 (a partial row tile, rows ending at different steps), 2 layers, bidirectional."""
+    from dataclasses import replace
+
+    from numbarnn.config import rnn_config
+    from numbarnn.cpu import fused
+    from numbarnn.reserve import NONCE_SIZE
+    from numbarnn.testing import make_rnn_case
+    case = make_rnn_case(rnn_config(2, 9, 5, cell, direction="bidirectional"), 4, 7, [4, 0, 2, 4, 1, 3, 0], seed=4)
+    monkeypatch.setattr(switch, "FUSED", False)
+    want = run_forward(case, "cpu")
+    monkeypatch.setattr(switch, "FUSED", True)
+    ran, loop = [], fused_module.forward_loop
+    monkeypatch.setattr(fused_module, "forward_loop", lambda *a: ran.append(a[2]) or loop(*a))
+
+    def same(got, want):
+        for a, b in zip(got, want):
+            assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
+
+    for groups in (1, 3):
+        monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
+        got = run_forward(case, "cpu")
+        same(got[:3] + (got[3][:-NONCE_SIZE],), want[:3] + (want[3][:-NONCE_SIZE],))   # (the reserve's random tag)
+        assert_agrees_with_the_reference(case, got, run_backward(case, got, "cpu"))
+        same(run_forward(replace(case, is_training=False), "cpu")[:3], want[:3])       # (no reserve written)
+    assert ran == [False] * 8 + [True] * 8        # 2 layers x 2 directions x (training, inference), serial, parallel

@@ -6,7 +6,6 @@ operations written from haste's published equations (its LayerNormLSTMScript / L
 the whole row, gains gamma[0], gamma[1], gamma_h, beta_h), looping row by row over each sequence's own length,
 differentiated by autograd.
 """
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,11 +16,12 @@ import numbarnn.contrib.layer_norm_lstm as ln_lstm
 from numbarnn.cells import CellSpec
 from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.params import param_regions, params_to_canonical
-from numbarnn.reserve import NONCE_SIZE, reserve_entries
+from numbarnn.reserve import reserve_entries
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
 from numbarnn.kernels import common
 from conftest import (assert_agrees_with_the_reference, assert_cpu_agrees_in_lower_precision,
-                      assert_layer_runs_like_the_reference, assert_v1_fallback, planned_and_launched)
+                      assert_fused_forward_equals_the_blas_loop, assert_layer_runs_like_the_reference,
+                      assert_v1_fallback, planned_and_launched)
 
 CELLS = ("layer_norm_lstm", "layer_norm_gru")
 BACKENDS = ("reference", "cpu", "cuda")
@@ -422,25 +422,6 @@ def test_zoneout_on_a_layer_normalised_cell(backend, training):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
-    """The fused forward (cpu/layer_norm_fused.py), in one row group and in 3 (the prange loop), gives the BLAS
-    loop's (layer_norm.FUSED False) outputs and reserve (statistics, R h, saved values: the backward reads them),
-    the reference's gradients, and the same outputs at inference (no reserve written): H = 9 (a partial unit
-    tile), B = 7 with lengths 0 (a partial row tile, rows ending at different steps), 2 layers, bidirectional."""
-    from numbarnn.cpu import fused, layer_norm, layer_norm_fused
-    cfg = rnn_config(2, 9, 5, cell, direction="bidirectional")
-    case = make_rnn_case(cfg, 4, 7, [4, 0, 2, 4, 1, 3, 0], seed=4)
-    monkeypatch.setattr(layer_norm, "FUSED", False)
-    want = run_forward(case, "cpu")
-    monkeypatch.setattr(layer_norm, "FUSED", True)
-    ran, loop = [], layer_norm_fused.forward_loop
-    monkeypatch.setattr(layer_norm_fused, "forward_loop", lambda *a: ran.append(a[2]) or loop(*a))
-    for groups in (1, 3):
-        monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
-        got = run_forward(case, "cpu")
-        tagless = (lambda out: out[:3] + (out[3][:-NONCE_SIZE],))      # the reserve without its random tag
-        for a, b in zip(tagless(got), tagless(want)):
-            assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
-        assert_agrees_with_the_reference(case, got, run_backward(case, got, "cpu"))
-        for a, b in zip(run_forward(replace(case, is_training=False), "cpu")[:3], want[:3]):   # (no reserve written)
-            assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
-    assert ran == [False] * 8 + [True] * 8        # 2 layers x 2 directions x (training, inference), serial, parallel
+    """cpu/layer_norm_fused.py's fused forward against the BLAS loop (layer_norm.FUSED False) and the reference."""
+    from numbarnn.cpu import layer_norm_fused, layer_norm
+    assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, layer_norm, layer_norm_fused)

@@ -7,7 +7,6 @@ Zhou et al. 2016's MGU), looping row by row over each sequence's own length, dif
 """
 import json
 import os
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,10 +20,10 @@ from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.kernels import common
 from numbarnn.params import param_regions
 from numbarnn.reserve import reserve_entries
-from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
+from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_forward
 from conftest import (assert_agrees_with_the_reference, assert_agrees_with_torch_network,
-                      assert_cpu_agrees_in_lower_precision, assert_layer_runs_like_the_reference, assert_v1_fallback,
-                      planned_and_launched)
+                      assert_cpu_agrees_in_lower_precision, assert_fused_forward_equals_the_blas_loop,
+                      assert_layer_runs_like_the_reference, assert_v1_fallback, planned_and_launched)
 
 BACKENDS = ("reference", "cpu", "cuda")
 CELLS = ("gru_v1", "mgu")
@@ -292,29 +291,9 @@ def test_cpu_inference_and_the_layer():
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
-    """The fused forward (cpu/modulated_fused.py), in one row group and in 3 (the prange loop), gives the BLAS
-    loop's (network.FUSED False) outputs and reserve (m, saved values: the backward reads them), the reference's
-    gradients and the same outputs at inference (no reserve written): H = 9 (a partial unit tile), B = 7 with
-    lengths 0 (a partial row tile, rows ending at different steps), 2 layers, bidirectional."""
-    from numbarnn.cpu import fused, modulated_fused, network
-    from numbarnn.reserve import NONCE_SIZE
-    cfg = rnn_config(2, 9, 5, cell, direction="bidirectional")
-    case = make_rnn_case(cfg, 4, 7, [4, 0, 2, 4, 1, 3, 0], seed=4)
-    monkeypatch.setattr(network, "FUSED", False)
-    want = run_forward(case, "cpu")
-    monkeypatch.setattr(network, "FUSED", True)
-    ran, loop = [], modulated_fused.forward_loop
-    monkeypatch.setattr(modulated_fused, "forward_loop", lambda *a: ran.append(a[2]) or loop(*a))
-    for groups in (1, 3):
-        monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
-        got = run_forward(case, "cpu")
-        tagless = (lambda out: out[:3] + (out[3][:-NONCE_SIZE],))      # the reserve without its random tag
-        for a, b in zip(tagless(got), tagless(want)):
-            assert (a is None) == (b is None) and (b is None or relative_error(a, b) < 1e-12)
-        assert_agrees_with_the_reference(case, got, run_backward(case, got, "cpu"))
-        for a, b in zip(run_forward(replace(case, is_training=False), "cpu")[:2], want[:2]):   # (no reserve written)
-            assert relative_error(a, b) < 1e-12
-    assert ran == [False] * 8 + [True] * 8        # 2 layers x 2 directions x (training, inference), serial, parallel
+    """cpu/modulated_fused.py's fused forward against the BLAS loop (network.FUSED False) and the reference."""
+    from numbarnn.cpu import modulated_fused, network
+    assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, network, modulated_fused)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -68,6 +68,28 @@ def commit(
                 y[t, b, d * P + k] = v
 
 
+@njit(inline="always")
+def split_row(
+    t,        # int     time index of the row's step
+    b,        # int     batch row (active at the step)
+    d,        # int     direction
+    zmask,    # [T, B, P] reserve: the forward's mask
+    dy,       # [T, B, D*P] gradient reaching the layer output
+    dh,       # [B, P]  in: dh' from the next step; out: mask*(dy + dh)
+    carry,    # [B, P]  out: (1-mask)*(dy + dh)
+):
+    """One active row's `split` (the BLAS loop's `split` runs it for every active row, the fused backward per row)."""
+    P = dh.shape[1]
+    for k in range(P):
+        tot = dy[t, b, d * P + k] + dh[b, k]
+        if zmask[t, b, k] != 0:
+            dh[b, k] = tot
+            carry[b, k] = 0.0
+        else:
+            dh[b, k] = 0.0
+            carry[b, k] = tot
+
+
 @njit_cached
 def split(
     s,        # int     step index
@@ -81,15 +103,7 @@ def split(
     B, P = dh.shape
     for b in range(B):
         if s < lens[b]:
-            t = s if d == 0 else lens[b] - 1 - s
-            for k in range(P):
-                tot = dy[t, b, d * P + k] + dh[b, k]
-                if zmask[t, b, k] != 0:
-                    dh[b, k] = tot
-                    carry[b, k] = 0.0
-                else:
-                    dh[b, k] = 0.0
-                    carry[b, k] = tot
+            split_row(s if d == 0 else lens[b] - 1 - s, b, d, zmask, dy, dh, carry)
         else:
             for k in range(P):
                 carry[b, k] = 0.0
@@ -142,28 +156,6 @@ def zone_lanes(
         q = 1.0 - p
         for k in range(n):
             h_new[k] = p * h_prev[k] + q * h_new[k]
-
-
-@njit(inline="always")
-def split_row(
-    t,        # int     time index of the row's step
-    b,        # int     batch row (active at the step)
-    d,        # int     direction
-    zmask,    # [T, B, P] reserve: the forward's mask
-    dy,       # [T, B, D*P] gradient reaching the layer output
-    dh,       # [B, P]  in: dh' from the next step; out: mask*(dy + dh)
-    carry,    # [B, P]  out: (1-mask)*(dy + dh)
-):
-    """`split` of one active row, in the fused backward: the same values."""
-    P = dh.shape[1]
-    for k in range(P):
-        tot = dy[t, b, d * P + k] + dh[b, k]
-        if zmask[t, b, k] != 0:
-            dh[b, k] = tot
-            carry[b, k] = 0.0
-        else:
-            dh[b, k] = 0.0
-            carry[b, k] = tot
 
 
 def backward_buffers(T: int, B: int, D: int, P: int, ct) -> tuple:
