@@ -89,10 +89,10 @@ from .cells import get_cell
 from .config import check_zoneout, validate_forward
 from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell
 from .torch_layer_norm import LayerNormGRU, LayerNormLSTM
-from .torch_ops import _NO_SEEDS, _call, _eager, _FastRNNFunction, rnn_backward_op, rnn_op
-from .torch_tensors import (_CPU, _NUMPY_GATHER, _TORCH_DTYPES, RNNDtypeError, RNNShapeError, _array,
-                            _autocast_dtype, _call_config, _check_sizes, _device_scope, _FastCalls, _layout,
-                            _needs_reserve, _op_attrs, _reset_uniform, _WeightViews)
+from .torch_ops import _NO_SEEDS, _call, _eager, _fast_forward, _FastRNNFunction, rnn_backward_op, rnn_op
+from .torch_tensors import (_NUMPY_GATHER, _TORCH_DTYPES, RNNDtypeError, RNNShapeError, _autocast_dtype,
+                            _call_config, _check_sizes, _FastCalls, _layout, _needs_reserve, _op_attrs,
+                            _reset_uniform, _WeightViews)
 from .validation import check_choice
 
 __all__ = ["LSTM", "GRU", "RNN", "RNNBase", "LSTMCell", "GRUCell", "RNNCell", "CellModule", "RNNShapeError",
@@ -297,7 +297,6 @@ class _NumbaRNNBase(torch.nn.Module):
                 self.training and (self.zoneout > 0 or self.dropout > 0 and self.num_layers > 1)) or \
                 _autocast_dtype(x) is not None:                  # (training masks: keys drawn per call)
             return None
-        lstm = self._cell_state
         if hx is not None:                                   # torch.nn's checks (its messages) of a given state
             h0, c0 = self._initial_state(self._batched_hx(hx, True), x.transpose(0, 1) if self.batch_first
                                          else x)
@@ -317,16 +316,7 @@ class _NumbaRNNBase(torch.nn.Module):
             entry = self._fast_calls.entries[key] = self._fast_entry(x, weights, params, training)
         if training:
             return self._outputs(_FastRNNFunction.apply(x, h0, c0, entry, params, *weights))
-        call, be, zeros_h, zeros_c, batch_first, _ = entry
-        xn = _array(x)                                                             # [T, B, I] or [B, T, I]
-        if batch_first:
-            xn = be.swap01(xn)
-        h0n = zeros_h if h0 is None else _array(h0)
-        c0n = (zeros_c if c0 is None else _array(c0)) if lstm else None
-        with _device_scope(_CPU):
-            y, hT, cT, _ = be.rnn_forward(call, xn, h0n, c0n, params)
-        y = torch.from_numpy(be.swap01(y) if batch_first else y)
-        return self._outputs((y, torch.from_numpy(hT), torch.from_numpy(cT)) if lstm else (y, torch.from_numpy(hT)))
+        return self._outputs(_fast_forward(entry, x, h0, c0, params)[0])
 
     def _fast_entry(self, x, weights, params, training: bool) -> tuple:
         """A `_FastCalls` entry for input x (checked as the general path checks it, torch.nn's messages)."""

@@ -313,6 +313,25 @@ class _EagerRNNFunction(torch.autograd.Function):
         return (dx, dh0, dc0, None, None, None, None, *dweights)
 
 
+def _fast_forward(entry, x, h0, c0, params) -> tuple:
+    """The cpu backend's forward of a fast-path call (`_FastCalls` entry: its checked `RNNCall`, the call is a
+    training one when the entry is) -> ((y, h_n[, c_n]) as tensors, y in the caller's layout; (x, h0, c0
+    time-major, params, reserve): the arrays its backward reads).  x as the caller laid it out, h0/c0 None for
+    zeros, params [N] the weights gathered (NumPy)."""
+    call, be, zeros_h, zeros_c, batch_first, _ = entry
+    lstm = zeros_c is not None
+    xn = _array(x)                                                             # [T, B, I] or [B, T, I]
+    if batch_first:
+        xn = be.swap01(xn)                                                     # [T, B, I]
+    h0n = zeros_h if h0 is None else _array(h0)                                # [L*D, B, P]
+    c0n = (zeros_c if c0 is None else _array(c0)) if lstm else None           # [L*D, B, H]
+    with _device_scope(_CPU):
+        y, hT, cT, reserve = be.rnn_forward(call, xn, h0n, c0n, params)
+    y = torch.from_numpy(be.swap01(y) if batch_first else y)
+    outputs = (y, torch.from_numpy(hT), torch.from_numpy(cT)) if lstm else (y, torch.from_numpy(hT))
+    return outputs, (xn, h0n, c0n, params, reserve)
+
+
 class _FastRNNFunction(torch.autograd.Function):
     """An eager CPU training call of a known signature (numbarnn.torch's per-signature fast path, `_FastCalls`):
     the cpu backend's forward and backward called directly with the signature's checked `RNNCall`, no checks,
@@ -322,20 +341,11 @@ class _FastRNNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, h0, c0, entry, params, *weights):
-        call, be, zeros_h, zeros_c, batch_first, net = entry
-        lstm = zeros_c is not None
-        xn = _array(x)                                                         # [T, B, I] or [B, T, I]
-        if batch_first:
-            xn = be.swap01(xn)                                                 # [T, B, I]
-        h0n = zeros_h if h0 is None else _array(h0)                            # [L*D, B, P]
-        c0n = (zeros_c if c0 is None else _array(c0)) if lstm else None       # [L*D, B, H]
-        with _device_scope(_CPU):
-            y, hT, cT, reserve = be.rnn_forward(call, xn, h0n, c0n, params)
-        ctx.entry, ctx.arrays = entry, (xn, h0n, c0n, params, reserve)
+        outputs, ctx.arrays = _fast_forward(entry, x, h0, c0, params)
+        ctx.entry = entry
         ctx.save_for_backward(x, h0, c0, *weights)    # (autograd's check of in-place changes; create_graph's inputs)
         ctx.set_materialize_grads(False)
-        y = torch.from_numpy(be.swap01(y) if batch_first else y)
-        return (y, torch.from_numpy(hT), torch.from_numpy(cT)) if lstm else (y, torch.from_numpy(hT))
+        return outputs
 
     @staticmethod
     def backward(ctx, dy, dhT, dcT=None):
