@@ -26,12 +26,11 @@ import numba
 import numpy as np
 from numba import njit
 
-from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_views
 from . import layer_norm_fused, threads, zoneout
 from .cells import njit_function, stack_buffer
-from .philox import dropout_keep_mask
+from .philox import backward_input, dropped_input
 from .workspace import scratch
 
 EPS = 1e-5
@@ -416,9 +415,7 @@ def forward(call, x, h0, c0, params, ct, rows, saved, flat):
     with threads.budget():
         for layer in range(cfg.L):
             if layer > 0 and call.dropout_active:
-                keep = dropout_keep_mask(cfg.seed, cfg.seed2, layer, T, B, D * H, cfg.dropout)   # [T, B, D*H]
-                saved[f"keep{layer}"][...] = keep
-                x_l = x_l * (keep.astype(ct) * ct.type(dropout_scale(cfg.dropout)))
+                x_l = dropped_input(call, saved, layer, x_l, ct)
             y = saved[f"y{layer}"]                           # [T, B, D*H], zero at padded positions
             for d in range(D):
                 p = layer * D + d
@@ -456,19 +453,12 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
     none3 = np.zeros((0, 0, 0), dtype=ct)
     loop = backward_loop(cell, name)
     _, input_rows_backward = row_kernels(name)
-    scale = ct.type(dropout_scale(cfg.dropout)) if call.dropout_active else None
     tmp = scratch("tmp", (B, H), ct)                         # [B, H] dgh_s R
     if call.zoneout_active:                                  # zoneout.py: the step gets mask*(dy + dh) in dh
         carry, no_dy = zoneout.backward_buffers(T, B, D, H, ct)   # [B, H], [T, B, D*H]
     dy_l = dy
     for layer in reversed(range(cfg.L)):
-        if layer == 0:
-            x_l = x
-        else:
-            x_l = saved[f"y{layer - 1}"]
-            if call.dropout_active:
-                keep_scaled = saved[f"keep{layer}"] * scale
-                x_l = x_l * keep_scaled
+        x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
         x_l = np.ascontiguousarray(x_l)
         y = saved[f"y{layer}"]
         I_l = x_l.shape[2]
@@ -523,5 +513,5 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
         if layer == 0:
             dx = dx_l
         else:
-            dy_l = dx_l * keep_scaled if call.dropout_active else dx_l
+            dy_l = dx_l if keep_scaled is None else dx_l * keep_scaled
     return dx, dh0, dc0, dparams

@@ -13,13 +13,12 @@ import functools
 import numpy as np
 
 from ..config import RNNCall
-from ..dropout import dropout_scale
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
 from . import (cells, diagonal, fused, fused_plan, layer_norm, microkernel, modulated, modulated_fused, panels,
                threads, zoneout)
 from .jitcache import njit_cached
-from .philox import dropout_keep_mask
+from .philox import backward_input, dropped_input
 from .workspace import scratch
 
 
@@ -232,9 +231,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     x_l = x
     for layer in range(cfg.L):
         if layer > 0 and call.dropout_active:
-            keep = dropout_keep_mask(cfg.seed, cfg.seed2, layer, T, B, D * P, cfg.dropout)   # [T, B, D*P]
-            saved[f"keep{layer}"][...] = keep
-            x_l = x_l * (keep.astype(ct) * ct.type(dropout_scale(cfg.dropout)))
+            x_l = dropped_input(call, saved, layer, x_l, ct)
         y = saved[f"y{layer}"]                               # [T, B, D*P], zero at padded positions
         for d in range(D):
             p = layer * D + d
@@ -320,7 +317,6 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         all_rows = np.arange(B, dtype=np.int64)
         no_vec, none3 = np.zeros((0, H), dtype=ct), np.zeros((0, 0, 0), dtype=ct)
     blas_used = False                                        # OpenBLAS's threads spin after a product
-    scale = ct.type(dropout_scale(cfg.dropout)) if call.dropout_active else None
     # scratch (workspace.py): every element read is written first in each direction (steps < T are zeroed,
     # inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled below)
     tmp = scratch("tmp", (B, P), ct)                         # [B, P]      dgh_s @ R
@@ -332,13 +328,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dy_l = dy
 
     for layer in reversed(range(cfg.L)):
-        if layer == 0:
-            x_l = x
-        else:
-            x_l = saved[f"y{layer - 1}"]
-            if call.dropout_active:
-                keep_scaled = saved[f"keep{layer}"] * scale
-                x_l = x_l * keep_scaled
+        x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
         y = saved[f"y{layer}"]
         I_l = x_l.shape[2]
         # [T, B, I_l] the sum over directions of dgx @ W: returned for layer 0, else the next layer's dy
@@ -457,5 +447,5 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         if layer == 0:
             dx = dx_l
         else:
-            dy_l = dx_l * keep_scaled if call.dropout_active else dx_l
+            dy_l = dx_l if keep_scaled is None else dx_l * keep_scaled
     return dx, dh0, dc0, dparams
