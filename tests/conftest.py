@@ -11,6 +11,11 @@ if os.environ.get("NUMBARNN_REAL_GPU") != "1":
 # the cpu backend's tile shapes by the static rule: the same loops in every worker, no measuring at first use
 # (tests/test_cpu_fused.py tests the measurement, numbarnn/cpu/tuning.py)
 os.environ.setdefault("NUMBARNN_CPU_TUNE", "0")
+# OpenMP's idle threads (numba's parallel loops and torch share libgomp) sleep instead of spinning: pytest-xdist
+# runs one worker per core, and a worker's spinning pool took both cores from its neighbour's simulator tests,
+# whose Python threads hand off to each other thousands of times a launch (a simulator test beside a 2-thread
+# torch loop: 4-5x its time alone with libgomp's default policy, 1.1x with "passive")
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
