@@ -8,6 +8,7 @@ starts as NaN (floats) or the most negative value (integers), as garbage a GPU m
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -222,3 +223,74 @@ def test_an_error_in_a_cooperative_launch_aborts_every_block():
     with pytest.raises(IndexError, match=r"tid=\[2, 0, 0\] ctaid=\[1, 0, 0\]"):
         fails_kernel[3, 4](np.zeros(12))
     test_a_cooperative_launch_runs_its_blocks_at_once_with_a_grid_barrier()   # and the next one runs
+
+
+# ---------------------------------------------------------------------------------------------------
+# kernels whose threads never meet run in turn in the launching thread (simulator.meets)
+# ---------------------------------------------------------------------------------------------------
+
+@cuda.jit(device=True)
+def _meet_here():
+    cuda.syncthreads()
+
+
+def _barrier_through(helper):
+    """A kernel reaching a barrier only through `helper`, a device function held in its closure."""
+    @cuda.jit
+    def kernel(out):
+        t = cuda.threadIdx.x
+        out[t] = t
+        helper()
+        v = out[(t + 1) % out.shape[0]]      # every thread's write is done
+        helper()
+        out[t] = v                           # every thread's read is done
+    return kernel
+
+
+@cuda.jit
+def where_each_thread_ran(out, threads):
+    t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if t < out.shape[0]:
+        out[t] = cuda.threadIdx.x + 100 * cuda.blockIdx.x
+        threads[t] = threading.get_ident()
+
+
+def test_a_kernel_without_barriers_runs_its_threads_in_turn_in_the_launching_thread():
+    """Indices and results as with a thread each (blocks of 4 over 10 items: a partial last block); every
+    simulated thread ran in the caller's thread; NumPy's error state is each thread's own default, as a new
+    thread's, not the caller's."""
+    out, threads = np.full(10, -1, np.int64), np.zeros(10, np.int64)
+    with np.errstate(all="raise"):
+        where_each_thread_ran[3, 4](out, threads)
+    np.testing.assert_array_equal(out, [0, 1, 2, 3, 100, 101, 102, 103, 200, 201])
+    assert (threads == threading.get_ident()).all()
+    assert threading.current_thread() is threading.main_thread()
+
+
+def test_meets_finds_barriers_in_the_kernel_its_closure_and_its_device_functions():
+    assert simulator.meets(reverse_through_shared.py_func) and simulator.meets(one_thread_fails.py_func)
+    assert simulator.meets(_barrier_through(_meet_here).py_func)            # closure -> device function
+    assert not simulator.meets(where_each_thread_ran.py_func)
+    out = np.zeros(6, np.float32)
+    _barrier_through(_meet_here)[1, 6](out)                                 # with a thread each: the barrier works
+    np.testing.assert_array_equal(out, [1, 2, 3, 4, 5, 0])
+
+
+def test_a_barrier_missed_by_meets_is_an_error_not_a_hang(monkeypatch):
+    monkeypatch.setattr(simulator, "meets", lambda fn: False)
+    with pytest.raises(RuntimeError, match="syncthreads in .*ran one after another"):
+        _barrier_through(_meet_here)[1, 4](np.zeros(4, np.float32))
+
+
+@cuda.jit
+def fails_at_thread_2(out):
+    t = cuda.threadIdx.x
+    out[t] = t
+    if t == 2:
+        out[100] = 1.0
+
+
+def test_an_error_in_a_kernel_run_in_turn_names_its_thread():
+    with pytest.raises(IndexError, match=r"tid=\[2, 0, 0\] ctaid=\[0, 0, 0\]"):
+        fails_at_thread_2[2, 4](np.zeros(4, np.float32))
+    assert threading.current_thread() is threading.main_thread()

@@ -26,11 +26,20 @@ barrier could only work with one): a kernel marked ``cooperative`` runs all its 
 
 4. `CountingMatrix`: a matrix that records every element a kernel reads (the simulator hands kernels any
 Python object): how the tests and tutorial 07 count the reads of R per step.
+
+5. Kernels whose threads never meet (no barrier anywhere in their code, `meets`) run their block's threads one
+after another in the launching thread instead of a Python thread each: the same results (no thread waits for
+another; the interpreter ran each such thread's few lines mostly in one go anyway), without two thread hand-offs
+per simulated thread, which cost milliseconds each when other processes keep the cores busy (a simulator test
+4-10x its time alone in the test suite's two-worker run).
 """
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
+import types
+import weakref
 
 import numpy as np
 
@@ -191,7 +200,10 @@ def _run_block(self, grid_point, *args):
     self._barrier = _Barrier(len(threads))
     self._errors = []
     self._grid = None
-    if getattr(self._f, "cooperative", False):
+    if not self._debug and not getattr(self._f, "cooperative", False) and not meets(self._f):
+        _run_in_turn(self, threads)
+        threads = []                    # nothing to join
+    elif getattr(self._f, "cooperative", False):
         if not any(grid_point):         # the first block: a new grid
             _GRID = _Grid(int(np.prod(self._grid_dim)) * len(threads))
         self._grid = grid = _GRID
@@ -214,6 +226,80 @@ def _run_block(self, grid_point, *args):
     if errors:
         error, tb = errors[0]
         raise error.with_traceback(tb)
+
+
+def _run_in_turn(manager, threads):
+    """The block's threads one after another in this thread (a kernel without barriers), each seen by
+    ``threading.current_thread()`` (how the simulator's cuda.threadIdx finds its indices) and each in a fresh
+    context (as a new thread starts: NumPy's error state the default, not the caller's); stops at the first
+    error (the others would not have waited for it: none meets another)."""
+    manager._barrier = _Unmet(manager._f)
+    ident = threading.get_ident()
+    own = threading._active[ident]
+    try:
+        for t in threads:
+            threading._active[ident] = t
+            contextvars.Context().run(t.run)
+            if manager._errors:
+                break
+    finally:
+        threading._active[ident] = own
+
+
+class _Unmet(_Barrier):
+    """The barrier of a block run in turn: reaching it is an error (`meets` missed a barrier), never a hang."""
+
+    def __init__(self, fn):
+        super().__init__(0)
+        self.fn = fn
+
+    def wait(self, what: str):
+        raise RuntimeError(f"{what} in {getattr(self.fn, '__qualname__', self.fn)}, whose threads ran one after "
+                           "another: numbarnn.kernels.simulator.meets found no barrier in its code")
+
+
+#: names whose appearance in a kernel's code means its threads may meet: block barriers and the grid's
+BARRIER_NAMES = frozenset({"syncthreads", "syncthreads_count", "syncthreads_and", "syncthreads_or", "this_grid",
+                           "sync"})
+_MEETS = weakref.WeakKeyDictionary()
+
+
+def meets(fn) -> bool:
+    """Whether kernel function `fn` may reach a barrier: one of BARRIER_NAMES among the names of its code, of
+    the functions nested in it or of any function it names (device functions, found in its globals, its
+    closure or as attributes of modules it names).  Conservative: a name is enough, reached or not."""
+    known = _MEETS.get(fn)
+    if known is None:
+        known = _MEETS[fn] = _names_a_barrier(fn, set())
+    return known
+
+
+def _names_a_barrier(fn, seen: set) -> bool:
+    fn = getattr(fn, "py_func", fn)                      # a simulated device function wraps its Python function
+    if not isinstance(fn, types.FunctionType) or fn in seen:
+        return False
+    seen.add(fn)
+    codes, names = [fn.__code__], set()
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names + code.co_freevars)
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    if names & BARRIER_NAMES:
+        return True
+    scope = dict(fn.__globals__)
+    scope.update(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__ or ()
+                                               if _filled(cell))))
+    called = [scope[n] for n in names if n in scope]
+    called += [getattr(m, n) for m in called if isinstance(m, types.ModuleType) for n in names if hasattr(m, n)]
+    return any(_names_a_barrier(f, seen) for f in called if not isinstance(f, types.ModuleType))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:                                   # a closure variable not assigned yet
+        return False
+    return True
 
 
 def _thread_run(self):
