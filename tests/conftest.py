@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Simulator runs are slow and their time varies: no deadlines; a small, deterministic default budget
-# (CI: ~16-18 minutes on 2 cores, much of it compiling: the kernel report, the CPU backend's cold numba cache).
+# (CI: ~10-11 minutes on 2 cores, a third of it compiling the CPU backend's loops into a cold numba cache).
 # NUMBARNN_HYPOTHESIS_PROFILE=thorough for more examples.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
