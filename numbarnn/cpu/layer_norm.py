@@ -482,17 +482,19 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
             gains = [_norm(cell, g, n, H, ct) for g in (lp, dlp) for n in ("ln_rh_gain", "ln_c_gain", "ln_c_bias")]
             vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
             dy_step = no_dy if call.zoneout_active else dy_l
-            with threads.serial_blas():
-                for s in reversed(range(steps)):
-                    if call.zoneout_active:
-                        zoneout.split(s, d, lens, saved[f"zmask{layer}"][d], dy_l, dh, carry)
-                    loop(s, d, lens, dy_step, y, h0[p], c0[p] if c0 is not None else no_c, saved[f"acts{layer}"][d],
-                         saved[f"c{layer}"][d] if dc0 is not None else none3, stats, rh_raw, *gains[:3], vec, dh, dc,
-                         dgx, dgh[s], hp[s], dbR, gains[3], gains[4], gains[5], dv_acc)
-                    np.matmul(dgh[s], lp.R, out=tmp)
-                    np.add(dh, tmp, out=dh)
-                    if call.zoneout_active:
-                        zoneout.add_carry(dh, carry)
+            # per step dgh_s R (B x G*H x H: G forward steps' product) with BLAS's own rule for its threads
+            # (within the call's budget): one thread was 10% slower on an idle 2-core machine, the same under
+            # load (bench/results/cpu.md)
+            for s in reversed(range(steps)):
+                if call.zoneout_active:
+                    zoneout.split(s, d, lens, saved[f"zmask{layer}"][d], dy_l, dh, carry)
+                loop(s, d, lens, dy_step, y, h0[p], c0[p] if c0 is not None else no_c, saved[f"acts{layer}"][d],
+                     saved[f"c{layer}"][d] if dc0 is not None else none3, stats, rh_raw, *gains[:3], vec, dh, dc,
+                     dgx, dgh[s], hp[s], dbR, gains[3], gains[4], gains[5], dv_acc)
+                np.matmul(dgh[s], lp.R, out=tmp)
+                np.add(dh, tmp, out=dh)
+                if call.zoneout_active:
+                    zoneout.add_carry(dh, carry)
             gx2 = dgx.reshape(T * B, G * H)
             np.sum(gx2, axis=0, out=dlp.bW)
             if "wx" in cell.layer_norm:                      # back through LN_wx, W x recomputed
