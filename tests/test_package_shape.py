@@ -1,5 +1,6 @@
 """The library's shape, checked mechanically: a long module says why it is one file; no history (issue numbers,
-dates, sessions) in the library's text; only numbarnn.settings writes the environment."""
+dates, sessions) in the library's text; only numbarnn.settings writes the environment; no import cycle between
+the library's modules."""
 from __future__ import annotations
 
 import ast
@@ -42,3 +43,91 @@ def test_only_settings_writes_the_environment():
              for path in _modules() if path.name != "settings.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if write.search(line)]
     assert not found, found
+
+
+def module_imports(package: pathlib.Path) -> dict:
+    """module -> the package's modules it imports when it is imported (statements at module level, inside
+    try/if included, `if TYPE_CHECKING:` not; function-local imports run later and are not edges).  A
+    `from . import name` of a submodule is an edge to the submodule, not to the package's __init__."""
+    names = {}
+    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges = {}
+    for name, path in names.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for top in ast.parse(path.read_text()).body:
+            if isinstance(top, ast.If) and "TYPE_CHECKING" in ast.unparse(top.test):
+                continue
+            for node in ast.walk(top) if isinstance(top, (ast.If, ast.Try)) else (top,):
+                if isinstance(node, ast.Import):
+                    deps.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    base = here
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    target = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+                    subs = {f"{target}.{a.name}" for a in node.names} & names.keys()
+                    deps |= subs | ({target} if len(subs) < len(node.names) else set())
+        edges[name] = {d for d in deps if d in names and d != name}
+    return edges
+
+
+def import_cycles(edges: dict) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycle_between_the_librarys_modules():
+    """A module imports only modules that do not import it back, through any chain (the kernels' step versions,
+    the analysis tools and the roofline model once imported each other, hidden by function-local imports)."""
+    assert import_cycles(module_imports(PACKAGE)) == []
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .sub import b\n\ndef f():\n    from . import c\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("try:\n    from ..c import thing\nexcept ImportError:\n    pass\n")
+    (pkg / "c.py").write_text("import pkg.a\nthing = 1\n")
+    edges = module_imports(pkg)
+    assert edges["pkg.a"] == {"pkg.sub.b"} and edges["pkg.sub.b"] == {"pkg.c"} and edges["pkg.c"] == {"pkg.a"}
+    assert import_cycles(edges) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    (pkg / "c.py").write_text("thing = 1\n")
+    assert import_cycles(module_imports(pkg)) == []
