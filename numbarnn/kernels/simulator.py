@@ -189,7 +189,8 @@ _GRID = None                            # the cooperative launch being started (
 def _run_block(self, grid_point, *args):
     """BlockManager.run: the block's threads share a barrier; wait for all of them; raise the first error.
     A kernel marked ``cooperative`` (its Python function has ``cooperative = True``: a grid-wide barrier) runs
-    all its blocks at once instead: each block's threads are started here, and the last block joins them all."""
+    all its blocks at once instead: each block's threads are started here, and the last block joins them all.
+    A kernel that names no barrier (`meets`) runs its threads in turn in this thread (`_run_in_turn`)."""
     global _GRID
     from numba.cuda.simulator.kernel import BlockThread
     threads = []
@@ -197,13 +198,15 @@ def _run_block(self, grid_point, *args):
         def target(args=args):
             self._f(*args)
         threads.append(BlockThread(target, self, grid_point, block_point, self._debug))
-    self._barrier = _Barrier(len(threads))
+    cooperative = getattr(self._f, "cooperative", False)
+    in_turn = not self._debug and not cooperative and not meets(self._f)
+    self._barrier = _Unmet(self._f) if in_turn else _Barrier(len(threads))
     self._errors = []
     self._grid = None
-    if not self._debug and not getattr(self._f, "cooperative", False) and not meets(self._f):
+    if in_turn:
         _run_in_turn(self, threads)
         threads = []                    # nothing to join
-    elif getattr(self._f, "cooperative", False):
+    elif cooperative:
         if not any(grid_point):         # the first block: a new grid
             _GRID = _Grid(int(np.prod(self._grid_dim)) * len(threads))
         self._grid = grid = _GRID
@@ -233,7 +236,6 @@ def _run_in_turn(manager, threads):
     ``threading.current_thread()`` (how the simulator's cuda.threadIdx finds its indices) and each in a fresh
     context (as a new thread starts: NumPy's error state the default, not the caller's); stops at the first
     error (the others would not have waited for it: none meets another)."""
-    manager._barrier = _Unmet(manager._f)
     ident = threading.get_ident()
     own = threading._active[ident]
     try:
