@@ -425,3 +425,27 @@ def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypat
     """cpu/layer_norm_fused.py's fused forward against the BLAS loop (layer_norm.FUSED False) and the reference."""
     from numbarnn.cpu import layer_norm_fused, layer_norm
     assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, layer_norm, layer_norm_fused)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_cpu_fused_backward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
+    """cpu/layer_norm_fused.py's backward time loop, in one row group and in 3 (the prange loop: the upper layer's,
+    the lower layer's after BLAS in one), gives the BLAS loop's gradients (layer_norm.FUSED False) to 1e-12 and the
+    reference's: H = 9 (a partial column tile), B = 7 with lengths 0 (a partial row tile, rows ending at different
+    steps; groups with no rows), 2 layers, bidirectional."""
+    from numbarnn.cpu import fused, layer_norm, layer_norm_fused
+    case = make_rnn_case(rnn_config(2, 9, 5, cell, direction="bidirectional"), 4, 7, [4, 0, 2, 4, 1, 3, 0], seed=4)
+    out = run_forward(case, "cpu")
+    ran, loop = [], layer_norm_fused.backward_loop
+    monkeypatch.setattr(layer_norm_fused, "backward_loop", lambda *a: ran.append(a[2]) or loop(*a))
+    monkeypatch.setattr(layer_norm, "FUSED", False)
+    want = run_backward(case, out, "cpu")
+    assert ran == []
+    monkeypatch.setattr(layer_norm, "FUSED", True)
+    for groups in (1, 3):
+        monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
+        got = run_backward(case, out, "cpu")
+        for a, b in zip(got, want):
+            assert relative_error(a, b) < 1e-12
+        assert_agrees_with_the_reference(case, out, got)
+    assert ran == [False] * 4 + [True, True, False, False]   # per pseudo-layer, the upper layer's first

@@ -11,12 +11,15 @@ The network driver of `network.py` with the row reductions added, as the referen
                after the loop: "wx": LN_wx's backward of every row of dgx (`input_rows_backward`, W x recomputed),
                then dW, dx, dR as big products
 
-Every loop works on one row at a time (its G*H or H values), so a row's reduction is a plain loop over it.
-The forward above (`forward_direction`) runs with zoneout, skip input, or `FUSED` False; otherwise the forward is
-`layer_norm_fused.py`'s one fused time loop (the same results and reserve).
+Every loop works on one row at a time (its G*H or H values), so a row's reduction is a plain loop over it, and
+the backward accumulates its bias, gain and vector gradients by row (summed after the time loop): rows may run in
+any grouping with the same results.  The loops above (BLAS per step) run with zoneout, skip input (the forward),
+or `FUSED` False; otherwise each layer and direction is one fused time loop of `layer_norm_fused.py` (the
+forward's own; the backward's calls `backward_loop` on a row group's rows, then dh += dgh_s R by the
+micro-kernel), the same results and reserve.
 
 Why one file (over 500 lines): the forward and backward row loops of SPEC 13 and their row reductions are read
-side by side (each backward step undoes its forward step); the fused forward is layer_norm_fused.py.
+side by side (each backward step undoes its forward step); the fused time loops are layer_norm_fused.py.
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ from .workspace import scratch
 
 EPS = 1e-5
 
-#: run the forward by layer_norm_fused.py where it applies; False: `forward_direction` (BLAS) everywhere (tests
-#: compare the two)
+#: run the time loops by layer_norm_fused.py where they apply; False: the BLAS loops everywhere (tests compare
+#: the two)
 FUSED = True
 
 
@@ -219,6 +222,7 @@ def backward_loop(cell, compute: str):
         s,        # int           step index
         d,        # int           direction
         lens,     # [B] int32
+        rows,     # [n] int64     the rows to run (a -1 ends them: a row group's line, fused.group_rows)
         dy,       # [T, B, D*H]   dL/dy of the layer (0 where padded)
         y,        # [T, B, D*H]   reserve: the layer's output
         h0,       # [B, H]        the initial h
@@ -236,13 +240,13 @@ def backward_loop(cell, compute: str):
         dgx,      # [T, B, G*H]   out: dL/d(wx) at [t, b] (before LN_wx's backward)
         dgh_s,    # [B, G*H]      out: dL/d(R h) of this step (after LN_rh's backward; 0 for inactive rows)
         hp_s,     # [B, H]        out: h entering this step (0 for inactive rows)
-        dbR,      # [G*H]         out: accumulated dL/d(bR)
-        dgain_r,  # [G*H]         out: accumulated dL/dγ_r
-        dgain_c,  # [H]           out: accumulated dL/dγ_c
-        dbias_c,  # [H]           out: accumulated dL/dβ_c
-        dv_acc,   # [V, H]        out: accumulated dL/dv
+        dbR,      # [B, G*H]      out: accumulated dL/d(bR) by row (the caller sums the rows: they run in groups)
+        dgain_r,  # [B, G*H]      out: accumulated dL/dγ_r by row ([B, 0] when "rh" is not normalised)
+        dgain_c,  # [B, H]        out: accumulated dL/dγ_c by row ([B, 0] without "c")
+        dbias_c,  # [B, H]        out: accumulated dL/dβ_c by row
+        dv_acc,   # [B, V, H]     out: accumulated dL/dv by row
     ):
-        B, H = dh.shape
+        H = dh.shape[1]
         step = 1 if d == 0 else -1
         dwx = numba.carray(stack_G(acc), G)       # [G]
         drh = numba.carray(stack_G(acc), G)       # [G]
@@ -258,7 +262,10 @@ def backward_loop(cell, compute: str):
         out_gx = np.zeros(G * H, acc)             # [G*H] `output`'s dwx of the row
         out_gh = np.zeros(G * H, acc)             # [G*H] `output`'s drh of the row
         has_c = c0.shape[0] > 0
-        for b in range(B):
+        for i in range(rows.shape[0]):
+            b = rows[i]
+            if b < 0:
+                break
             if s >= lens[b]:
                 for k in range(G * H):
                     dgh_s[b, k] = 0.0
@@ -287,8 +294,8 @@ def backward_loop(cell, compute: str):
                     for g in range(G):
                         out_gx[g * H + j] = dwx_o[g]
                         out_gh[g * H + j] = drh_o[g] if SPLIT[g] else dwx_o[g]
-                    dgain_c[j] += dn * c_hat[j]
-                    dbias_c[j] += dn
+                    dgain_c[b, j] += dn * c_hat[j]
+                    dbias_c[b, j] += dn
                     dm_row[j] = dn * gain_c[j]    # (g = dn γ_c, kept here until the row's means are known)
                     mg += dm_row[j]
                     mgc += dm_row[j] * c_hat[j]
@@ -318,7 +325,7 @@ def backward_loop(cell, compute: str):
                     dgx[t, b, k] = gw
                     pre[k] = gr
                 for q in range(V):
-                    dv_acc[q, j] += dvv[q]
+                    dv_acc[b, q, j] += dvv[q]
                 dh[b, j] = dh_direct
                 if has_c:
                     dc[b, j] = dc_prev
@@ -328,8 +335,8 @@ def backward_loop(cell, compute: str):
                 mga = acc(0.0)
                 for k in range(G * H):
                     a_hat = (rh_raw[t, b, k] - mean_r) * rstd_r
-                    dbR[k] += pre[k]
-                    dgain_r[k] += pre[k] * a_hat
+                    dbR[b, k] += pre[k]
+                    dgain_r[b, k] += pre[k] * a_hat
                     mg += pre[k] * gain_r[k]
                     mga += pre[k] * gain_r[k] * a_hat
                 mg /= G * H
@@ -339,7 +346,7 @@ def backward_loop(cell, compute: str):
                     dgh_s[b, k] = rstd_r * (pre[k] * gain_r[k] - mg - a_hat * mga)
             else:
                 for k in range(G * H):
-                    dbR[k] += pre[k]
+                    dbR[b, k] += pre[k]
                     dgh_s[b, k] = pre[k]
 
     return loop
@@ -454,8 +461,11 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
     loop = backward_loop(cell, name)
     _, input_rows_backward = row_kernels(name)
     tmp = scratch("tmp", (B, H), ct)                         # [B, H] dgh_s R
+    use_fused = FUSED and steps > 0 and not call.zoneout_active
+    all_rows = np.arange(B, dtype=np.int64)                  # [B] the BLAS loop runs every row
     if call.zoneout_active:                                  # zoneout.py: the step gets mask*(dy + dh) in dh
         carry, no_dy = zoneout.backward_buffers(T, B, D, H, ct)   # [B, H], [T, B, D*H]
+    blas_used = False                                        # (row groups only before the first BLAS product)
     dy_l = dy
     for layer in reversed(range(cfg.L)):
         x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
@@ -471,30 +481,37 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
             dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] (t layout)
             dgh = scratch(f"dgh{d}", (T, B, G * H), ct)       # [T, B, G*H] (s layout) after LN_rh's backward
             hp = scratch(f"hp{d}", (T, B, H), ct)             # [T, B, H]   h entering step s
-            dv_acc = np.zeros((V, H), dtype=ct)
-            dbR = np.zeros(G * H, dtype=ct)
+            gains = [_norm(cell, g, n, H, ct) for g in (lp, dlp) for n in ("ln_rh_gain", "ln_c_gain", "ln_c_bias")]
+            # the accumulated gradients by row, summed after the time loop
+            dbR = np.zeros((B, G * H), dtype=ct)                                 # [B, G*H]
+            dgain_r, dgain_c, dbias_c = (np.zeros((B, g.shape[0]), dtype=ct) for g in gains[3:])  # [B, G*H or 0] ..
+            dv_acc = np.zeros((B, V, H), dtype=ct)                               # [B, V, H]
             if padded:
                 dgx.fill(0)
             dgh[steps:] = 0
             hp[steps:] = 0
             dh = dh0[p]
             dc = dc0[p] if dc0 is not None else no_c
-            gains = [_norm(cell, g, n, H, ct) for g in (lp, dlp) for n in ("ln_rh_gain", "ln_c_gain", "ln_c_bias")]
             vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
             dy_step = no_dy if call.zoneout_active else dy_l
-            # per step dgh_s R (B x G*H x H: G forward steps' product) with BLAS's own rule for its threads
-            # (within the call's budget): one thread was 10% slower on an idle 2-core machine, the same under
-            # load (bench/results/cpu.md)
-            for s in reversed(range(steps)):
-                if call.zoneout_active:
-                    zoneout.split(s, d, lens, saved[f"zmask{layer}"][d], dy_l, dh, carry)
-                loop(s, d, lens, dy_step, y, h0[p], c0[p] if c0 is not None else no_c, saved[f"acts{layer}"][d],
-                     saved[f"c{layer}"][d] if dc0 is not None else none3, stats, rh_raw, *gains[:3], vec, dh, dc,
-                     dgx, dgh[s], hp[s], dbR, gains[3], gains[4], gains[5], dv_acc)
-                np.matmul(dgh[s], lp.R, out=tmp)
-                np.add(dh, tmp, out=dh)
-                if call.zoneout_active:
-                    zoneout.add_carry(dh, carry)
+            args = (dy_step, y, h0[p], c0[p] if c0 is not None else no_c, saved[f"acts{layer}"][d],
+                    saved[f"c{layer}"][d] if dc0 is not None else none3, stats, rh_raw, *gains[:3], vec, dh, dc,
+                    dgx)
+            sums = (dbR, dgain_r, dgain_c, dbias_c, dv_acc)
+            if use_fused:                                    # layer_norm_fused.py: one time loop, no BLAS per step
+                layer_norm_fused.backward_direction(call, lp, d, rows, loop, args, dgh, hp, sums, blas_used, ct)
+            else:
+                # per step dgh_s R (B x G*H x H: G forward steps' product) with BLAS's own rule for its threads
+                # (within the call's budget): one thread was 10% slower on an idle 2-core machine, the same under
+                # load (bench/results/cpu.md)
+                for s in reversed(range(steps)):
+                    if call.zoneout_active:
+                        zoneout.split(s, d, lens, saved[f"zmask{layer}"][d], dy_l, dh, carry)
+                    loop(s, d, lens, all_rows, *args, dgh[s], hp[s], *sums)
+                    np.matmul(dgh[s], lp.R, out=tmp)
+                    np.add(dh, tmp, out=dh)
+                    if call.zoneout_active:
+                        zoneout.add_carry(dh, carry)
             gx2 = dgx.reshape(T * B, G * H)
             np.sum(gx2, axis=0, out=dlp.bW)
             if "wx" in cell.layer_norm:                      # back through LN_wx, W x recomputed
@@ -509,9 +526,12 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
             else:
                 dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
             np.matmul(dgh.reshape(T * B, G * H).T, hp.reshape(T * B, H), out=dlp.R)
-            dlp.bR[...] = dbR
+            np.sum(dbR, axis=0, out=dlp.bR)
+            for total, by_row in zip(gains[3:], (dgain_r, dgain_c, dbias_c)):
+                np.sum(by_row, axis=0, out=total)
             if lp.V is not None:
-                dlp.V[...] = dv_acc
+                np.sum(dv_acc, axis=0, out=dlp.V)
+        blas_used = True
         if layer == 0:
             dx = dx_l
         else:

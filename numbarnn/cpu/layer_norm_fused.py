@@ -16,9 +16,13 @@ row, so the loop here works row tile by row tile (NR rows, `microkernel.rows_for
 An inference call writes no reserve (acts, cs, lnstat, rh_raw), as `fused.forward_group`.
 
 A row's products read only its own h, and the row tile writes its h' after all of them: h needs no double
-buffer.  Threads split the row tiles into groups, each its own time loop (as `fused.row_groups`).  The backward
-stays `layer_norm.backward` (it reads the same reserve).  Not here (layer_norm.forward_direction runs them):
-zoneout, skip input.
+buffer.  Threads split the row tiles into groups, each its own time loop (as `fused.row_groups`).  Not here
+(layer_norm.forward_direction runs them): zoneout, skip input.
+
+The backward's time loop (`backward_group`) is `fused.backward_group`'s shape: per step layer_norm's row loop
+over the group's rows, then dh += dgh_s R by the micro-kernel over R's packed columns.  Why: the BLAS loop's
+per-step product (B x G*H x H) and its serial row loop were two thirds of a LayerNormLSTM backward, and OpenBLAS's
+two threads lost most of their speed when another process held a core (bench/results/cpu.md).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import numpy as np
 from numba import prange
 
 from . import cells, fused, microkernel
+from ..util import cdiv
 from .cells import accumulate, load
 from .workspace import scratch
 
@@ -39,6 +44,7 @@ EPS = 1e-5
 pointwise = out_fn = tile = group = moments = None
 rows_x = rows_h = rows_b = rows_t = rows_s = lanes_w = lanes_r = lanes_V = lanes_S = None
 lanes_h = lanes_c = lanes_m = lanes_n = lanes_p = None
+row_step = None
 
 
 def _key(cell, compute: str) -> str:
@@ -335,7 +341,7 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, rows,
     cell, H, G = cfg.cell, cfg.H, cfg.G
     lens, _, order, n_active = rows[:4]
     LANES, NR = microkernel.lanes_for(ct), microkernel.rows_for(G)
-    NT = -(-H // LANES)
+    NT = cdiv(H, LANES)
     HP = NT * LANES
     I_l = x_l.shape[2]
     Wp = scratch("fused_Wp", microkernel.panel_shape(NT, I_l, G, ct), ct)   # [NT, G//V, I, V, LANES] W by unit tiles
@@ -366,3 +372,105 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, rows,
     if c.shape[0]:
         c[...] = cb[:, :H]
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the backward: per step the row loop of layer_norm.backward_loop over the group's rows, then dh += dgh_s R by the
+# micro-kernel over R's packed columns (as fused.backward_group), in one njit call per layer and direction
+# ---------------------------------------------------------------------------------------------------------------
+
+@functools.cache
+def backward_group(cell, compute: str, row_step):
+    """One row group's whole backward of one layer and direction: ``group(grp, <backward_loop's arguments>)`` runs
+    the rows of line grp of `groups` (`fused.group_rows`), per step s = steps-1 .. 0:
+
+        row_step(s, ..., rows_g, ...)       layer_norm.backward_loop over the group's rows: "c", the cell's
+                                            backward, "rh" (dgx[t], dgh[s], hp[s], dh bypassing R, dc, the
+                                            accumulated gradients of the group's rows)
+        dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NR rows per product_tile call
+
+    Each row's gradients are its own (the accumulators are by row): any grouping gives the same bits."""
+    acc = np.dtype(compute).type
+    i64 = np.int64
+    LANES = microkernel.lanes_for(compute)
+    MV = fused.COLUMN_VECTORS
+    NR = microkernel.rows_for(MV)
+    ITEM = np.dtype(compute).itemsize
+    KEY = _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(MV)} {MV}"
+
+    def group(
+        grp,      # int     the row group this call runs (a line of `groups`)
+        d,        # int     direction
+        lens,     # [B]     int32
+        groups,   # [NG, n] int64 each row group's rows, longest first (-1 pads), `fused.group_rows`
+        steps,    # int     the longest length
+        dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh, dc, dgx,   # (row_step's)
+        dgh,      # [T, B, G*H]   out (s layout): dL/d(R h) after LN_rh's backward
+        hp,       # [T, B, H]     out (s layout): h entering step s
+        dbR, dgain_r, dgain_c, dbias_c, dv_acc,   # [B, ...] the accumulated gradients by row (row_step's)
+        RTp,      # [NC, MV//V, G*H, V, LANES] R's columns packed (`microkernel.pack_columns`)
+    ):
+        KEY  # noqa: B018  (the variant's fingerprint, see forward_group)
+        B, H = dh.shape
+        K = RTp.shape[2]
+        NC = RTp.shape[0]
+        dgh_addr = i64(dgh.ctypes.data)
+        r_addr = i64(RTp.ctypes.data)
+        size = 0                                     # the group's rows (the rest of its line is -1)
+        while size < groups.shape[1] and groups[grp, size] >= 0:
+            size += 1
+        rows_g = groups[grp, :size]
+        rows_p = rows_x(i64)
+        rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
+        out_p = lanes_w(acc)
+        out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
+        for s in range(steps - 1, -1, -1):
+            row_step(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh,
+                     dc, dgx, dgh[s], hp[s], dbR, dgain_r, dgain_c, dbias_c, dv_acc)
+            n = 0                                    # the group's rows active at s: a prefix
+            while n < size and lens[rows_g[n]] > s:
+                n += 1
+            for i0 in range(0, n, NR):
+                for r in range(NR):
+                    b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row
+                    rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
+                for ct in range(NC):
+                    tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                    fused.scatter_columns(dh, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, H, True)
+
+    extra = {"tile": microkernel.product_tile(compute, MV, NR, LANES), "row_step": row_step,
+             "rows_x": cells.stack_buffer(NR), "lanes_w": cells.stack_buffer(MV * NR * LANES)}
+    return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
+
+
+@functools.cache
+def backward_loop(cell, compute: str, parallel: bool, row_step):
+    """The fused backward of one layer and direction: ``loop(d, lens, groups, ..., RTp)`` (`backward_group`'s
+    arguments after grp) runs every row group, serially or in an njit prange (as forward_loop)."""
+    if not parallel:
+        return functools.partial(backward_group(cell, compute, row_step), 0)
+    KEY = _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(fused.COLUMN_VECTORS)} row groups"
+
+    def loop(d, lens, groups, steps, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh, dc,
+             dgx, dgh, hp, dbR, dgain_r, dgain_c, dbias_c, dv_acc, RTp):
+        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
+        for g in prange(groups.shape[0]):       # (prange's index is unsigned: int64 as the serial call's grp)
+            group(np.int64(g), d, lens, groups, steps, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c,
+                  bias_c, vec, dh, dc, dgx, dgh, hp, dbR, dgain_r, dgain_c, dbias_c, dv_acc, RTp)
+
+    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=backward_group(cell, compute, row_step))
+
+
+def backward_direction(call, lp, d, rows, row_step, args, dgh, hp, sums, blas_used: bool, ct):
+    """The time loop of one layer and direction of layer_norm.backward (its `args` of the row loop from dy to dgx,
+    its dgh, hp and accumulators `sums`); rows: fused_plan.call_rows(call).  Row groups in parallel only before
+    the backward's first BLAS product (`blas_used` False: see fused.row_groups)."""
+    B, H, G = call.B, call.config.H, call.config.G
+    lens, steps, by_length = rows[:3]
+    MV, LANES = fused.COLUMN_VECTORS, microkernel.lanes_for(ct)
+    NR = microkernel.rows_for(MV)
+    RTp = scratch("fused_RTp", microkernel.panel_shape(cdiv(H, MV * LANES), G * H, MV, ct), ct)   # R by columns
+    microkernel.pack_columns(lp.R, RTp)
+    groups = 1 if blas_used else fused.row_groups(B, NR, int(lens.sum()) * G * H * H)
+    loop = backward_loop(call.config.cell, str(ct), groups > 1, row_step)
+    loop(d, lens, fused.group_rows(by_length, groups, NR), steps, *args, dgh, hp, *sums, RTp)
