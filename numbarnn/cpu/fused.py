@@ -48,7 +48,7 @@ from .zoneout import split_row, zone_lanes
 
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
 # pointwise function, the micro-kernels, the backward's step loop and the stack scratch of each loop's sizes.
-pointwise = tile = tile_w = tile_r = tile_q = step_fn = None
+pointwise = tile = tile_w = tile_r = tile_q = step_fn = products = None
 rows_x = rows_h = rows_b = rows_t = rows_d = None
 lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = lanes_S = None
 
@@ -334,6 +334,24 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
 
 
 @njit(inline="always")
+def group_line(groups, grp):
+    """Row group grp's rows, longest first: line grp of `groups` (`group_rows`) up to its first -1."""
+    size = 0
+    while size < groups.shape[1] and groups[grp, size] >= 0:
+        size += 1
+    return groups[grp, :size]
+
+
+@njit(inline="always")
+def active_prefix(rows_g, lens, s):
+    """How many of a group's rows (longest first) run step s: they are a prefix of rows_g."""
+    n = 0
+    while n < rows_g.shape[0] and lens[rows_g[n]] > s:
+        n += 1
+    return n
+
+
+@njit(inline="always")
 def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
     """dst[b, the columns of column tile ct] = out (add: +=) for the nr rows b = rows[i0 + r] of a product_tile
     call: out [MV, NR*LANES] holds row r's MV vectors of LANES columns at lanes r*LANES ..; columns past `width`
@@ -348,6 +366,31 @@ def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
                     accumulate(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc)
                 else:
                     load(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc)
+
+
+@functools.cache
+def row_products(compute: str, MV: int, LANES: int, NR: int):
+    """``products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p, rows, out_p, out)``, an inline njit
+    function: for the n rows b = rows_g[:n], dst[b, :width] = (add: +=) src_b @ M, where src_b is the K values at
+    address src + b*K*itemsize and M's columns are packed (`microkernel.pack_columns`, NC column tiles of MV
+    vectors at address `panels`); NR rows per `product_tile` call (a partial tile's spare lanes: rows_g[0]).
+    rows_p/rows and out_p/out are the caller's stack scratch of NR addresses and [MV, NR*LANES] values (stack
+    memory taken inside a loop would grow the frame at every iteration).  The backward's per-step products.
+    (LANES and NR in the arguments, as the caller worked them out: tests change the vector width and tiles.)"""
+    ITEM = np.dtype(compute).itemsize
+    tile = product_tile(compute, MV, NR, LANES)
+
+    @njit(inline="always")
+    def products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p, rows, out_p, out):
+        for i0 in range(0, n, NR):
+            for r in range(NR):
+                b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
+                rows[r] = src + (b * K) * ITEM
+            for ct in range(NC):
+                tile(panels + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                scatter_columns(dst, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, width, add)
+
+    return products
 
 
 def _backward_key(cell, compute: str, MV: int, has_proj: bool) -> str:
@@ -420,18 +463,13 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
         dht_addr = i64(dht.ctypes.data)
         NCH = Wc.shape[0]
         r_addr = i64(RTp.ctypes.data)
-        size = 0                            # the group's rows (the rest of its line is -1)
-        while size < groups.shape[1] and groups[grp, size] >= 0:
-            size += 1
-        rows_g = groups[grp, :size]
+        rows_g = group_line(groups, grp)
         rows_p = rows_d(i64)
         rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
         out_p = lanes_w(acc)
         out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
         for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
-            n = 0                                    # the group's rows active at s: a prefix
-            while n < size and lens[rows_g[n]] > s:
-                n += 1
+            n = active_prefix(rows_g, lens, s)      # the group's rows active at s
             if zon:                                  # zoneout: dh = mask*(dy + dh), carry = the rest (dy: zeros)
                 for i in range(n):
                     b = rows_g[i]
@@ -443,27 +481,15 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
                     for k in range(P):
                         dht[b, k] = dy[t, b, d * P + k] + dh[b, k]
                         dh_all[t, b, k] = dht[b, k]
-                for i0 in range(0, n, NR):
-                    for r in range(NR):
-                        b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
-                        rows[r] = dht_addr + (b * P) * ITEM
-                    for ch in range(NCH):
-                        tile(wc_addr + ch * (P * MV * LANES * ITEM), rows_p, P, out_p)
-                        scatter_columns(dm, rows_g, i0, min(NR, n - i0), out, ch, MV, LANES, H, False)
+                products(dm, rows_g, n, dht_addr, P, wc_addr, NCH, H, False, rows_p, rows, out_p, out)
             step_fn(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, vec, dm, dh, dc, dgx, dgh[s], hp[s], dv_acc)
-            for i0 in range(0, n, NR):
-                for r in range(NR):
-                    b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row
-                    rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
-                for ct in range(NC):
-                    tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
-                    scatter_columns(dh, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, P, True)
+            products(dh, rows_g, n, dgh_addr + (s * B * K) * ITEM, K, r_addr, NC, P, True, rows_p, rows, out_p, out)
             if zon:                                  # zoneout: dh_prev += what bypassed the cell
                 for i in range(n):
                     b = rows_g[i]
                     accumulate(dh[b], carry[b], P)
 
-    extra = {"step_fn": step, "tile": product_tile(compute, MV, NR, LANES), "rows_d": cells.stack_buffer(NR),
+    extra = {"step_fn": step, "products": row_products(compute, MV, LANES, NR), "rows_d": cells.stack_buffer(NR),
              "lanes_w": cells.stack_buffer(MV * NR * LANES)}
     return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
 

@@ -44,7 +44,7 @@ EPS = 1e-5
 pointwise = out_fn = tile = group = moments = None
 rows_x = rows_h = rows_b = rows_t = rows_s = lanes_w = lanes_r = lanes_V = lanes_S = None
 lanes_h = lanes_c = lanes_m = lanes_n = lanes_p = None
-row_step = None
+row_step = products = None
 
 
 def _key(cell, compute: str) -> str:
@@ -416,10 +416,7 @@ def backward_group(cell, compute: str, row_step):
         NC = RTp.shape[0]
         dgh_addr = i64(dgh.ctypes.data)
         r_addr = i64(RTp.ctypes.data)
-        size = 0                                     # the group's rows (the rest of its line is -1)
-        while size < groups.shape[1] and groups[grp, size] >= 0:
-            size += 1
-        rows_g = groups[grp, :size]
+        rows_g = fused.group_line(groups, grp)
         rows_p = rows_x(i64)
         rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
         out_p = lanes_w(acc)
@@ -427,18 +424,10 @@ def backward_group(cell, compute: str, row_step):
         for s in range(steps - 1, -1, -1):
             row_step(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh,
                      dc, dgx, dgh[s], hp[s], dbR, dgain_r, dgain_c, dbias_c, dv_acc)
-            n = 0                                    # the group's rows active at s: a prefix
-            while n < size and lens[rows_g[n]] > s:
-                n += 1
-            for i0 in range(0, n, NR):
-                for r in range(NR):
-                    b = rows_g[i0 + r] if i0 + r < n else rows_g[0]   # spare lanes: the longest row
-                    rows[r] = dgh_addr + ((s * B + b) * K) * ITEM
-                for ct in range(NC):
-                    tile(r_addr + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
-                    fused.scatter_columns(dh, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, H, True)
+            n = fused.active_prefix(rows_g, lens, s)     # the group's rows active at s
+            products(dh, rows_g, n, dgh_addr + (s * B * K) * ITEM, K, r_addr, NC, H, True, rows_p, rows, out_p, out)
 
-    extra = {"tile": microkernel.product_tile(compute, MV, NR, LANES), "row_step": row_step,
+    extra = {"products": fused.row_products(compute, MV, LANES, NR), "row_step": row_step,
              "rows_x": cells.stack_buffer(NR), "lanes_w": cells.stack_buffer(MV * NR * LANES)}
     return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
 
