@@ -11,6 +11,8 @@
                               or "reference" (the float64 NumPy oracle)
     release_workspaces        free the scratch the cpu and cuda backends keep between calls (this thread)
 """
+import importlib
+
 from . import cells, layers, models, ops
 from .backends import get_default_backend, release_workspaces, set_default_backend
 from .layers import CudnnGRU, CudnnLSTM, CudnnRNN, CudnnRNNRelu, CudnnRNNTanh
@@ -24,6 +26,5 @@ def __getattr__(name):
     """`numbarnn.torch` (and `numbarnn.testing`) on first use, so `import numbarnn` stays free of torch and
     hypothesis; without torch installed the ImportError says which extra to install."""
     if name in ("torch", "testing"):
-        import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

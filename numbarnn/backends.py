@@ -15,6 +15,7 @@ import sys
 
 from . import settings
 from .validation import check_choice
+from .workspace import release_all
 
 BACKENDS = {"reference": "numbarnn.reference.backend", "cpu": "numbarnn.cpu.backend",
             "cuda": "numbarnn.kernels.backend"}
@@ -28,7 +29,7 @@ def real_gpu_available() -> bool:
     if settings.simulator():
         return False
     try:
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         return bool(cuda.is_available())
     except Exception:  # pragma: no cover - broken driver installs
         return False
@@ -64,5 +65,4 @@ def release_workspaces() -> int:
     """Free the scratch the cpu and cuda backends keep across calls in this thread (numbarnn/workspace.py: the
     arrays a call needs but does not return, kept so the next call of its size allocates nothing); returns the
     bytes released.  Backends not imported yet hold nothing and are not imported."""
-    from .workspace import release_all
     return release_all()

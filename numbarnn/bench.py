@@ -62,7 +62,8 @@ import sys
 
 from . import device as _device
 from . import measure
-from .cells import cell_names
+from .cells import cell_names, get_cell
+from .analysis.profiler import model_report  # imports no numba
 from .analysis.roofline import DEEPBENCH   # no numba (numba is imported after use_simulator_unless_gpu)
 from . import settings
 from .measure import timed_ms  # noqa: F401 (numbarnn.bench.timed_ms: older tutorials)
@@ -153,9 +154,9 @@ def _csv(v) -> str:
 def load_pyplot():
     """matplotlib.pyplot with a file-only backend, or None when matplotlib is not installed."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib is optional
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib is optional
     except ImportError:
         return None
     return plt
@@ -301,7 +302,6 @@ def default_shapes(args, backends: list[str], cuda_simulated: bool) -> list[tupl
 def print_gpu_model() -> None:
     """No GPU to time the kernels on: print the memory profiler's roofline MODEL of them instead."""
     try:
-        from .analysis.profiler import model_report
         text = model_report()
     except Exception as exc:   # informative only: the timings above stand on their own
         text = f"(no GPU model: {type(exc).__name__}: {exc})"
@@ -327,7 +327,6 @@ def run(args) -> int:
     shapes = args.shapes or ([parse_shape(t) for t in DEEPBENCH_SHAPES] if args.deepbench
                              else default_shapes(args, backends, cuda_simulated))
     if args.num_proj:
-        from .cells import get_cell
         no_proj = [m for m in args.modes if not get_cell(m).projection]
         if no_proj:
             return _error(f"--num-proj: {', '.join(no_proj)} allow{'s' * (len(no_proj) == 1)} no projection "
@@ -337,7 +336,7 @@ def run(args) -> int:
             return _error(f"--num-proj: {args.num_proj} > H in {' '.join(narrow)} (a projection has P <= H)")
     versions = list(dict.fromkeys(args.step_versions or []))
     if versions:
-        from .kernels.driver import STEP_VERSIONS
+        from .kernels.driver import STEP_VERSIONS  # lazy: the kernels import numba.cuda
         if "cuda" not in backends:
             return _error("--step-versions: times the cuda backend, which is not among the backends run")
         bad = [v for v in versions if v not in STEP_VERSIONS]

@@ -12,10 +12,15 @@ numba is imported only inside the checks (the CLI decides between GPU and simula
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from . import ops
 from .backends import BACKENDS as OP_BACKENDS
+from .config import RNNCall, rnn_config
 from .verify import (BLOCK_GRADIENTS, BLOCK_OUTPUTS, FD_TOLERANCE, PEEPHOLE_GRADIENTS, Comparison, compare, host,
                      rnn_named, tolerances, worst)
 
@@ -117,14 +122,10 @@ class Spec:
         return " ".join(parts + [self.dtype])
 
     def rnn_config(self):
-        from .config import rnn_config
         return rnn_config(self.layers, self.units, self.I, self.mode, self.input_mode, self.direction, self.proj,
                           self.dropout, self.seed, self.seed2, zoneout=self.zoneout)
 
     def rnn_call(self, is_training: bool = True):
-        import numpy as np
-
-        from .config import RNNCall
         lengths = self.lengths if self.lengths is not None else (self.time,) * self.batch
         return RNNCall(self.rnn_config(), self.time, self.batch, np.dtype(self.dtype), not self.batch_major,
                        is_training, tuple(lengths))
@@ -216,7 +217,7 @@ def launch_info(be_module, phase: str):
 
 def _run_rnn(case, backend: str, be_module=None):
     """{name: NumPy array} of forward and backward on `backend`, plus the launch counts when exposed."""
-    from .testing import run_backward, run_forward
+    from .testing import run_backward, run_forward  # lazy: testing imports hypothesis
     launches = {}
     fwd = run_forward(case, backend)
     info = launch_info(be_module, "forward")
@@ -230,9 +231,7 @@ def _run_rnn(case, backend: str, be_module=None):
 
 
 def check_rnn(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckResult:
-    import numpy as np
-
-    from .testing import check_rnn_gradients, make_rnn_case
+    from .testing import check_rnn_gradients, make_rnn_case  # lazy: testing imports hypothesis
     result = CheckResult(spec)
     cfg = spec.rnn_config()
     lengths = None if spec.lengths is None else np.asarray(spec.lengths, dtype=np.int32)
@@ -274,9 +273,7 @@ def _compare_backends(result: CheckResult, backends, run, ref: dict, tols, cuda_
 
 def _check_against_torch_nn(result: CheckResult, case64, tolerance) -> None:
     """torch.nn.LSTM/GRU/RNN (an independent implementation) against the float64 reference, same inputs."""
-    import numpy as np
-
-    from .torch import torch_nn_outputs, torch_nn_supports
+    from .torch import torch_nn_outputs, torch_nn_supports  # lazy: torch is optional
     why = torch_nn_supports(case64)
     if why:
         result.skipped.append(f"torch: {why}")
@@ -292,7 +289,6 @@ def _check_against_torch_nn(result: CheckResult, case64, tolerance) -> None:
 
 
 def torch_available() -> bool:
-    import importlib.util
     return importlib.util.find_spec("torch") is not None
 
 
@@ -307,7 +303,6 @@ def _exc(exc: BaseException) -> str:
 
 def _block_inputs(spec: Spec, dtype):
     """x, cs_prev, h_prev, w, wci, wcf, wco, b and the upstream cs_grad, h_grad (float64, then cast)."""
-    import numpy as np
     rng = np.random.default_rng(spec.data_seed)
     T, B, I, C = spec.time, spec.batch, spec.I, spec.units
 
@@ -324,7 +319,6 @@ _BLOCK_ARGS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 
 
 def _run_block(spec: Spec, inputs: dict, upstream: dict, backend: str, be_module=None):
-    from . import ops
     args = [inputs[k] for k in _BLOCK_ARGS]
     launches = {}
     if spec.v1:
@@ -352,9 +346,7 @@ def _run_block(spec: Spec, inputs: dict, upstream: dict, backend: str, be_module
 
 def _block_fd_rows(spec: Spec, result: CheckResult, tolerance):
     """Directional finite differences of <cs, cs_grad> + <h, h_grad> for the reference, in float64."""
-    import numpy as np
-
-    from .testing import directional_check
+    from .testing import directional_check  # lazy: testing imports hypothesis
     inputs, upstream = _block_inputs(spec, np.float64)
     got, _ = _run_block(spec, inputs, upstream, "reference")
     fd_tol = FD_TOLERANCE if tolerance is None else tolerance
@@ -381,7 +373,6 @@ def _block_fd_rows(spec: Spec, result: CheckResult, tolerance):
 
 
 def check_block(spec: Spec, backends, tolerance=None, cuda_module=None) -> CheckResult:
-    import numpy as np
     result = CheckResult(spec)
     if "reference" in backends:
         try:

@@ -24,11 +24,18 @@ import os
 import sys
 from dataclasses import replace
 
+from . import bench
+from .analysis import profiler
+from .analysis.profiler import add_arguments as add_profile_arguments
+from .analysis.profiler import is_step_kernel   # one rule for "launched per step"
+from .block_lstm_config import GATE_ORDER
 from .checks import (BACKEND_NAMES, CUDA_BACKEND_MODULE, DIRECTIONS, DTYPES, INPUT_MODES, SWEEP,  # noqa: F401
                      CheckResult, Spec, _exc, check_spec, launch_info, load_cuda_backend, torch_available)
 from .cells import load_cell_modules
 from .device import REAL_GPU_VAR, SIM_VAR  # noqa: F401 (the variables the CLI honours)
 from .device import use_simulator_unless_gpu as setup_cuda_environment
+from .params import param_regions, params_size
+from .reserve import reserve_entries, reserve_size
 
 # ---------------------------------------------------------------------------------------------------
 # printing
@@ -163,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
                                          "CUDA simulator (always, GPU or not) and records every global and shared "
                                          "memory access (numbarnn.analysis.profiler). Defaults: H=I=32 B=8 T=3.")
     _add_config_flags(profile)
-    from .analysis.profiler import add_arguments as add_profile_arguments
     add_profile_arguments(profile)
 
     sub.add_parser("kernels", help="registers, spills and occupancy of every kernel ([--json] [--cc 80 90])",
@@ -304,7 +310,6 @@ def plan_table(plan: list[dict], call) -> str:
                      f"({grid}) x {r['block']}" if r["block"] else "-", _human(r["flops"]), _human(r["bytes"]) + "B"))
     out = [format_table(("phase", "layer", "kernel", "launches", "grid x block", "FLOP/launch", "bytes/launch"),
                         rows)]
-    from .analysis.profiler import is_step_kernel   # one rule for "launched per step" (imports no numba)
     steps = max(call.lengths, default=0)
     for phase in ("forward", "backward"):
         total = sum(r["launches"] for r in plan if r["phase"] == phase)
@@ -325,8 +330,6 @@ def cmd_explain(args) -> int:
         return 2
     if spec.blocklstm:
         return _explain_block(spec)
-    from .params import param_regions, params_size
-    from .reserve import reserve_entries, reserve_size
     call = spec.rnn_call(is_training=True)
     cfg = call.config
     module, why = load_cuda_backend()
@@ -375,7 +378,6 @@ def cmd_explain(args) -> int:
 
 
 def _explain_block(spec: Spec) -> int:
-    from .block_lstm_config import GATE_ORDER
     layout = "icfo" if spec.v1 else "ifco"
     T, B, I, C = spec.time, spec.batch, spec.I, spec.units
     print(f"configuration: {spec.label()}")
@@ -415,7 +417,6 @@ def cmd_kernels(argv) -> int:
 def cmd_profile(args) -> int:
     """`numbarnn profile`: all of it lives in numbarnn.analysis.profiler (runs in the simulator, a subprocess
     if need be)."""
-    from .analysis import profiler
     return profiler.cli_main(args, spec_from_args)
 
 
@@ -425,7 +426,6 @@ def cmd_bench(argv) -> int:
     It owns its flags and --help, and calls use_simulator_unless_gpu() itself before numba is imported; without
     a GPU it times the NumPy reference (the cuda backend only with --simulator, whose timings mean nothing).
     """
-    from . import bench
     return bench.main(list(argv))
 
 

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import backends, ops, settings
 from . import device as _device
-from . import settings
+from .config import rnn_config
+from .params import from_torch_state_dict
 from .settings import SIM_VAR
 from .verify import compare, host, rnn_named, tolerances, worst
 
@@ -39,8 +41,7 @@ MUST_HAVE = ("output", "output_h", "input_backprop", "params_backprop")
 
 def make_case(mode: str, H: int, B: int, T: int, I: int, dtype, seed: int = 0, num_proj: int = 0):  # noqa: E741
     """A one-layer, unidirectional, linear-input case (full lengths), scaled like torch's default init."""
-    from .config import rnn_config
-    from .testing import make_rnn_case
+    from .testing import make_rnn_case  # lazy: testing imports hypothesis
 
     cfg = rnn_config(1, H, I, mode, input_mode="linear_input", num_proj=num_proj)
     return make_rnn_case(cfg, T, B, None, seed=seed, dtype=dtype, scale=1.0 / math.sqrt(max(H, I)))
@@ -65,8 +66,6 @@ class OpsAdapter:
         return None if a is None else np.ascontiguousarray(a)
 
     def calls(self, case):
-        from . import ops
-
         x, h0, c0, params, dy, dhT, dcT = (self.put(a) for a in (case.x, case.h0, case.c0, case.params, case.dy,
                                                                   case.dhT, case.dcT))
         attrs, be = case.attrs, self.op_backend
@@ -108,7 +107,7 @@ class CudaAdapter(OpsAdapter):
         forward, backward, named = super().calls(case)
         if self.version is None:
             return forward, backward, named
-        from .kernels.driver import pinned_step_version
+        from .kernels.driver import pinned_step_version  # lazy: the kernels import numba.cuda
 
         def pinned(fn):
             def call(*args):
@@ -119,17 +118,17 @@ class CudaAdapter(OpsAdapter):
         return pinned(forward), pinned(backward), named
 
     def sync(self) -> None:
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         cuda.synchronize()
 
     def put(self, a):
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         return None if a is None else cuda.to_device(np.ascontiguousarray(a))
 
     def extra(self) -> dict:
         """Kernel launches of the last forward / backward call."""
         try:
-            from .kernels import driver
+            from .kernels import driver  # lazy: the kernels import numba.cuda
             last = driver.last_launch_count()
             return {"launches_fwd": last["forward"].total, "launches_bwd": last["backward"].total,
                     "why": last["forward"].note}
@@ -151,9 +150,9 @@ class TorchNNAdapter:
         self._restore = None
 
     def start(self) -> None:
-        import torch
+        import torch  # lazy: torch is optional
         if self.device == "cpu":
-            import numba
+            import numba  # lazy: numba after the simulator switch
             old = torch.get_num_threads()
             torch.set_num_threads(numba.get_num_threads())
             self._restore = lambda: torch.set_num_threads(old)
@@ -174,15 +173,14 @@ class TorchNNAdapter:
             self._restore = None
 
     def sync(self) -> None:
-        import torch
+        import torch  # lazy: torch is optional
         if self.device == "cuda":
             torch.cuda.synchronize()
 
     def calls(self, case):
-        import torch
+        import torch  # lazy: torch is optional
 
-        from .params import from_torch_state_dict
-        from .torch import torch_nn_module
+        from .torch import torch_nn_module  # lazy: torch is optional
 
         cfg = case.cfg
         tdt = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}[str(case.dtype)]
@@ -243,12 +241,11 @@ def make_adapter(name: str):
 # --------------------------------------------------------------------------------------------------
 
 def cpu_status() -> tuple[bool, str]:
-    from . import backends
     if "cpu" not in backends.BACKENDS:
         return False, "numbarnn has no cpu backend in this version"
-    import numba
+    import numba  # lazy: numba after the simulator switch
 
-    from .cpu import microkernel, tuning
+    from .cpu import microkernel, tuning  # lazy: the cpu backend imports numba
     shapes = ", ".join(f"{name} {V}x{NR}" for name, G in (("LSTM", 4), ("GRU", 3), ("RNN", 1))
                        for V, NR in [microkernel.tile_shape(G)])
     how = "measured here" if tuning.enabled() else "static rule, NUMBARNN_CPU_TUNE=0"
@@ -264,7 +261,7 @@ def cuda_status(allow_simulator: bool) -> tuple[bool, bool, str]:
         return False, True, (f"needs a real GPU (numba's CUDA simulator is active: no GPU found, or {SIM_VAR}=1), "
                              "or --simulator to run it in the simulator (validates; its timings mean nothing)")
     try:
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         if not cuda.is_available():
             return False, False, "needs a real GPU (numba finds no CUDA driver/device), or --simulator"
         name = cuda.get_current_device().name
@@ -278,7 +275,7 @@ def torch_status(device: str) -> tuple[bool, str]:
     if device == "cuda" and not _device.real_gpu_present():
         return False, "needs torch with CUDA on a GPU (no GPU found)"
     try:
-        import torch
+        import torch  # lazy: torch is optional
     except Exception as exc:
         return False, f"torch does not import ({type(exc).__name__}: {exc})"
     if device != "cuda":
@@ -343,7 +340,7 @@ def shape_label(shape) -> str:
 
 def reference_outputs(case) -> dict:
     """The float64 reference of `case` on the same (dtype-rounded) inputs."""
-    from .testing import run_named
+    from .testing import run_named  # lazy: testing imports hypothesis
     return run_named(case.astype(np.float64), "reference")
 
 
@@ -400,7 +397,7 @@ def timed_ms(fn, reps: int, warmup: int = 1) -> float:
     `warmup` untimed calls first keep kernel compilation out of the numbers; in the CUDA simulator there is
     nothing to synchronise and no warm-up (its timings only say that it is slow).
     """
-    from numba import config, cuda
+    from numba import config, cuda  # lazy: numba.cuda after the simulator switch
     if config.ENABLE_CUDASIM:
         return median_ms(fn, lambda: None, reps, 0)
     return median_ms(fn, cuda.synchronize, reps, warmup)

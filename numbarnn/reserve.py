@@ -161,5 +161,5 @@ def reserve_contents(reserve):
 def _device(a):
     if hasattr(a, "copy_to_host"):
         return a
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
     return cuda.as_cuda_array(a)

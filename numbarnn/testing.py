@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import ops
-from .cells import get_cell
+from .cells import CellSpec, get_cell, register
 from .config import RNNConfig, rnn_config
 from .params import params_size
 from .verify import TOLERANCES, relative_error, rnn_named  # noqa: F401 (TOLERANCES: public here too)
@@ -340,7 +340,6 @@ def check_cell(cell, backends=("reference",), max_examples: int = 25, network_ex
     cell: a CellSpec (registered if need be) or a registered name.  Returns a CellReport; with
     raise_on_failure an AssertionError carrying the report (and the failing example) instead.
     """
-    from .cells import CellSpec, register
     if isinstance(cell, CellSpec):
         register(cell)
     else:
@@ -378,9 +377,9 @@ def check_cell(cell, backends=("reference",), max_examples: int = 25, network_ex
 
 def _hypothesis_examples(cell, pointwise, network, backends, max_examples: int, n_network: int) -> None:
     """check_cell's examples drawn (and a failure shrunk) by hypothesis."""
-    import hypothesis
-    from hypothesis import given, settings
-    from hypothesis import strategies as hst
+    import hypothesis  # lazy: hypothesis is optional
+    from hypothesis import given, settings  # lazy: hypothesis is optional
+    from hypothesis import strategies as hst  # lazy: hypothesis is optional
 
     quiet = settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
                      suppress_health_check=list(hypothesis.HealthCheck))

@@ -85,8 +85,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("numbarnn.torch needs PyTorch: pip install numbarnn[torch]") from exc
 
 from .backends import BACKENDS, get_backend, get_default_backend
-from .cells import get_cell
+from .cells import CellSpec, get_cell, register
 from .config import check_zoneout, validate_forward
+from .params import from_torch_state_dict, to_torch_state_dict
 from .torch_cells import CellModule, GRUCell, LSTMCell, RNNCell
 from .torch_layer_norm import LayerNormGRU, LayerNormLSTM
 from .torch_ops import _NO_SEEDS, _call, _eager, _fast_forward, _FastRNNFunction, rnn_backward_op, rnn_op
@@ -437,7 +438,6 @@ class RNNBase(_NumbaRNNBase):
 
     def __init__(self, cell, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, proj_size=0, device=None, dtype=None, *, backend=None, zoneout=0.0):
-        from .cells import CellSpec, register
         if isinstance(cell, CellSpec):
             register(cell)
             cell = cell.name
@@ -490,8 +490,6 @@ _TORCH_NN = {"lstm": lambda **kw: torch.nn.LSTM(**kw), "gru": lambda **kw: torch
 
 def torch_nn_module(cfg, params, dtype=torch.float64, batch_first: bool = False) -> torch.nn.Module:
     """The torch.nn.LSTM / GRU / RNN of `cfg` holding the weights of numbarnn's opaque `params`, in `dtype`."""
-    from .params import to_torch_state_dict
-
     if cfg.rnn_mode not in _TORCH_NN:
         raise ValueError(f"rnn_mode: torch.nn has no {cfg.rnn_mode!r} cell")
     kw = dict(input_size=cfg.I, hidden_size=cfg.H, num_layers=cfg.L, bias=True, batch_first=batch_first,
@@ -529,8 +527,6 @@ def torch_nn_outputs(case) -> dict:
     Ragged lengths go through pack_padded_sequence(enforce_sorted=False).  Raises ValueError for a case
     torch.nn cannot express (see `torch_nn_supports`).
     """
-    from .params import from_torch_state_dict
-
     why = torch_nn_supports(case)
     if why:
         raise ValueError(f"case: {why}")

@@ -39,6 +39,7 @@ import torch
 
 from .backends import BACKENDS
 from .cells import CellSpec, get_cell, register
+from .torch_network import _modulated_gh, cell_step, torch_cell_modulation
 from .torch_ops import _NO_SEEDS, _call
 from .torch_tensors import (_TORCH_DTYPES, RNNDtypeError, RNNShapeError, _autocast_dtype, _check_sizes, _layout,
                             _needs_reserve, _reset_uniform, _WeightViews)
@@ -240,7 +241,6 @@ class CellModule(torch.nn.Module):
     def _empty_step(self, x, states, batched, autocast):
         """torch.nn's cells with hidden_size 0 (an empty h') or input_size 0 (h' from h alone): computed here in
         torch operations, the cell's own forward on zero-width W x (`numbarnn.torch_network`'s cell step)."""
-        from .torch_network import cell_step
         dtype = autocast or x.dtype
         B, H = x.shape[0], self.hidden_size
         w = {name: getattr(self, name) for name in self._weight_names}
@@ -250,7 +250,6 @@ class CellModule(torch.nn.Module):
         vectors = [w[name].to(dtype) for name in get_cell(self._rnn_mode()).vectors]
         cell = get_cell(self._rnn_mode())
         if cell.modulated:                                         # R_g (m ⊙ h) for its modulated gates
-            from .torch_network import _modulated_gh, torch_cell_modulation
             lp = {"R": w["weight_hh"].to(dtype), "bR": w["bias_hh"].to(dtype) if self.bias else None, "V": vectors}
             gh = _modulated_gh(cell, torch_cell_modulation(cell.name), lp, gx, h, H)
         else:

@@ -55,8 +55,8 @@ class _HasteLayerNorm(torch.nn.Module):
             raise type(exc)(f"{name}: {exc}") from None
         if not isinstance(return_state_sequence, bool):
             raise TypeError(f"{name}: return_state_sequence must be a bool, got {return_state_sequence!r}")
-        import numbarnn.contrib.layer_norm_gru  # noqa: F401  (registers the cells)
-        import numbarnn.contrib.layer_norm_lstm  # noqa: F401
+        import numbarnn.contrib.layer_norm_gru  # lazy: registers the cells when a layer is made  # noqa: F401
+        import numbarnn.contrib.layer_norm_lstm  # lazy: registers the cells when a layer is made  # noqa: F401
         self.input_size, self.hidden_size, self.batch_first = input_size, hidden_size, bool(batch_first)
         self.dropout, self.zoneout, self.return_state_sequence = float(dropout), zoneout, return_state_sequence
         self.backend = backend

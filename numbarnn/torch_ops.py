@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import ops
+from . import ops, torch_network
 from .cells import get_cell
 from .config import RNNCall
 from .reserve import reserve_size
@@ -436,7 +436,6 @@ def _call(x, h0, c0, weights, lengths, seeds, net, views: Optional[_WeightViews]
 
 def _network_function(net, lengths, seeds):
     """(x, h0, c0 or absent, *weights) -> (y, hT, cT): the call's network in torch operations (torch_network)."""
-    from . import torch_network
     cell, L, H, I, bidirectional, P, bias, dropout, is_training, _, zoneout = _net(net)
     layout = _layout(cell, L, H, I, bidirectional, P, bias)
     cfg = _call_config(layout, dropout, _seeds(seeds), zoneout)

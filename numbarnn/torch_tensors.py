@@ -66,7 +66,7 @@ def _device_array(t: torch.Tensor):
     key = (t.data_ptr(), tuple(t.shape), t.dtype, t.device.index)     # (contiguous: the shape gives the strides)
     d = _DEVICE_ARRAYS.get(key)
     if d is None:
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         if len(_DEVICE_ARRAYS) >= 64:
             _DEVICE_ARRAYS.clear()
         d = _DEVICE_ARRAYS[key] = cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=None,
@@ -131,16 +131,16 @@ class _device_scope:
 def _numba() -> tuple:
     """(numba, its thread count and its setter, without the locks of numba's get/set_num_threads once its threads
     are up): imported at the first CPU call."""
-    import numba
+    import numba  # lazy: numba after the simulator switch
 
-    from .cpu.threads import num_threads, set_num_threads
+    from .cpu.threads import num_threads, set_num_threads  # lazy: cpu.threads imports numba
     return numba, num_threads, set_num_threads
 
 
 @contextlib.contextmanager
 def _cuda_scope(device: torch.device):  # pragma: no cover - needs a GPU
     """`_device_scope` on a GPU: numba's context on `device`, the default stream ordered with torch's current one."""
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
     index = device.index if device.index is not None else torch.cuda.current_device()
     current, default = torch.cuda.current_stream(index), torch.cuda.default_stream(index)
     if current != default:

@@ -57,7 +57,7 @@ def host(a):
     if hasattr(a, "detach"):
         return a.detach().cpu().numpy()
     if hasattr(a, "__cuda_array_interface__"):
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         return cuda.as_cuda_array(a).copy_to_host()
     return np.asarray(a)
 

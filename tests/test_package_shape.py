@@ -131,3 +131,71 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
     assert import_cycles(edges) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     (pkg / "c.py").write_text("thing = 1\n")
     assert import_cycles(module_imports(pkg)) == []
+
+
+#: packages a function may import where it needs them, no reason written: optional extras, the CUDA wheels, and
+#: numba.cuda (imported only after numbarnn.settings has settled numba's simulator switch)
+OPTIONAL = ("torch", "hypothesis", "matplotlib", "tensorflow", "threadpoolctl", "cuda", "numba.cuda")
+LAZY = re.compile(r"#\s*lazy:\s*\S")
+
+
+def _of_optional_package(node) -> bool:
+    """`import a, b` of OPTIONAL packages only, or `from m import x` where m or m.x is one (`from numba import
+    cuda`); a relative import never is."""
+    def optional(name):
+        return any(name == p or name.startswith(p + ".") for p in OPTIONAL)
+    if isinstance(node, ast.Import):
+        return all(optional(a.name) for a in node.names)
+    return not node.level and (optional(node.module) or any(optional(f"{node.module}.{a.name}") for a in node.names))
+
+
+def unexplained_local_imports(package: pathlib.Path) -> list[str]:
+    """'path:line: statement' of each import inside a function (methods and nested functions included) that is
+    neither of an OPTIONAL package nor marked `# lazy: <reason>` on one of its lines."""
+    found = {}
+    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+        text = path.read_text()
+        lines = text.splitlines()
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and not _of_optional_package(node) and not any(
+                        LAZY.search(lines[n - 1]) for n in range(node.lineno, node.end_lineno + 1)):
+                    where = f"{path.relative_to(package.parent).as_posix()}:{node.lineno}"
+                    found[path, node.lineno] = f"{where}: {lines[node.lineno - 1].strip()}"
+    return [found[k] for k in sorted(found)]
+
+
+def test_function_local_imports_say_why():
+    """An import inside a function avoids an optional or heavy package (OPTIONAL, by name) or says why on its line:
+    `# lazy: numba after the simulator switch`, `# lazy: cycle: tuning imports microkernel`, ...  Any other import
+    (the standard library, a light numbarnn module) belongs at the top of its module."""
+    found = unexplained_local_imports(PACKAGE)
+    assert not found, "move these to module level, or say why not (`# lazy: <reason>`):\n" + "\n".join(found)
+
+
+def test_the_local_import_check_finds_a_bare_one(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import json\n")
+    source = ("import os\n\n\n"
+              "def f():\n"
+              "    import torch\n"
+              "    from numba import cuda\n"
+              "    from cuda.bindings import nvjitlink\n"
+              "    from . import sibling  # lazy: cycle through sibling\n"
+              "    from numba import (config,  # lazy: numba after the simulator switch\n"
+              "                       types)\n\n"
+              "    def inner():\n"
+              "        import os\n\n\n"
+              "class C:\n"
+              "    import json\n\n"
+              "    def method(self):\n"
+              "        import numba\n"
+              "        import torch, json\n")
+    (pkg / "a.py").write_text(source)
+    assert unexplained_local_imports(pkg) == ["pkg/a.py:13: import os", "pkg/a.py:20: import numba",
+                                              "pkg/a.py:21: import torch, json"]
+    (pkg / "a.py").write_text("def f():\n    import os  # lazy: the reason\n")
+    assert unexplained_local_imports(pkg) == []

@@ -201,10 +201,10 @@ def _run_in_subprocess(kwargs: dict) -> dict:
 
 
 def _profile_here(gpu, geometry, phases, cells, lines, step_version=None, **config) -> dict:
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
-    from ..kernels import driver
-    from ..testing import make_rnn_case           # hypothesis, a test dependency, where installed
+    from ..kernels import driver  # lazy: the kernels import numba.cuda
+    from ..testing import make_rnn_case  # lazy: testing imports hypothesis
 
     load_cell_modules(cells, "cells")
     c = dict(CONFIG_DEFAULTS, **config)
@@ -284,10 +284,10 @@ def measure_v1_figures(H: int = 32, B: int = 2) -> dict:
     R bytes per step of both, in units of B x |R|.  Runs in a subprocess when the simulator is off here."""
     if not simulator_active():
         return _measure_in_subprocess("--measure-v1")
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
-    from ..kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args
-    from ..kernels.recurrent import make_recurrent_backward
+    from ..kernels.cell_steps import FORWARD_ARGS, make_forward_step, used_args  # lazy: the kernels import numba.cuda
+    from ..kernels.recurrent import make_recurrent_backward  # lazy: the kernels import numba.cuda
 
     cell = get_cell("lstm")
     G, S, P = cell.G, cell.S, H
@@ -335,7 +335,7 @@ def _measure_in_subprocess(flag: str) -> dict:
 
 def _lstm_step_arrays(H: int, P: int, B: int, T: int = 1, lens: int = 1, seed: int = 0) -> dict:
     """Device arrays of every forward and backward step argument of an LSTM layer (float32, D = 1)."""
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
     cell = get_cell("lstm")
     G, S = cell.G, cell.S
@@ -362,15 +362,15 @@ def measure_v2_figures(H: int = 32, B: int = 10) -> dict:
     off here."""
     if not simulator_active():
         return _measure_in_subprocess("--measure-v2")
-    from ..kernels import step_v2
-    from ..kernels.cell_steps import FORWARD_ARGS, used_args
+    from ..kernels import step_v2  # lazy: the kernels import numba.cuda
+    from ..kernels.cell_steps import FORWARD_ARGS, used_args  # lazy: the kernels import numba.cuda
 
     t = step_v2.GPU_TILES
     a = _lstm_step_arrays(H, H, B, T=2, lens=2)
     cell, GH, item = a["cell"], a["cell"].G * H, 4
     forward = step_v2.make_forward_step_v2(cell, "float32", False, t)
     backward = step_v2.make_backward_step_v2(cell, "float32", t)
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
     with recording() as rec:
         rec.tag("R", a["R_fwd"])
         rec.tag("h", a["h_in"])
@@ -406,10 +406,10 @@ def measure_v3_figures(H: int = 4, P: int = 32, B: int = 2, TJ: int = 2, backwar
     the backward at H = P = backward_H (its columns of R, the dgh staging: roofline.v3_backward_traffic)."""
     if not simulator_active():
         return _measure_in_subprocess("--measure-v3")
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
-    from ..kernels import step_v2, step_v3, v3_slices
-    from ..kernels.cell_steps import FORWARD_ARGS, used_args
+    from ..kernels import step_v2, step_v3, v3_slices  # lazy: the kernels import numba.cuda
+    from ..kernels.cell_steps import FORWARD_ARGS, used_args  # lazy: the kernels import numba.cuda
     sl = v3_slices.Slice(TJ=TJ, RG=v3_slices.THREADS // TJ, RB=1, KC=32, KMAX=P)
     a = _lstm_step_arrays(H, P, B)
     cell = a["cell"]

@@ -131,7 +131,7 @@ def _element_offsets(ary, idx):
 
 
 def _make_global_proxy_class():
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray  # lazy: numba.cuda after the simulator switch
 
     class GlobalProxy(FakeCUDAArray):
         """A FakeCUDAArray whose element loads and stores are recorded; views stay proxies."""
@@ -495,9 +495,9 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
                            f"imported (run_profile does this in a subprocess for you)")
     if _RECORDER is not None:
         raise RuntimeError("recording() is already active (one profile at a time)")
-    from numba.cuda.simulator import kernel as sim_kernel
-    from numba.cuda.simulator import kernelapi
-    from numba.cuda.simulator.cudadrv import devicearray
+    from numba.cuda.simulator import kernel as sim_kernel  # lazy: numba.cuda after the simulator switch
+    from numba.cuda.simulator import kernelapi  # lazy: numba.cuda after the simulator switch
+    from numba.cuda.simulator.cudadrv import devicearray  # lazy: numba.cuda after the simulator switch
 
     rec = Recorder() if recorder is None else recorder
     GlobalProxy = _make_global_proxy_class()
@@ -568,7 +568,7 @@ def recording(recorder: Recorder | None = None, geometry: str = "simulator"):
         patches.append(lambda: [setattr(atomic_cls, n, f) for n, f in orig_atomics.items()])
         if geometry == "gpu":       # a GPU's launch sizes, GEMM tiles and v3 slices, run here (v3's blocks all
             #                             at once, as numbarnn's simulator runs a cooperative grid)
-            from ..kernels.target import Target, planning_for
+            from ..kernels.target import Target, planning_for  # lazy: kernels.target imports numba.cuda
             scope = contextlib.ExitStack()
             scope.enter_context(planning_for(Target.gpu_in_simulator()))
             patches.append(scope.close)

@@ -135,14 +135,14 @@ def parse_info_log(log: str) -> dict:
 # --------------------------------------------------------------------------------------------------
 def link_info_log(ptx: str, cc: tuple, name: str = "kernel") -> str:
     """Link PTX to SASS for sm_XY with nvJitLink -verbose and return its info log."""
-    from cuda.bindings import nvjitlink
+    from cuda.bindings import nvjitlink  # lazy: the CUDA toolkit wheels are optional
 
     data = ptx.encode()
     handle = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
     try:
         nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
         if "cudaCGSynchronize" in ptx:          # a grid barrier (cooperative groups): the device runtime library
-            from numba.cuda.cudadrv.libs import get_cudalib
+            from numba.cuda.cudadrv.libs import get_cudalib  # lazy: numba.cuda after the simulator switch
             nvjitlink.add_file(handle, nvjitlink.InputType.LIBRARY, get_cudalib("cudadevrt", static=True))
         try:
             nvjitlink.complete(handle)
@@ -191,7 +191,7 @@ def compile_spec(spec, ccs, block: int = DEFAULT_BLOCK) -> list[dict]:
     numba's typing and lowering (most of the time) run once: the PTX is generated for the lowest target and
     nvJitLink turns it into SASS for every target, so ptxas still allocates registers per architecture.
     """
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
     ccs = [tuple(cc) for cc in ([ccs] if isinstance(ccs[0], int) else ccs)]
     rows = [{"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", "registers": None,
@@ -260,7 +260,7 @@ def _compile_task(task) -> tuple[list[dict], list[str]]:
 def toolkit_problem() -> str | None:
     """None when the CUDA compiler libraries the report needs (NVVM, nvJitLink) load, else what to install."""
     try:
-        from cuda import pathfinder
+        from cuda import pathfinder  # lazy: the CUDA toolkit wheels are optional
     except ImportError:   # pragma: no cover - numba-cuda always brings cuda-pathfinder
         return None
     missing = []
@@ -404,7 +404,7 @@ def persistent_co_residency(rows: list[dict]) -> list[dict]:
     kernels are compiled at the H = 512 slice; the TJ = 2 slices of H = 768 and 1024 stage twice the rows a
     thread and take more: v3_slices.V3_REGISTERS).  The driver asks the device itself
     (max_cooperative_grid_blocks) and runs v2 where this says no."""
-    from ..kernels.v3_slices import v3_co_residency
+    from ..kernels.v3_slices import v3_co_residency  # lazy: the kernels import numba.cuda
     gpus = {tuple(g.cc): g for g in reversed(list(GPUS.values()))}     # the first GPU listed per cc
     out = []
     for r in rows:

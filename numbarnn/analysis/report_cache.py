@@ -19,6 +19,10 @@ import json
 import os
 import sys
 import tempfile
+from importlib import metadata
+
+import llvmlite
+import numpy
 
 #: where the last whole report lives (inside the package: a source checkout commits it)
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_report.json")
@@ -28,11 +32,7 @@ FORMAT = 1
 
 def _compiler_versions() -> dict:
     """numba, numba-cuda, llvmlite, NumPy, NVVM's and nvJitLink's versions, Python's (what compiles the kernels)."""
-    import llvmlite
-    import numba
-    import numpy
-
-    from importlib import metadata
+    import numba  # lazy: numba after the simulator switch
 
     versions = {"python": "%d.%d" % sys.version_info[:2], "numpy": numpy.__version__, "numba": numba.__version__,
                 "llvmlite": llvmlite.__version__}
@@ -42,12 +42,12 @@ def _compiler_versions() -> dict:
         except metadata.PackageNotFoundError:
             versions[dist] = None
     try:
-        from numba.cuda.cudadrv.nvvm import NVVM
+        from numba.cuda.cudadrv.nvvm import NVVM  # lazy: numba.cuda after the simulator switch
         versions["nvvm"] = ".".join(map(str, NVVM().get_version()))
     except Exception as exc:                      # no NVVM: the report fails anyway; keep the key honest
         versions["nvvm"] = f"unavailable: {type(exc).__name__}"
     try:
-        from cuda.bindings import nvjitlink
+        from cuda.bindings import nvjitlink  # lazy: the CUDA toolkit wheels are optional
         versions["nvjitlink"] = ".".join(map(str, nvjitlink.version()))
     except Exception as exc:
         versions["nvjitlink"] = f"unavailable: {type(exc).__name__}"

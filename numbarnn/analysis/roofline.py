@@ -228,8 +228,8 @@ def v2_step_traffic(H: int, I: int, B: int, G: int = 4, s: int = 4, measured=Non
             each warp loads 1 word of R (a row of the R tile: conflict-free), per 4 gate rows RB vectors of dgh
             (a broadcast): warps x ceil(G*H/KC) x (KC + KC/4 x RB) wavefronts.
     """
-    from ..kernels import step_v2
-    from ..kernels.staging import pitch, vector_words
+    from ..kernels import step_v2  # lazy: the kernels import numba.cuda
+    from ..kernels.staging import pitch, vector_words  # lazy: the kernels import numba.cuda
     t = tiles or step_v2.GPU_TILES
     m = dict(V2_MEASURED, **(measured or {}))
     P = H
@@ -274,7 +274,7 @@ def v3_rows_by_k(B: int, sl) -> int:
     """The (row, k) pairs a v3 block's products run per gate and step (its units' FMAs per unit): each row
     tile's RN rows (TB without a split: the padded rows too) x the KMAX columns of the slice's capacity (zeros
     past P included), each chunk run by one split (`v3_splits`)."""
-    from ..kernels.v3_slices import v3_splits
+    from ..kernels.v3_slices import v3_splits  # lazy: the kernels import numba.cuda
     return sum(RN * sl.KMAX for RN, _ in v3_splits(B, sl))
 
 
@@ -285,8 +285,8 @@ def _v3_geometry(H: int, B: int, D: int, sl, s: int, h_pitch: int | None = None)
     VW (words a load: the k loop's loads are LDS.128, VW = 4 fp32 words, staging.pitch), how much more than its
     useful bytes an epilogue row's sector carries (TJ consecutive units per row), the h load's bank conflict
     (its wavefronts over the fewest its bytes need: 1 = conflict-free)."""
-    from ..kernels import v3_slices
-    from ..kernels.staging import pitch, vector_words
+    from ..kernels import v3_slices  # lazy: the kernels import numba.cuda
+    from ..kernels.staging import pitch, vector_words  # lazy: the kernels import numba.cuda
     TJ, RB, KMAX, TB, NT = sl.TJ, sl.RB, sl.KMAX, sl.TB, sl.threads
     VW = vector_words("float32")
     if h_pitch is None:
@@ -308,7 +308,7 @@ def v3_product_wavefronts(B: int, sl, NG: int, NCH: int, per_k: int, NV: int, re
     chunk in that round; with
     KS > 1 the reduction through `red` (rows red_pitch words apart): each live thread stores its NV x RB partial
     sums, split 0's threads load the other splits' (`bank_wavefronts` of the lanes' words)."""
-    from ..kernels.v3_slices import v3_splits
+    from ..kernels.v3_slices import v3_splits  # lazy: the kernels import numba.cuda
     TJ, RB, KC, TB, NT = sl.TJ, sl.RB, sl.KC, sl.TB, sl.threads
     total = 0
     for RN, KS in v3_splits(B, sl):
@@ -363,7 +363,7 @@ def v3_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: int = 1, P
                   flops=0, blocks=nb)
     h_l2 = nb * B * P * s
     other = D * _other_forward(B, H, P, G, s) * spread
-    from ..kernels.v3_slices import red_pitch
+    from ..kernels.v3_slices import red_pitch  # lazy: the kernels import numba.cuda
     step_wf = nb * v3_product_wavefronts(B, sl, 1, sl.KMAX // KC, G * wf_R + RB * wf_h, G, red_pitch(G, sl), VW)
     step = dict(h_l2=h_l2, l2=h_l2 + other, l1=h_l2 + other, dram=D * (B * P * s) + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h, h_conflict=conflict,
@@ -390,7 +390,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
     P = H
     GH = G * H
     nb, _, _, wf_R, wf_h, VW, spread, _ = _v3_geometry(H, B, D, sl, s)
-    from ..kernels.staging import pitch
+    from ..kernels.staging import pitch  # lazy: the kernels import numba.cuda
     wf_slice = bank_wavefronts((e % TJ) * pitch(KMAX, "float32") + e // TJ for e in range(WARP))
     R_bytes = D * GH * P * s
     run = -(-TJ * s // SECTOR)                      # sectors of one row's TJ columns
@@ -401,7 +401,7 @@ def v3_backward_traffic(H: int, I: int, B: int, sl, G: int = 4, s: int = 4, D: i
                   sectors_per_request=(WARP // TJ) * run)
     dgh_l2 = nb * B * GH * s
     other = D * B * (3 * GH + 4 * H + 3 * P) * s * spread
-    from ..kernels.v3_slices import red_pitch
+    from ..kernels.v3_slices import red_pitch  # lazy: the kernels import numba.cuda
     step_wf = nb * v3_product_wavefronts(B, sl, G, sl.KMAX // KC, wf_R + RB * wf_h, 1, red_pitch(G, sl), VW)
     step = dict(dgh_l2=dgh_l2, l2=dgh_l2 + other, l1=dgh_l2 + other, dram=D * B * GH * s + other / spread,
                 smem_wavefronts=step_wf, smem=step_wf * WAVEFRONT, wf_R=wf_R, wf_h=wf_h,
@@ -427,7 +427,7 @@ def deepbench_model(gpu_name: str = "H100 SXM", shapes=DEEPBENCH, measured=None,
     run, else v2's forward (row["runs"] says which); its backward likewise (`v3_backward_traffic`, one launch:
     the columns of R once, then T + 1 steps of traffic + a grid barrier each; row["backward_runs"]).
     """
-    from ..kernels import step_v2, v3_slices
+    from ..kernels import step_v2, v3_slices  # lazy: the kernels import numba.cuda
     gpu = GPUS[gpu_name]
     out = []
     G, s = 4, 4

@@ -77,7 +77,7 @@ NVDISASM_MISSING = "nvdisasm not found: pip install 'cuda-toolkit[nvdisasm]==13.
 def nvdisasm_path() -> str | None:
     """nvdisasm from the CUDA wheels (or a toolkit on PATH), None when neither has it."""
     try:
-        from cuda import pathfinder
+        from cuda import pathfinder  # lazy: the CUDA toolkit wheels are optional
         path = pathfinder.find_nvidia_binary_utility("nvdisasm")
         if path:
             return path
@@ -88,14 +88,14 @@ def nvdisasm_path() -> str | None:
 
 def cubin(ptx: str, cc: tuple) -> bytes:
     """Link PTX for sm_XY with nvJitLink (libcudadevrt too for a grid barrier, as the compile report does)."""
-    from cuda.bindings import nvjitlink
+    from cuda.bindings import nvjitlink  # lazy: the CUDA toolkit wheels are optional
 
     data = ptx.encode()
     handle = nvjitlink.create(1, [f"-arch=sm_{cc[0]}{cc[1]}"])
     try:
         nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
         if "cudaCGSynchronize" in ptx:
-            from numba.cuda.cudadrv.libs import get_cudalib
+            from numba.cuda.cudadrv.libs import get_cudalib  # lazy: numba.cuda after the simulator switch
             nvjitlink.add_file(handle, nvjitlink.InputType.LIBRARY, get_cudalib("cudadevrt", static=True))
         nvjitlink.complete(handle)
         buf = bytearray(nvjitlink.get_linked_cubin_size(handle))
@@ -174,7 +174,7 @@ def summary(sass: str) -> dict:
 
 def kernel_summary(spec, cc: tuple = (9, 0)) -> dict:
     """``summary`` of a registry KernelSpec compiled for sm_XY, with its name and dtype."""
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
     ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
     return {"kernel": spec.name, "dtype": spec.dtype, "cc": f"{cc[0]}{cc[1]}", **summary(disassemble(ptx, cc))}
@@ -190,10 +190,10 @@ def per_step_v3(H: int, B: int, dtype: str = "float32", cc: tuple = (9, 0), cell
     (its hot loops: the round loop's body once, plus the k loop's body for its other trips) and their product.
     An estimate from static counts (the epilogue and the grid barrier are not in it), as the H100 measured these
     kernels latency bound, with about one warp per scheduler (bench/results/gpu_h100.md)."""
-    from numba import cuda
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
 
-    from ..kernels import step_v3, v3_slices
-    from ..kernels.cell_steps import signature
+    from ..kernels import step_v3, v3_slices  # lazy: the kernels import numba.cuda
+    from ..kernels.cell_steps import signature  # lazy: the kernels import numba.cuda
 
     c = get_cell(cell)
     base = v3_slices.plan(c.G, H, H, dtype, simulator=False)
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--narrow", action="store_true",
                    help="with --per-step: v3_slices.plan's blocks (THREADS threads), not the widest co-resident")
     args = p.parse_args(argv)
-    from numba import config
+    from numba import config  # lazy: numba after the simulator switch
     if config.ENABLE_CUDASIM:
         print("python -m numbarnn.analysis.sass: needs numba without NUMBA_ENABLE_CUDASIM", file=sys.stderr)
         return 2
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            from ..kernels import v3_slices
+            from ..kernels import v3_slices  # lazy: the kernels import numba.cuda
             block = f"{v3_slices.THREADS} threads a block" if args.narrow else "the blocks step_v3.choose runs on an H100"
             print(f"v3 products, instructions per step and thread ({args.dtype}, sm_{args.cc}, {block}; SASS loop "
                   f"counts x trips, an estimate):")
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         print(f"no {args.dtype} kernel name contains {args.only!r}", file=sys.stderr)
         return 2
     if args.loops:
-        from numba import cuda
+        from numba import cuda  # lazy: numba.cuda after the simulator switch
         found = {}
         for spec in specs:
             ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)

@@ -73,7 +73,11 @@ Register a spec with `register(spec)`; afterwards `rnn_mode=spec.name` works in 
 from __future__ import annotations
 
 import builtins
+import importlib
+import importlib.util
 import inspect
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -358,10 +362,6 @@ def is_builtin(name: str) -> bool:
 def load_cell_modules(names, what: str = "--cells") -> None:
     """Import each module name or .py file in `names` (they register their cells on import); a file already
     loaded is not run again.  `what` names the argument in errors (ValueError)."""
-    import importlib
-    import importlib.util
-    import os
-    import sys
     for name in names or ():
         if name.endswith(".py") or os.sep in name:
             if not os.path.isfile(name):

@@ -29,6 +29,9 @@ computes on zeros (packed weights, biases and the padded columns of the h and c 
 its first H - j0 lanes.
 
 Used for every call (network.py); `network.FUSED = False` selects the BLAS loops.
+
+Why one file (over 500 lines): the forward's and the backward's time loops and the inline helpers compiled into
+both (row groups, the products, the scatters) are read together.
 """
 from __future__ import annotations
 
@@ -288,14 +291,11 @@ def row_groups(B: int, NR: int, macs: int) -> int:
     """Row groups for a call of B rows and `macs` multiply-adds: one per thread, at most one per tile of NR rows;
     1 (the serial loop) below PARALLEL_MIN_MACS.
 
-    Batch rows are independent through a whole layer and direction, so each group runs its own time loop over
-    its row tiles with no synchronisation between steps: one parallel region per call.  Why not a parallel
-    region per step (over unit tiles): every region waits for a thread that shares its core with OpenBLAS's
-    threads, which spin for ~0.1 s after every NumPy product (a model's output layer, the backward's weight
-    gradients): examples/char_lstm.py trained half as fast with it.  Row groups suffer from those threads too,
-    less: small calls (char_lstm's, ~3 ms, all inside that window) run slower in row groups than serially, hence
-    the threshold; large calls gain (bench/results/cpu.md).  The backward runs its loops in row groups only
-    before its first BLAS product (network.backward)."""
+    Rows are independent through a layer and direction: each group runs its own time loop, one parallel region
+    per call.  Not a region per step: each would wait for a thread sharing its core with OpenBLAS's, which spin
+    ~0.1 s after every NumPy product (a model's output layer, the weight gradients).  Row groups suffer from
+    them too, less: small calls run slower in groups than serially, hence the threshold, and a backward uses
+    groups only before its first BLAS product (network.backward; bench/results/cpu.md)."""
     if macs < PARALLEL_MIN_MACS:
         return 1
     return max(1, min(threads.num_threads(), cdiv(B, NR)))
@@ -370,13 +370,10 @@ def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
 
 @functools.cache
 def row_products(compute: str, MV: int, LANES: int, NR: int):
-    """``products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p, rows, out_p, out)``, an inline njit
-    function: for the n rows b = rows_g[:n], dst[b, :width] = (add: +=) src_b @ M, where src_b is the K values at
-    address src + b*K*itemsize and M's columns are packed (`microkernel.pack_columns`, NC column tiles of MV
-    vectors at address `panels`); NR rows per `product_tile` call (a partial tile's spare lanes: rows_g[0]).
-    rows_p/rows and out_p/out are the caller's stack scratch of NR addresses and [MV, NR*LANES] values (stack
-    memory taken inside a loop would grow the frame at every iteration).  The backward's per-step products.
-    (LANES and NR in the arguments, as the caller worked them out: tests change the vector width and tiles.)"""
+    """The backward's per-step products, inline: ``products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p,
+    rows, out_p, out)``: dst[b, :width] = (add: +=) src_b @ M for the rows b = rows_g[:n], src_b the K values at
+    address src + b*K*itemsize, M's NC column tiles packed at `panels` (`microkernel.pack_columns`); rows_p/rows,
+    out_p/out: the caller's stack scratch (taken in a loop, the stack would grow every iteration)."""
     ITEM = np.dtype(compute).itemsize
     tile = product_tile(compute, MV, NR, LANES)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import multiprocessing
 
 from numba import njit
 from numba.core.caching import IndexDataCacheFile
@@ -87,8 +88,6 @@ def race(cache_file_class, path: str, processes: int = 2, saves: int = 150) -> t
     """`processes` processes save `saves` distinct keys each into one index at once; then every key is loaded
     back: -> (keys whose data is another key's, keys lost).  Lost keys only cost a compile; wrong ones run
     another function's machine code."""
-    import multiprocessing
-
     context = multiprocessing.get_context("spawn")   # no fork of a process that runs OpenMP/BLAS threads
     workers = [context.Process(target=_race_worker, args=(cache_file_class, path, w, saves))
                for w in range(processes)]

@@ -27,6 +27,7 @@ two threads lost most of their speed when another process held a core (bench/res
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numba
 import numpy as np
@@ -49,7 +50,6 @@ row_step = products = None
 
 def _key(cell, compute: str) -> str:
     """The fingerprint of the loop's variant: the cell's code (`output` too), the library's, the tiles."""
-    import hashlib
     h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
     if cell.output is not None:
         cells._hash_function(cell.output, h, set())

@@ -98,7 +98,7 @@ def geometry(G: int) -> tuple[int, int, int]:
 @functools.cache
 def _chosen_shape(G: int, regs: int, simd: int) -> tuple[int, int]:
     """`tile_shape` as this machine measured it (`tuning.chosen`; the static rule with NUMBARNN_CPU_TUNE=0)."""
-    from . import tuning
+    from . import tuning  # lazy: cycle: tuning imports microkernel
     return tuning.chosen(G, regs, simd)
 
 

@@ -19,6 +19,7 @@ zoneout, skip input.
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numba
 import numpy as np
@@ -38,7 +39,6 @@ lanes_w = lanes_r = lanes_2 = lanes_V = lanes_S = lanes_h = lanes_c = lanes_m = 
 
 def _key(cell, compute: str) -> str:
     """The fingerprint of the loop's variant: the cell's code (`modulation` too), the library's, the tiles."""
-    import hashlib
     h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
     cells._hash_function(cell.modulation, h, set())
     return h.hexdigest() + f" modulated fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"

@@ -22,7 +22,7 @@ def _blas_libraries() -> tuple:
     """threadpoolctl's controllers of the BLAS libraries loaded now (looked up once, ~2 ms: NumPy loads its
     BLAS at import, before any call), or () without threadpoolctl."""
     try:
-        from threadpoolctl import ThreadpoolController
+        from threadpoolctl import ThreadpoolController  # lazy: threadpoolctl may be absent
     except ImportError:       # pragma: no cover - threadpoolctl is a dependency
         return ()
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)

@@ -24,12 +24,16 @@ import os
 import platform
 import tempfile
 import time
+import warnings
 
+import numba
 import numpy as np
+from numba import njit, prange
 
 from .. import settings
 from ..util import cdiv
 from . import microkernel
+from .jitcache import _exclusive
 
 FILENAME = "numbarnn_tile_shapes.json"
 _measured: dict = {}          # this process's choices: key -> (V, NR)
@@ -56,7 +60,6 @@ def cpu_model() -> str:
 def cache_path() -> str:
     """Where the choices are kept: numba's cache directory when NUMBA_CACHE_DIR sets one, else this package's
     __pycache__ (where numba caches the fused loops), else the user's temporary directory."""
-    import numba
     base = numba.config.CACHE_DIR
     places = [os.path.join(base, "numbarnn")] if base else []
     places += [os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"),
@@ -101,7 +104,6 @@ def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
     try:
         gflops = {shape: measure(G, *shape) for shape in candidates(G, regs) or [static]}
     except Exception:         # pragma: no cover - a compile or run failure: the static rule, said once
-        import warnings
         warnings.warn(f"numbarnn: measuring the micro-kernel's tile shapes failed; using {static} for G={G}",
                       stacklevel=2)
         _measured[k] = static
@@ -148,8 +150,6 @@ def steps_runner(tile, parallel: bool = False):
     """`steps` x (every row tile x every unit tile) calls of the micro-kernel `tile`, as the fused loop makes
     them (`parallel`: the row tiles split over numba's threads): what `measure` and bench/bench_cpu_fused.py
     time.  run(Rp [NT, G//V, K, V, LANES], rows [NB, NR] row addresses, out [NT, NB, G, NR, LANES], steps)."""
-    from numba import njit, prange
-
     @njit(parallel=parallel)
     def run(Rp, rows, out, steps):
         panel = Rp[0].size * Rp.itemsize
@@ -178,7 +178,6 @@ def _read() -> dict:
 
 def _update(k: str, entry: dict) -> None:
     """Add one entry: read, update and replace the file under its lock (other processes' entries kept)."""
-    from .jitcache import _exclusive
     path = cache_path()
     try:
         with _exclusive(path + ".lock"):

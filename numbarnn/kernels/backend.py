@@ -13,6 +13,7 @@ from numba import cuda
 
 from .. import reserve as _reserve
 from ..validation import is_device_array
+from . import block_lstm as _bl
 from . import driver
 from .common import blocks, jit, make_swap01, threads
 from .launch import launch
@@ -87,12 +88,10 @@ def rnn_backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
 
 
 def block_lstm(call, *arrays):
-    from . import block_lstm as _bl
     host = _on_host(arrays[0])
     return _out(host, *_bl.forward(call, *[to_device(a) for a in arrays]))
 
 
 def block_lstm_grad(call, *arrays):
-    from . import block_lstm as _bl
     host = _on_host(arrays[0])
     return _out(host, *_bl.backward(call, *[to_device(a) for a in arrays]))

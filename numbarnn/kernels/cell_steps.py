@@ -364,13 +364,13 @@ def reported_cells(recurrence: str | None = None) -> list:
     """The specs of REPORTED_CELLS (registering the shipped user cells), only those of one `recurrence` if given
     (the v2 and v3 kernels take the "matrix" ones: a diagonal recurrence runs v1's; so do a modulated cell and a
     layer-normalised one, which a given `recurrence` leaves out)."""
-    import numbarnn.contrib.cifg_lstm  # noqa: F401  (registers the shipped user cells)
-    import numbarnn.contrib.gru_v1  # noqa: F401
-    import numbarnn.contrib.mgu  # noqa: F401
-    import numbarnn.contrib.indrnn  # noqa: F401
-    import numbarnn.contrib.layer_norm_gru  # noqa: F401
-    import numbarnn.contrib.layer_norm_lstm  # noqa: F401
-    import numbarnn.contrib.peephole_lstm  # noqa: F401
+    import numbarnn.contrib.cifg_lstm  # lazy: registers the shipped cells when asked  # noqa: F401
+    import numbarnn.contrib.gru_v1  # lazy: registers the shipped cells when asked  # noqa: F401
+    import numbarnn.contrib.mgu  # lazy: registers the shipped cells when asked  # noqa: F401
+    import numbarnn.contrib.indrnn  # lazy: registers the shipped cells when asked  # noqa: F401
+    import numbarnn.contrib.layer_norm_gru  # lazy: registers the shipped cells when asked  # noqa: F401
+    import numbarnn.contrib.layer_norm_lstm  # lazy: registers the shipped cells when asked  # noqa: F401
+    import numbarnn.contrib.peephole_lstm  # lazy: registers the shipped cells when asked  # noqa: F401
     return [cell for cell in map(get_cell, REPORTED_CELLS)
             if recurrence is None or (recurrence == cell.recurrence and not cell.modulated and not cell.layer_norm)]
 

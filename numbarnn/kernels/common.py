@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 from numba import cuda, types
+from numba.cuda import dispatcher
+from numba.cuda.cudadrv.error import CudaSupportError
 from numba.np.numpy_support import from_dtype
 
 from ..util import cdiv
@@ -64,9 +66,6 @@ def _compile_without_a_gpu() -> None:
     without a GPU.  Where the driver is missing, the dispatcher's get_current_device returns `_NoGPU` instead;
     with a GPU it is numba's own.  Only numba-cuda's dispatcher module sees this (`cuda.get_current_device()`
     still raises without a GPU), and it is installed once per process."""
-    from numba.cuda import dispatcher
-    from numba.cuda.cudadrv.error import CudaSupportError
-
     real = getattr(dispatcher, "get_current_device", None)
     if real is None or getattr(real, "numbarnn_real", None) is not None:   # another numba-cuda, or done already
         return

@@ -58,7 +58,7 @@ def enabled() -> bool:
     """Whether ``launch`` may take the fast path: numba not in simulator mode (the process's, whatever target is
     planned for), NUMBARNN_FAST_LAUNCH not 0, and a numba-cuda whose launch internals are the ones this module
     mirrors."""
-    from numba import config
+    from numba import config  # lazy: numba after the simulator switch
     return not config.ENABLE_CUDASIM and settings.get("fast_launch") and _internals() is not None
 
 
@@ -73,10 +73,10 @@ def _active():
 def _internals():
     """numba-cuda's pieces the fast path uses, or None where they are not all there (looked up once)."""
     try:
-        from numba.cuda import dispatcher as nd
-        from numba.cuda._compat import CUDA_CORE_GE_1_0
-        from numba.cuda.cudadrv import devicearray, driver
-        from numba.cuda.errors import normalize_kernel_dimensions
+        from numba.cuda import dispatcher as nd  # lazy: numba.cuda after the simulator switch
+        from numba.cuda._compat import CUDA_CORE_GE_1_0  # lazy: numba.cuda after the simulator switch
+        from numba.cuda.cudadrv import devicearray, driver  # lazy: numba.cuda after the simulator switch
+        from numba.cuda.errors import normalize_kernel_dimensions  # lazy: numba.cuda after the simulator switch
     except (ImportError, AttributeError):       # another numba-cuda: numba's own launch everywhere
         return None
     if not (hasattr(devicearray.DeviceNDArray, "_strided_memory_view_shim") and hasattr(nd._Kernel, "_prepare_args")):
@@ -137,7 +137,7 @@ def argument_kinds(args, device_array_class) -> tuple | None:
 def scalar_converter(ty):
     """How numba's _prepare_args passes a value of an integer / float / boolean parameter type (a ctypes
     type, or None: as it is); False for parameter types this module leaves to numba."""
-    from numba.cuda import types
+    from numba.cuda import types  # lazy: numba.cuda after the simulator switch
     if isinstance(ty, types.Boolean):
         return None
     if isinstance(ty, types.Integer):
@@ -226,7 +226,7 @@ def prepare(dispatcher, args, internals=None):
     if not isinstance(kernel, internals["Kernel"]) or getattr(kernel, "debug", False) or \
             getattr(kernel, "extensions", None) or getattr(kernel, "launch_config_sensitive", False):
         return _NUMBA
-    from numba.cuda import types
+    from numba.cuda import types  # lazy: numba.cuda after the simulator switch
     converters = []
     for ty, v in zip(kernel.argument_types, args):
         if isinstance(ty, types.Array):
@@ -297,7 +297,7 @@ class _FakeMemory:
 def fake_device_array(shape, dtype, address: int, strides=None):
     """A numba DeviceNDArray of shape/strides (bytes; default C order) at a made-up device address: it types and
     packs as a real one, and must never reach a kernel."""
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray  # lazy: numba.cuda after the simulator switch
     dtype = np.dtype(dtype)
     if strides is None:
         strides = tuple(int(x) for x in np.empty(shape, dtype=np.int8).strides)
@@ -319,7 +319,7 @@ def step_kernel_case(H: int = 768, B: int = 16, T: int = 1024, D: int = 1, dtype
     """The forward step kernel's launch as the driver makes it, for `driverless`: (a stand-in kernel with the step
     kernels' signature, common.step_signatures: 13 arguments, 12 of them arrays; its grid; its block; the
     arguments: step T-1 and fake device arrays of an LSTM of H units, batch B, T steps, D directions)."""
-    from .common import step_signatures
+    from .common import step_signatures  # lazy: kernels.common imports numba.cuda
 
     def step(s, lens, gx, bias, R_fwd, R_rev, h_in, h_out, c, y, acts, cs, ms):
         pass
@@ -336,10 +336,10 @@ def driverless_kernel(pyfunc, argtypes, cooperative: bool = False):
     """A cuda.jit dispatcher of pyfunc holding a stand-in compiled overload for argtypes (numba types), so that
     numba's ``kernel[grid, block](*args)`` and ``launch`` run all their host work without a GPU (never
     compiled; under ``driverless()`` nothing reaches a driver)."""
-    from numba import cuda
-    from numba.cuda import dispatcher as nd
-    from numba.cuda import types
-    from numba.cuda.typing import signature
+    from numba import cuda  # lazy: numba.cuda after the simulator switch
+    from numba.cuda import dispatcher as nd  # lazy: numba.cuda after the simulator switch
+    from numba.cuda import types  # lazy: numba.cuda after the simulator switch
+    from numba.cuda.typing import signature  # lazy: numba.cuda after the simulator switch
     dispatcher = cuda.jit(pyfunc)
     kernel = nd._Kernel.__new__(nd._Kernel)
     kernel.signature = signature(types.void, *argtypes)
@@ -391,8 +391,8 @@ class driverless:
         self.calls: list = []
 
     def __enter__(self):
-        from numba.cuda import dispatcher as nd
-        from numba.cuda.cudadrv import driver
+        from numba.cuda import dispatcher as nd  # lazy: numba.cuda after the simulator switch
+        from numba.cuda.cudadrv import driver  # lazy: numba.cuda after the simulator switch
         internals = _internals()
         if internals is None:
             raise RuntimeError("this numba-cuda lacks the internals numbarnn's fast launch mirrors")
@@ -408,8 +408,8 @@ class driverless:
         return self
 
     def __exit__(self, *exc):
-        from numba.cuda import dispatcher as nd
-        from numba.cuda.cudadrv import driver
+        from numba.cuda import dispatcher as nd  # lazy: numba.cuda after the simulator switch
+        from numba.cuda.cudadrv import driver  # lazy: numba.cuda after the simulator switch
         nd.launch, nd.LaunchConfig, driver._to_core_stream, saved = self._saved
         _internals().update(saved)
         _prepared.clear()

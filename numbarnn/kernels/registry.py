@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numbarnn.kernels as package
 
 #: modules asked for ``kernel_specs()`` / ``KERNEL_SPECS``; missing ones are skipped
 KERNEL_MODULES = (
@@ -69,8 +72,6 @@ _REGISTERED: list[KernelSpec] = []
 
 def register(name: str, dtype: str | None, pyfunc, signature, block: int | None = None) -> KernelSpec:
     """Declare one compile-time specialisation (call at import time; compiles nothing)."""
-    import inspect
-
     caller = inspect.currentframe().f_back
     module = caller.f_globals.get("__name__", "") if caller is not None else ""
     spec = _make_spec((name, dtype, pyfunc, signature, block), module)
@@ -79,8 +80,8 @@ def register(name: str, dtype: str | None, pyfunc, signature, block: int | None 
 
 
 def _first_array_dtype(signature) -> str:
-    from numba import types
-    from numba.core import sigutils
+    from numba import types  # lazy: numba after the simulator switch
+    from numba.core import sigutils  # lazy: numba after the simulator switch
 
     try:
         args, _ = sigutils.normalize_signature(signature)
@@ -132,8 +133,6 @@ def kernel_module_names() -> list[str]:
             found = False
         if found:
             names.append(name)
-    import numbarnn.kernels as package
-
     for info in pkgutil.iter_modules(package.__path__, prefix="numbarnn.kernels."):
         if info.name not in names and info.name not in _NOT_KERNEL_MODULES:
             names.append(info.name)

@@ -48,7 +48,7 @@ _LOCK = threading.Lock()
 
 def _numpy_dtype(dtype) -> np.dtype:
     """A numba type, a NumPy scalar type or a dtype, as a NumPy dtype."""
-    from numba.cuda.simulator.kernelapi import numpy_support, types
+    from numba.cuda.simulator.kernelapi import numpy_support, types  # lazy: numba.cuda after the simulator switch
     return numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else np.dtype(dtype)
 
 
@@ -99,7 +99,7 @@ def install() -> None:
     """Replace the simulator's FakeCUDAShared.array and its block barrier (once; only call it when the simulator
     is on).  The barrier is replaced only where the simulator is the one these functions were written against
     (its BlockManager and BlockThread as in numba-cuda 0.30: `_f`, `_block_dim`, `_debug`, `_manager`)."""
-    from numba.cuda.simulator import kernel, kernelapi
+    from numba.cuda.simulator import kernel, kernelapi  # lazy: numba.cuda after the simulator switch
     kernelapi.FakeCUDAShared.array = _shared_array
     manager_init = kernel.BlockManager.__init__.__code__.co_names
     thread_init = kernel.BlockThread.__init__.__code__.co_names
@@ -114,7 +114,7 @@ def install() -> None:
 def cooperative_blocks() -> int:
     """Blocks a cooperative launch may have here: COOPERATIVE_BLOCKS with numbarnn's barrier installed, else the
     simulator's own limit, 1."""
-    from numba.cuda.simulator import kernel
+    from numba.cuda.simulator import kernel  # lazy: numba.cuda after the simulator switch
     return COOPERATIVE_BLOCKS if kernel.BlockManager.run is _run_block else 1
 
 
@@ -192,7 +192,7 @@ def _run_block(self, grid_point, *args):
     all its blocks at once instead: each block's threads are started here, and the last block joins them all.
     A kernel that names no barrier (`meets`) runs its threads in turn in this thread (`_run_in_turn`)."""
     global _GRID
-    from numba.cuda.simulator.kernel import BlockThread
+    from numba.cuda.simulator.kernel import BlockThread  # lazy: numba.cuda after the simulator switch
     threads = []
     for block_point in np.ndindex(*self._block_dim):
         def target(args=args):

@@ -63,8 +63,9 @@ from .. import settings
 from ..cells import get_cell
 from .cell_steps import ALWAYS, BACKWARD_ARGS, FORWARD_ARGS, NO_PROJ, _wrap, reported_cells, signature
 from . import target
-from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device
+from .common import DTYPES, SIMULATOR, U, acc_dtype, arr, device, jit
 from .gpus import GPUS
+from .simulator import cooperative_blocks
 from .staging import (LOADS_IN_FLIGHT, VECTOR_BYTES, make_fetch, make_put_rows, make_row_offsets, make_stage_rows,
                       make_tile_rows, rows_per_thread, unroll, vector_ks)
 from .epilogues import BACKWARD_V2_ARGS, make_backward_epilogue, make_forward_epilogue
@@ -615,7 +616,6 @@ def device_cooperative_limit(phase: str, cell, dtype, sl: Slice, has_proj: bool)
     """Blocks of the persistent kernel of `phase` that this process's GPU holds at once (its registers and
     shared memory as compiled, the SM count); raises without a GPU.  The profiler's GPU geometry replaces it
     with the simulator's cooperative limit (it runs the GPU's slices in the simulator)."""
-    from .common import jit
     factory, table = PERSISTENT[phase]
     compiled = jit(factory, cell, str(dtype), sl, has_proj).compile(signature(table, cell, dtype, has_proj))
     return compiled.max_cooperative_grid_blocks(sl.threads)
@@ -668,7 +668,6 @@ def _choose(cell, dtype, H: int, P: int, D: int, has_proj: bool, sim: bool, phas
             candidates = [c for c in widths(cell.G, sl, B, dtype) if c is sl or n <= (
                 v3_limit(*geometry, cell.G, c, dtype, v3_registers(c.TJ, phase)) or 0)]
     # the simulator runs all blocks of a cooperative grid at once (numbarnn's fix), else one
-    from .simulator import cooperative_blocks
     for c in candidates:
         try:
             limit = (cooperative_blocks() if sim or target.current().gpu_model

@@ -22,6 +22,7 @@ from numba import cuda, uint32, uint64
 from ..dropout import dropout_key, dropout_threshold
 from .common import DTYPES, acc_dtype, arr, nb
 from .philox import zoneout_update
+from .steps import per_step
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,7 +136,6 @@ def zoneout_args(cfg, layer: int, dt) -> tuple:
 
 def plan_forward(b) -> None:
     """After v1's step launches of layer b.layer: the zoneout commit, one launch per step."""
-    from .steps import per_step
     call, layer, B, D, P = b.call, b.layer, b.B, b.D, b.P
     training = call.zoneout_active
     per_step(b, "zoneout_forward_step", "zoneout_forward_step", *b.unit_grid(P),
@@ -147,7 +147,6 @@ def plan_forward(b) -> None:
 
 def plan_backward_before(b, dy) -> None:
     """Before v1's backward step of layer b.layer: split dh' into the cell's part and the bypass."""
-    from .steps import per_step
     B, D, P = b.B, b.D, b.P
     per_step(b, "zoneout_split_step", "zoneout_split_step", *b.unit_grid(P), (make_zoneout_split, b.dts),
              ("s", "lens", dy, f"saved.zmask{b.layer}", "dh_in", "zoneout_carry"), D * B * P, 5 * D * B * P * b.sz,
@@ -156,7 +155,6 @@ def plan_backward_before(b, dy) -> None:
 
 def plan_backward_after(b) -> None:
     """After v1's recurrent_backward: add the bypass to dh_prev."""
-    from .steps import per_step
     B, D, P = b.B, b.D, b.P
     per_step(b, "zoneout_carry_step", "zoneout_carry_step", *b.unit_grid(P), (make_zoneout_carry, b.dts),
              ("s", "lens", "zoneout_carry", "dh_out"), D * B * P, 3 * D * B * P * b.sz, swaps=False)

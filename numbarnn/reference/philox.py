@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from numbarnn.dropout import (DROPOUT_BITS, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0,  # noqa: F401
-                              PHILOX_W1, check_mask_args, dropout_key, dropout_threshold)
+                              PHILOX_W1, ZONEOUT_STREAM, check_mask_args, check_zoneout_mask_args, dropout_key,
+                              dropout_threshold)
 from numbarnn.validation import ArgumentTypeError
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -121,7 +122,6 @@ def zoneout_update_mask(seed: int, seed2: int, pseudo_layer: int, T: int, B: int
         x = Philox4x32-10(counter=(lo32(n//4), hi32(n//4), ZONEOUT_STREAM, 0), key)[n % 4]
         update iff (x >> 8) >= dropout_threshold(p)
     """
-    from numbarnn.dropout import ZONEOUT_STREAM, check_zoneout_mask_args
     threshold = dropout_threshold(p)
     k0, k1 = dropout_key(seed, seed2)
     pl, T, B, P = check_zoneout_mask_args(pseudo_layer, T, B, P)
