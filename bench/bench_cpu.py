@@ -12,7 +12,7 @@
 For every shape: each implementation is validated first (its float32 outputs and gradients against the float64
 reference within SPEC 10: 1e-5 outputs, 1e-4 gradients), then timed: the first call (cold: includes numba's
 JIT compile, or its on-disk cache load, for "cpu") separately, then --reps interleaved rounds (default 3: every
-backend once per round; median and best) of warm calls of forward (inference: is_training=False for numbarnn,
+shape's every backend once per round; median and best) of warm calls of forward (inference: is_training=False for numbarnn,
 torch.no_grad for torch) and of forward+backward (training forward, backprop; torch: autograd).
 Loss for backward: <y, dy> + <hT, dhT> (+ <cT, dcT>), the op's contract.
 
@@ -186,12 +186,14 @@ SETTLE_S = 0.3
 
 
 def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3, settle=SETTLE_S) -> list[dict]:
-    """Rows (dicts) of the table: validated first, then the cold first call, then `reps` rounds that time every
-    backend's forward and forward+backward in turn (interleaved: a burst of load from other processes on a
-    shared machine hits every backend of a round, not one backend's whole series), each backend's turn after
-    a pause of `settle` seconds (the previous backend's thread pools go idle); median and best (min)."""
+    """Rows (dicts) of the table: every shape and backend validated first, with its cold first call, then `reps`
+    rounds that each time every shape's backends' forward and forward+backward in turn (interleaved: a burst of
+    load from other processes on a shared machine hits every row of a round, not one row's whole series; the
+    cells bench's ratios to the LSTM compare rows of the same rounds), each turn after a pause of `settle`
+    seconds (the previous backend's thread pools go idle); median and best (min)."""
     import numba
     rows = []
+    table = []                                   # per shape: backend -> (fwd, fwdbwd, row, fwd_s, fwdbwd_s)
     for shape in shapes:
         case = make_case(shape)
         ref = numbarnn_runner(case.astype(np.float64), "reference")[1]()
@@ -210,18 +212,21 @@ def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3, sett
             fwd()
             runs[backend] = (fwd, fwdbwd, {"shape": shape.label, "backend": backend, "cold_s": cold, "err": err,
                                            "threads": numba.get_num_threads()}, [], [])
-        for _ in range(reps):
+        table.append(runs)
+    for _ in range(reps):
+        for runs in table:
             for fwd, fwdbwd, _row, fwd_s, fwdbwd_s in runs.values():
                 time.sleep(settle)
                 fwd_s.append(_seconds(fwd))
                 fwdbwd_s.append(_seconds(fwdbwd))
+    for runs in table:
         for fwd, fwdbwd, row, fwd_s, fwdbwd_s in runs.values():
             row.update(fwd_ms=1e3 * float(np.median(fwd_s)), fwdbwd_ms=1e3 * float(np.median(fwdbwd_s)),
                        fwd_best_ms=1e3 * min(fwd_s), fwdbwd_best_ms=1e3 * min(fwdbwd_s))
             rows.append(row)
         base = runs["torch"][2] if "torch" in runs else None
-        for r in rows:
-            if r["shape"] == shape.label and base is not None:
+        for fwd, fwdbwd, r, fwd_s, fwdbwd_s in runs.values():
+            if base is not None:
                 r["fwd_ratio"] = r["fwd_ms"] / base["fwd_ms"]
                 r["fwdbwd_ratio"] = r["fwdbwd_ms"] / base["fwdbwd_ms"]
                 r["fwd_best_ratio"] = r["fwd_best_ms"] / base["fwd_best_ms"]
