@@ -71,6 +71,38 @@ def make_block_sum(dtype, NT: int):
 
 
 @functools.lru_cache(maxsize=None)
+def make_row_backward(dtype, NT: int):
+    """row_backward(buf, raw, grad, norm, O, K, lnstat, d, t, b, H, GH, dgain, out): back through a row's layer
+    normalisation, the row [d, t, b, :GH] (GH = G*H values, gains at norm rows O.., mean and rstd at lnstat's
+    column K): â = (raw - mean) rstd, g = grad γ; dgain = grad ⊙ â (the row's part of dγ), out = rstd (g -
+    mean(g) - â mean(g â)).  Every thread of the block calls it (`block_sum`)."""
+    acc = acc_dtype(dtype).type
+    zero = acc(0.0)
+    block_sum = make_block_sum(dtype, NT)
+
+    @device
+    def row_backward(buf, raw, grad, norm, O, K, lnstat, d, t, b, H, GH, dgain, out):
+        tid = cuda.threadIdx.x
+        mean = acc(lnstat[d, t, b, K])
+        rstd = acc(lnstat[d, t, b, K + 1])
+        part_g = zero
+        part_ga = zero
+        for k in range(tid, GH, NT):
+            a_hat = (acc(raw[d, t, b, k]) - mean) * rstd
+            g = acc(grad[d, t, b, k]) * acc(norm[d, O + k // H, k % H])
+            dgain[d, t, b, k] = acc(grad[d, t, b, k]) * a_hat
+            part_g += g
+            part_ga += g * a_hat
+        mg = block_sum(buf, part_g) / GH
+        mga = block_sum(buf, part_ga) / GH
+        for k in range(tid, GH, NT):
+            a_hat = (acc(raw[d, t, b, k]) - mean) * rstd
+            g = acc(grad[d, t, b, k]) * acc(norm[d, O + k // H, k % H])
+            out[d, t, b, k] = rstd * (g - mg - a_hat * mga)
+    return row_backward
+
+
+@functools.lru_cache(maxsize=None)
 def make_layer_norm_rows(cell, dtype, NT: int):
     """gx = LN(W x) γ_x in place, one block per row (see the module docstring)."""
     acc = acc_dtype(dtype).type
@@ -116,11 +148,10 @@ def make_layer_norm_rows(cell, dtype, NT: int):
 def make_layer_norm_rows_backward(cell, dtype, NT: int):
     """dwx = LN_wx'(dgx), dgw = dgx ⊙ x̂, one block per row (see the module docstring)."""
     acc = acc_dtype(dtype).type
-    zero = acc(0.0)
     G = cell.G
     OWX = norm_offsets(cell)[0]
     KWX = stat_columns(cell)[0]
-    block_sum = make_block_sum(dtype, NT)
+    row_backward = make_row_backward(dtype, NT)
 
     def layer_norm_rows_backward(
         dgx,          # [D, T, B, G*H]  dL/d(LN(W x) γ_x + bW) (0 where padded)
@@ -137,23 +168,7 @@ def make_layer_norm_rows_backward(cell, dtype, NT: int):
         t = cuda.blockIdx.x // B
         b = cuda.blockIdx.x % B
         d = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        mean = acc(lnstat[d, t, b, KWX])
-        rstd = acc(lnstat[d, t, b, KWX + 1])
-        part_g = zero
-        part_ga = zero
-        for k in range(tid, GH, NT):
-            a_hat = (acc(gx[d, t, b, k]) - mean) * rstd
-            g = acc(dgx[d, t, b, k]) * acc(norm[d, OWX + k // H, k % H])
-            dgw[d, t, b, k] = acc(dgx[d, t, b, k]) * a_hat
-            part_g += g
-            part_ga += g * a_hat
-        mg = block_sum(buf, part_g) / GH
-        mga = block_sum(buf, part_ga) / GH
-        for k in range(tid, GH, NT):
-            a_hat = (acc(gx[d, t, b, k]) - mean) * rstd
-            g = acc(dgx[d, t, b, k]) * acc(norm[d, OWX + k // H, k % H])
-            dwx[d, t, b, k] = rstd * (g - mg - a_hat * mga)
+        row_backward(buf, gx, dgx, norm, OWX, KWX, lnstat, d, t, b, H, GH, dgw, dwx)
 
     return layer_norm_rows_backward
 
@@ -282,6 +297,7 @@ def make_layer_norm_backward_step(cell, dtype, NT: int):
     pointwise = device_function(cell.backward, dtype)
     output_backward = device_function(cell.output_backward, dtype) if NC else None
     block_sum = make_block_sum(dtype, NT)
+    row_backward = make_row_backward(dtype, NT)
 
     def layer_norm_backward_step(
         s,            # int64           step index
@@ -398,23 +414,7 @@ def make_layer_norm_backward_step(cell, dtype, NT: int):
             dh_out[d, b, j] = dh_direct
         if NRH:                                 # rh = LN(R h) γ_r + bR: back to R h
             cuda.syncthreads()                  # (dgh_pre of every unit of the row is written)
-            mean_r = acc(lnstat[d, t, b, KRH])
-            rstd_r = acc(lnstat[d, t, b, KRH + 1])
-            part_g = zero
-            part_ga = zero
-            for k in range(tid, GH, NT):
-                a_hat = (acc(rh_raw[d, t, b, k]) - mean_r) * rstd_r
-                pre = acc(dgh_pre[d, t, b, k])
-                g = pre * acc(norm[d, ORH + k // H, k % H])
-                dgr[d, t, b, k] = pre * a_hat
-                part_g += g
-                part_ga += g * a_hat
-            mg = block_sum(buf, part_g) / GH
-            mga = block_sum(buf, part_ga) / GH
-            for k in range(tid, GH, NT):
-                a_hat = (acc(rh_raw[d, t, b, k]) - mean_r) * rstd_r
-                g = acc(dgh_pre[d, t, b, k]) * acc(norm[d, ORH + k // H, k % H])
-                dgh[d, t, b, k] = rstd_r * (g - mg - a_hat * mga)
+            row_backward(buf, rh_raw, dgh_pre, norm, ORH, KRH, lnstat, d, t, b, H, GH, dgr, dgh)
 
     return layer_norm_backward_step
 
