@@ -197,13 +197,31 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
     the variant, `variant_key`), so every cell, dtype and variant gets its own entry and a new process loads
     the machine code instead of compiling it again (seconds per loop).  A change to any file of numbarnn/cpu or
     numbarnn/cells changes every KEY (`sources_fingerprint`): numba itself would only notice the loop's own file.
-    error_model="numpy": x / 0 gives inf/nan as in NumPy; numba's default ZeroDivisionError check would keep
-    the pointwise loops from vectorizing."""
+    Each variant gets its own qualified name (`variant_name`).  error_model="numpy": x / 0 gives inf/nan as in
+    NumPy; numba's default ZeroDivisionError check would keep the pointwise loops from vectorizing."""
     globals_ = dict(step.__globals__, pointwise=pointwise_fn, lanes_G=stack_buffer(G * U),
                     lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U), **extra)
     fn = pytypes.FunctionType(step.__code__, globals_, step.__name__, None, step.__closure__)
-    fn.__qualname__, fn.__module__ = step.__qualname__, step.__module__
+    fn.__qualname__, fn.__module__ = variant_name(step), step.__module__
     return njit_cached(fn, parallel=parallel, error_model="numpy")     # jitcache.py: safe in parallel
+
+
+def variant_name(fn, key: str | None = None) -> str:
+    """fn's qualified name with a digest of its variant (`key`, else its closure's values) appended.
+
+    Why: numba names a compiled function's symbol by module, qualified name, argument types and a counter of the
+    compiling process, and a cached loop's machine code brings the symbols of what it calls (a row group's
+    function, a row loop) into the process that loads it, where the first definition of a name wins.  Two
+    variants of one closure (two cells, same dtype) compiled in different orders by two processes could share a
+    symbol, and a parallel loop loaded from the cache then called the other cell's group (seen: wrong outputs in
+    a pytest-xdist worker).  With the variant in the name, equal names mean equal code."""
+    h = hashlib.sha256()
+    if key is not None:
+        h.update(key.encode())
+    else:
+        for cell in fn.__closure__ or ():
+            h.update(repr(cell.cell_contents).encode())
+    return f"{fn.__qualname__}_{h.hexdigest()[:16]}"
 
 
 def _hash_code(code, h):

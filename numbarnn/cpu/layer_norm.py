@@ -32,7 +32,7 @@ from numba import njit
 from ..params import unpack
 from ..reserve import reserve_views
 from . import layer_norm_fused, threads, zoneout
-from .cells import njit_function, stack_buffer
+from .cells import njit_function, stack_buffer, variant_key, variant_name
 from .philox import backward_input, dropped_input
 from .workspace import scratch
 
@@ -217,7 +217,6 @@ def backward_loop(cell, compute: str):
     VL = max(V, 1)
     stack_G, stack_S, stack_V = stack_buffer(G), stack_buffer(S), stack_buffer(VL)   # (not heap: kept in registers)
 
-    @njit(error_model="numpy", fastmath={"reassoc"})
     def loop(
         s,        # int           step index
         d,        # int           direction
@@ -349,7 +348,9 @@ def backward_loop(cell, compute: str):
                     dbR[b, k] += pre[k]
                     dgh_s[b, k] = pre[k]
 
-    return loop
+    # its own symbol name per cell (cells.variant_name): a cached fused loop calls it (layer_norm_fused.py)
+    loop.__qualname__ = variant_name(loop, variant_key(cell, compute, False, False))
+    return njit(error_model="numpy", fastmath={"reassoc"})(loop)
 
 
 def _input_projection(lp, x_l, G, out):
