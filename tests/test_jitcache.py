@@ -66,3 +66,26 @@ def test_a_filesystem_without_locks_saves_unlocked(tmp_path, monkeypatch):
     f = jitcache.LockedCacheFile(cache_path=str(tmp_path), filename_base="f", source_stamp=("s", 1))
     f.save("a", 1)
     assert f.load("a") == 1
+
+
+def test_each_variant_of_a_loop_closure_has_its_own_symbol_name():
+    """numba names a function's symbol by module, qualified name, argument types and a counter of the compiling
+    process; a cached loop brings the symbols of what it calls into the process that loads it, where the first
+    definition of a name wins.  So two variants of one closure (two cells, one dtype) must differ in name, and one
+    variant must have the same name in every process (else numba's disk cache never finds it)."""
+    import subprocess
+    import sys
+
+    import numbarnn.contrib.layer_norm_gru  # noqa: F401  (registers the cells)
+    import numbarnn.contrib.layer_norm_lstm  # noqa: F401
+    from numbarnn.cpu import layer_norm
+    names = {mode: fused.forward_group(get_cell(mode), "float64").py_func.__qualname__ for mode in ("lstm", "gru")}
+    assert names["lstm"] != names["gru"] and names["lstm"].startswith("forward_group.<locals>.group_")
+    row_loop = layer_norm.backward_loop(get_cell("layer_norm_lstm"), "float64").py_func.__qualname__
+    assert row_loop != layer_norm.backward_loop(get_cell("layer_norm_gru"), "float64").py_func.__qualname__
+    code = ("import numbarnn.contrib.layer_norm_lstm; from numbarnn.cells import get_cell; "
+            "from numbarnn.cpu import fused, layer_norm; "
+            "print(fused.forward_group(get_cell('lstm'), 'float64').py_func.__qualname__); "
+            "print(layer_norm.backward_loop(get_cell('layer_norm_lstm'), 'float64').py_func.__qualname__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [names["lstm"], row_loop]
