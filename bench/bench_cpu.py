@@ -224,13 +224,12 @@ def cpu_rows(shapes=SHAPES, backends=("reference", "cpu", "torch"), reps=3, sett
             row.update(fwd_ms=1e3 * float(np.median(fwd_s)), fwdbwd_ms=1e3 * float(np.median(fwdbwd_s)),
                        fwd_best_ms=1e3 * min(fwd_s), fwdbwd_best_ms=1e3 * min(fwdbwd_s))
             rows.append(row)
-        base = runs["torch"][2] if "torch" in runs else None
-        for fwd, fwdbwd, r, fwd_s, fwdbwd_s in runs.values():
-            if base is not None:
-                r["fwd_ratio"] = r["fwd_ms"] / base["fwd_ms"]
-                r["fwdbwd_ratio"] = r["fwdbwd_ms"] / base["fwdbwd_ms"]
-                r["fwd_best_ratio"] = r["fwd_best_ms"] / base["fwd_best_ms"]
-                r["fwdbwd_best_ratio"] = r["fwdbwd_best_ms"] / base["fwdbwd_best_ms"]
+        if "torch" not in runs:
+            continue
+        base = runs["torch"][2]
+        for _fwd, _fwdbwd, r, _fwd_s, _fwdbwd_s in runs.values():
+            for key in ("fwd", "fwdbwd", "fwd_best", "fwdbwd_best"):
+                r[f"{key}_ratio"] = r[f"{key}_ms"] / base[f"{key}_ms"]
     return rows
 
 

@@ -449,3 +449,9 @@ def test_cpu_fused_backward_agrees_with_the_blas_loop_and_the_reference(monkeypa
             assert relative_error(a, b) < 1e-12
         assert_agrees_with_the_reference(case, out, got)
     assert ran == [False] * 4 + [True, True, False, False]   # per pseudo-layer, the upper layer's first
+    # the parallel loop's machine code includes the group's: its cache key extends the group's
+    row_step = layer_norm.backward_loop(case.cfg.cell, "float64")
+    keys = [dict(zip(f.py_func.__code__.co_freevars, (c.cell_contents for c in f.py_func.__closure__)))["KEY"]
+            for f in (loop(case.cfg.cell, "float64", True, row_step),
+                      layer_norm_fused.backward_group(case.cfg.cell, "float64", row_step))]
+    assert keys[0].startswith(keys[1]) and keys[0] != keys[1]

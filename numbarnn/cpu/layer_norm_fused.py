@@ -373,11 +373,16 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, rows,
         c[...] = cb[:, :H]
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # the backward: per step the row loop of layer_norm.backward_loop over the group's rows, then dh += dgh_s R by the
 # micro-kernel over R's packed columns (as fused.backward_group), in one njit call per layer and direction
 # ---------------------------------------------------------------------------------------------------------------
+
+def _backward_key(cell, compute: str) -> str:
+    """The fingerprint of backward_group's variant (the parallel loop's extends it, as fused._backward_key's)."""
+    return _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(fused.COLUMN_VECTORS)} " \
+        f"{fused.COLUMN_VECTORS}"
+
 
 @functools.cache
 def backward_group(cell, compute: str, row_step):
@@ -396,7 +401,7 @@ def backward_group(cell, compute: str, row_step):
     MV = fused.COLUMN_VECTORS
     NR = microkernel.rows_for(MV)
     ITEM = np.dtype(compute).itemsize
-    KEY = _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(MV)} {MV}"
+    KEY = _backward_key(cell, compute)
 
     def group(
         grp,      # int     the row group this call runs (a line of `groups`)
@@ -438,7 +443,7 @@ def backward_loop(cell, compute: str, parallel: bool, row_step):
     arguments after grp) runs every row group, serially or in an njit prange (as forward_loop)."""
     if not parallel:
         return functools.partial(backward_group(cell, compute, row_step), 0)
-    KEY = _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(fused.COLUMN_VECTORS)} row groups"
+    KEY = _backward_key(cell, compute) + " row groups"    # its machine code includes the group's
 
     def loop(d, lens, groups, steps, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh, dc,
              dgx, dgh, hp, dbR, dgain_r, dgain_c, dbias_c, dv_acc, RTp):
