@@ -11,6 +11,7 @@ Entries at t >= len[b] are 0.  In the input's dtype::
                          mod_l   [D, T, B, H]     a modulated cell (CellSpec.modulated): the modulation m
                          lnstat_l [D, T, B, 2K]   a layer-normalised cell (SPEC 13): mean, rstd of each of its K
                                                   normalised quantities (wx, rh, c in that order)
+                         wx_l    [D, T, B, G*H]   ... normalising "wx": the raw W x of each step
                          rh_l    [D, T, B, G*H]   ... normalising "rh": the raw R h of each step
                          y_l     [T, B, D*P]      layer l's output h' (before dropout; y_{L-1} is `output`)
     for l in 0..L-1:     zmask_l [D, T, B, P]     zoneout mask 0/1 of h' (training, zoneout > 0; 1 = h takes h_new)
@@ -91,6 +92,8 @@ def _entries(call: RNNCall, cell) -> tuple[ReserveEntry, ...]:
             K = len(cell.layer_norm)
             what = ", ".join(n for n in ("wx", "rh", "c") if n in cell.layer_norm)
             add(f"lnstat{layer}", (D, T, B, 2 * K), f"layer {layer}: mean, rstd of the normalised {what}")
+            if "wx" in cell.layer_norm:
+                add(f"wx{layer}", (D, T, B, cell.G * H), f"layer {layer}: W x of each step (before its layer norm)")
             if "rh" in cell.layer_norm:
                 add(f"rh{layer}", (D, T, B, cell.G * H), f"layer {layer}: R h of each step (before its layer norm)")
         add(f"y{layer}", (T, B, D * P), f"layer {layer}: output h' (before dropout)")

@@ -16,7 +16,7 @@ import numbarnn.contrib.layer_norm_lstm as ln_lstm
 from numbarnn.cells import CellSpec
 from numbarnn.config import RNNCall, params_size, rnn_config
 from numbarnn.params import param_regions, params_to_canonical
-from numbarnn.reserve import reserve_entries
+from numbarnn.reserve import reserve_contents, reserve_entries, reserve_views
 from numbarnn.testing import check_cell, make_rnn_case, relative_error, run_backward, run_forward
 from numbarnn.kernels import common
 from conftest import (assert_agrees_with_the_reference, assert_cpu_agrees_in_lower_precision,
@@ -298,6 +298,36 @@ def test_cuda_several_blocks_with_a_partial_last_stride(cell):
     assert log["forward"].by_kernel["layer_norm_step"] == 2 * 3
     assert log["backward"].by_kernel["layer_norm_backward_step"] == 2 * 3
     assert_agrees_with_the_reference(case, got_f, got_b)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_one_reserve_layout_on_every_backend_with_the_raw_products(cell):
+    """The reserve (SPEC 7, 13: lnstat and the raw W x and R h of each step, 0 where no step runs) is one layout:
+    cpu (fused and BLAS loops) and cuda write the reference's to 1e-12; the reference's backward on their reserve and
+    theirs on the reference's give the reference's gradients; and the backward reads W x from it (a changed wx_l
+    changes every backend's gradients, where the recomputed W x would not)."""
+    from numbarnn.cpu import layer_norm
+    cfg = rnn_config(2, 5, 3, cell, direction="bidirectional", dropout=0.4, seed=3, seed2=9)
+    case = make_rnn_case(cfg, 3, 3, [3, 0, 2], seed=5)
+    ref = run_forward(case, "reference")
+    want = run_backward(case, ref, "reference")
+    entries = reserve_views(RNNCall(cfg, 3, 3, [3, 0, 2], True), ref[3])
+    assert entries["wx1"].shape == (2, 3, 3, cfg.G * 5) and not entries["wx1"][:, :, 1].any()   # (length 0)
+    assert entries["wx0"][1, 1, 2].any() and not entries["wx0"][:, 2, 2].any()                  # (length 2)
+    tampered = list(ref)
+    tampered[3] = ref[3].copy()
+    reserve_views(RNNCall(cfg, 3, 3, [3, 0, 2], True), tampered[3])["wx0"][0, 1, 0] += 1.0
+    for backend, fused in (("cpu", True), ("cpu", False), ("cuda", True)):
+        layer_norm.FUSED = fused
+        try:
+            got = run_forward(case, backend)
+            assert relative_error(reserve_contents(got[3]), reserve_contents(ref[3])) < 1e-12
+            for grads in (run_backward(case, got, "reference"), run_backward(case, ref, backend)):
+                for a, b in zip(grads, want):
+                    assert (b is None) == (a is None) and (b is None or relative_error(a, b) < 1e-12)
+            assert relative_error(run_backward(case, tampered, backend)[3], want[3]) > 1e-6
+        finally:
+            layer_norm.FUSED = True
 
 
 @pytest.mark.parametrize("version", [2, 3])

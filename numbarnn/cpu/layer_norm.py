@@ -3,12 +3,13 @@
 The network driver of `network.py` with the row reductions added, as the reference computes it
 (numbarnn/reference/network.py): per layer and direction
 
-    forward    gx = x W^T (BLAS, all steps) ; "wx": gx = LN(gx) γ_x + bW over every row at once (`input_rows`)
+    forward    gx = x W^T (BLAS, all steps) ; "wx": the raw W x to the reserve (wx_l), gx = LN(gx) γ_x + bW over
+               every row at once (`input_rows`)
                per step: gh = h R^T (BLAS) ; the cell's loop over the active rows (`forward_loop`): "rh": LN of
                the row's gh (raw and stats saved), the cell per unit, "c": LN of the row's c', `output` per unit
     backward   per step (reversed): the loop (`backward_loop`): "c": `output_backward`, LN_c's backward into dc',
                the cell's backward; "rh": LN_rh's backward of the row's dgh ; then dh += dgh_raw R (BLAS)
-               after the loop: "wx": LN_wx's backward of every row of dgx (`input_rows_backward`, W x recomputed),
+               after the loop: "wx": LN_wx's backward of every row of dgx (`input_rows_backward`, W x from wx_l),
                then dW, dx, dR as big products
 
 Every loop works on one row at a time (its G*H or H values), so a row's reduction is a plain loop over it, and
@@ -33,7 +34,7 @@ from ..params import unpack
 from ..reserve import reserve_views
 from . import layer_norm_fused, threads, zoneout
 from .cells import njit_function, stack_buffer, variant_key, variant_name
-from .philox import backward_input, dropped_input
+from .layer_input import backward_input, dropped_input, input_projection
 from .workspace import scratch
 
 EPS = 1e-5
@@ -81,7 +82,7 @@ def row_kernels(compute: str):
     @njit(error_model="numpy", fastmath={"reassoc"})
     def input_rows_backward(
         dgx,      # [N, GH]  in: dL/d(LN(W x) γ + bW) ; out: dL/d(W x)
-        raw,      # [N, GH]  W x (recomputed)
+        raw,      # [N, GH]  W x (the reserve's wx_l: 0 where no step ran)
         stats,    # [N, 2]   mean, rstd (rstd 0 where no step ran: dL/d(W x) 0 there)
         gain,     # [GH]
         dgain,    # [GH]     out: accumulated Σ dgx * â
@@ -353,26 +354,16 @@ def backward_loop(cell, compute: str):
     return njit(error_model="numpy", fastmath={"reassoc"})(loop)
 
 
-def _input_projection(lp, x_l, G, out):
-    """out [T, B, G*H] = x_l @ W^T (no bias); skip_input: x_l repeated per gate."""
-    T, B, I_l = x_l.shape
-    if lp.W is None:
-        out.reshape(T, B, G, I_l)[...] = x_l[:, :, None, :]
-    else:
-        np.matmul(x_l.reshape(T * B, I_l), lp.W.T, out=out.reshape(T * B, out.shape[2]))
-    return out
-
-
 def _norm(cell, lp, name: str, H: int, ct):
     """A normalisation vector group of the pseudo-layer (flat), or an empty array when not normalised."""
     vec = lp.norm(cell, name)
     return np.zeros(0, dtype=ct) if vec is None else vec
 
 
-def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, lens, steps, ct, zone=None):
+def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, wx_raw, rh_raw, lens, steps, ct, zone=None):
     """One layer and direction: h [B, H] and c [B, H] (or an empty [0, H]) are updated in place to the state after
-    each row's last step; y, acts, cs, lnstat, rh_raw are written at the active [t, b].  zone: zoneout's (mask,
-    zmask) as network.blas_forward takes them, or None."""
+    each row's last step; y, acts, cs, lnstat, wx_raw, rh_raw are written at the active [t, b] (wx_raw by a
+    training call only).  zone: zoneout's (mask, zmask) as network.blas_forward takes them, or None."""
     cfg, T, B = call.config, call.T, call.B
     cell, H, G = cfg.cell, cfg.H, cfg.G
     name = str(ct)
@@ -383,8 +374,12 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, lens,
     ghT = scratch("ghT", (G * H, B), ct)                     # [G*H, B]    R h of a step, transposed
     hT_buf = scratch("hT", (H, B), ct)                       # [H, B]      the state h, transposed
     gh = scratch("gh", (B, G * H), ct)                       # [B, G*H]    the same, by rows (the loop's row reads)
-    _input_projection(lp, x_l, G, gx)
+    input_projection(lp, x_l, G, gx)
     if "wx" in cell.layer_norm:
+        if call.is_training:                                 # the raw W x of the active [t, b] (0 elsewhere)
+            wx_raw[...] = gx
+            for b in np.flatnonzero(lens < T):
+                wx_raw[lens[b]:, b] = 0
         row_kernels(name)[0](gx.reshape(T * B, G * H), lp.norm(cell, "ln_wx_gain"), lp.bW, wx_stats.reshape(T * B, 2))
     else:
         gx += lp.bW
@@ -435,7 +430,8 @@ def forward(call, x, h0, c0, params, ct, rows, saved, flat):
                     zone = (np.zeros((0, 0, 0), np.uint8), none3)
                 args = (call, layers[p], d, np.ascontiguousarray(x_l), hT[p], cT[p] if cT is not None else no_c, y,
                         saved[f"acts{layer}"][d], saved[f"c{layer}"][d] if cT is not None else none3,
-                        saved[f"lnstat{layer}"][d], saved[f"rh{layer}"][d] if "rh" in cfg.cell.layer_norm else none3)
+                        saved[f"lnstat{layer}"][d], *(saved[f"{n}{layer}"][d] if n in cfg.cell.layer_norm else none3
+                                                      for n in ("wx", "rh")))
                 if FUSED and steps > 0 and layer_norm_fused.supported(call, layers[p]):
                     layer_norm_fused.forward_direction(*args, rows, ct)
                 else:
@@ -515,9 +511,8 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
                         zoneout.add_carry(dh, carry)
             gx2 = dgx.reshape(T * B, G * H)
             np.sum(gx2, axis=0, out=dlp.bW)
-            if "wx" in cell.layer_norm:                      # back through LN_wx, W x recomputed
-                raw = scratch("gx", (T, B, G * H), ct)
-                _input_projection(lp, x_l, G, raw)
+            if "wx" in cell.layer_norm:                      # back through LN_wx from the raw W x of the reserve
+                raw = saved[f"wx{layer}"][d]                 # [T, B, G*H]
                 st = np.ascontiguousarray(stats[:, :, _columns(cell, "wx"):_columns(cell, "wx") + 2])
                 input_rows_backward(gx2, raw.reshape(T * B, G * H), st.reshape(T * B, 2),
                                     lp.norm(cell, "ln_wx_gain"), dlp.norm(cell, "ln_wx_gain"))

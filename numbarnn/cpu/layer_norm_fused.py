@@ -8,12 +8,13 @@ row, so the loop here works row tile by row tile (NR rows, `microkernel.rows_for
 
     products   for every unit tile: W x_t and R h of the tile's rows (`microkernel.product_tile` over the packed W and
                R, `microkernel.pack`), kept by unit tile in the group's scratch (the micro-kernel's own layout)
-    statistics "wx", "rh": mean and rstd of each row over its G*H values (the reserve's lnstat; R h raw to rh_raw)
+    statistics "wx", "rh": mean and rstd of each row over its G*H values (the reserve's lnstat; the raw W x and R h
+               to wx_raw and rh_raw)
     cell       per unit tile: wx = LN(W x) γ_x + bW, rh = LN(R h) γ_r + bR (or the product + bias where not
                normalised), the cell's own `forward` on NR*LANES lanes; acts, c' (with "c" also to the scratch)
     "c"        mean and rstd of each row's c'; per unit tile m = output(LN(c') γ_c + β_c) ; h', y
 
-An inference call writes no reserve (acts, cs, lnstat, rh_raw), as `fused.forward_group`.
+An inference call writes no reserve (acts, cs, lnstat, wx_raw, rh_raw), as `fused.forward_group`.
 
 A row's products read only its own h, and the row tile writes its h' after all of them: h needs no double
 buffer.  Threads split the row tiles into groups, each its own time loop (as `fused.row_groups`).  Not here
@@ -135,6 +136,7 @@ def forward_group(cell, compute: str):
         acts,     # [T, B, S*H]    reserve: saved values (not written without `save`)
         cs,       # [T, B, H]      reserve: c' (not written without `save`)
         lnstat,   # [T, B, 2K]     reserve: mean, rstd of each normalised row (not written without `save`)
+        wx_raw,   # [T, B, G*H]    reserve ("wx"): W x (not written without `save`)
         rh_raw,   # [T, B, G*H]    reserve ("rh"): R h (not written without `save`)
         raw_w,    # [groups, NT, G, L]  scratch: W x of the tile's rows, by unit tile (product_tile's layout)
         raw_r,    # [groups, NT, G, L]  scratch: R h
@@ -206,11 +208,14 @@ def forward_group(cell, compute: str):
                         if NRH:
                             lnstat[t, b, KRH] = stat[1, 0, r]
                             lnstat[t, b, KRH + 1] = stat[1, 1, r]
-                            q = r * LANES
-                            for jt in range(NT):
-                                j0 = jt * LANES
-                                nu = min(LANES, H - j0)
-                                for g in range(G):
+                        q = r * LANES
+                        for jt in range(NT):             # the raw products, for the backward
+                            j0 = jt * LANES
+                            nu = min(LANES, H - j0)
+                            for g in range(G):
+                                if NWX:
+                                    load(wx_raw[t, b, g * H + j0:g * H + j0 + nu], rw[jt, g, q:q + nu], nu)
+                                if NRH:
                                     load(rh_raw[t, b, g * H + j0:g * H + j0 + nu], rr[jt, g, q:q + nu], nu)
                 # the cell, unit tile by unit tile
                 for jt in range(NT):
@@ -303,12 +308,12 @@ def forward_loop(cell, compute: str, parallel: bool):
         return functools.partial(forward_group(cell, compute), 0)
     KEY = _key(cell, compute) + " row groups"       # its machine code includes the group's
 
-    def loop(d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, rh_raw, raw_w, raw_r,
-             c_t, saved_t, groups, save):
+    def loop(d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, wx_raw, rh_raw, raw_w,
+             raw_r, c_t, saved_t, groups, save):
         KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
         for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
             group(np.int64(g), d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat,
-                  rh_raw, raw_w, raw_r, c_t, saved_t, groups, save)
+                  wx_raw, rh_raw, raw_w, raw_r, c_t, saved_t, groups, save)
 
     return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute))
 
@@ -333,10 +338,10 @@ def _norm_tiles(cell, lp, H: int, HP: int, ct) -> np.ndarray:
     return out
 
 
-def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, rows, ct):
+def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, wx_raw, rh_raw, rows, ct):
     """One layer and direction (layer_norm.forward_direction's contract, `supported` calls): h [B, H] and c [B, H]
     (or an empty [0, H]) are updated in place to the state after each row's last step; y, acts, cs, lnstat,
-    rh_raw are written at the active [t, b].  rows: fused_plan.call_rows(call)."""
+    wx_raw, rh_raw are written at the active [t, b].  rows: fused_plan.call_rows(call)."""
     cfg, B = call.config, call.B
     cell, H, G = cfg.cell, cfg.H, cfg.G
     lens, _, order, n_active = rows[:4]
@@ -366,8 +371,8 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, rh_raw, rows,
     c_t = scratch("ln_c", (groups, NT if NC else 0, 1, L), ct)                  # [groups, NT, 1, L] c'
     saved_t = scratch("ln_saved", (groups, NT if NC else 0, cell.S, L), ct)     # [groups, NT, S, L]
     loop = forward_loop(cell, str(ct), groups > 1)
-    loop(d, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, rh_raw,
-         raw_w, raw_r, c_t, saved_t, groups, call.is_training)
+    loop(d, lens, order, n_active, np.ascontiguousarray(x_l), Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, wx_raw,
+         rh_raw, raw_w, raw_r, c_t, saved_t, groups, call.is_training)
     h[...] = hb[:, :H]
     if c.shape[0]:
         c[...] = cb[:, :H]

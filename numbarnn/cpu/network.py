@@ -18,7 +18,7 @@ from ..reserve import reserve_entries, reserve_views
 from . import (cells, diagonal, fused, fused_plan, layer_norm, microkernel, modulated, modulated_fused, panels,
                threads, zoneout)
 from .jitcache import njit_cached
-from .philox import backward_input, dropped_input
+from .layer_input import backward_input, dropped_input, input_projection
 from .workspace import scratch
 
 
@@ -61,16 +61,6 @@ def total_dh(
         else:
             for k in range(P):
                 dht_s[b, k] = 0.0
-
-
-def _input_projection(lp, x_l, G, out):
-    """out [T, B, G*H] = x_l @ W^T (no bias: the step loop adds it); skip_input: x_l repeated per gate."""
-    T, B, I_l = x_l.shape
-    if lp.W is None:
-        out.reshape(T, B, G, I_l)[...] = x_l[:, :, None, :]
-    else:
-        np.matmul(x_l.reshape(T * B, I_l), lp.W.T, out=out.reshape(T * B, out.shape[2]))
-    return out
 
 
 def buffers(call: RNNCall, ct, zero_y: bool = True) -> tuple[np.ndarray, dict]:
@@ -167,7 +157,7 @@ def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, l
     gx = scratch("gx", (T, B, G * H), ct)                    # [T, B, G*H] W x_t
     m_step = scratch("m_step", (B, H), ct)                   # [B, H]   projection input of one step
     h_new = scratch("h_new", (B, P), ct)                     # [B, P]   W_proj m of one step
-    _input_projection(lp, x_l, G, gx)
+    input_projection(lp, x_l, G, gx)
     h = hT_buf.T                                             # [B, P] view of the transposed state
     h[...] = h_state
     c = c_state if c_state is not None else m_step

@@ -2,15 +2,14 @@
 Philox4x32-10 device functions (`numbarnn/kernels/philox.py`, written with explicit uint32/uint64 casts so they
 mean the same on any target) compiled with numba.njit by `compile_with_twins`, in a parallel loop over the
 Philox counters (one call gives the words of four elements).  Bit-identical to `numbarnn.reference.philox`
-(tests/test_cpu_backend.py, tests/test_zoneout.py).  `dropped_input` and `backward_input` apply dropout's masks
-to a layer's input for every network driver."""
+(tests/test_cpu_backend.py, tests/test_zoneout.py); layer_input.py applies the dropout masks to a layer's input."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange, uint32, uint64
 
 from ..cells.functions import compile_with_twins
-from ..dropout import check_mask_args, dropout_key, dropout_scale, dropout_threshold
+from ..dropout import check_mask_args, dropout_key, dropout_threshold
 from ..kernels import philox as _cuda_philox
 from .jitcache import njit_cached
 
@@ -52,25 +51,3 @@ def dropout_keep_mask(seed: int, seed2: int, layer: int, T: int, B: int, W: int,
         stream_mask(out, np.uint64(layer - 1), np.uint32(k0), np.uint32(k1), np.uint32(dropout_threshold(p)),
                     np.uint32(0))
     return out
-
-
-def dropped_input(call, saved: dict, layer: int, x_l, ct):
-    """The input of layer `layer` (>= 1) of a call with active dropout (SPEC 6): its keep flags drawn and recorded
-    in the reserve (saved["keep<layer>"]) -> x_l * keep / (1 - p) (x_l: the layer below's output [T, B, D*P])."""
-    cfg = call.config
-    keep = dropout_keep_mask(cfg.seed, cfg.seed2, layer, call.T, call.B, cfg.D * cfg.P, cfg.dropout)   # [T, B, D*P]
-    saved[f"keep{layer}"][...] = keep
-    return x_l * (keep.astype(ct) * ct.type(dropout_scale(cfg.dropout)))
-
-
-def backward_input(call, saved: dict, x, layer: int, ct) -> tuple:
-    """What the backward of layer `layer` reads of its input, from the reserve: (x_l, the layer's input as the
-    forward saw it [T, B, I_l]; keep / (1 - p) [T, B, D*P], the factor its dx takes on the way down, or None
-    where no dropout was applied)."""
-    if layer == 0:
-        return x, None
-    x_l = saved[f"y{layer - 1}"]
-    if not call.dropout_active:
-        return x_l, None
-    keep_scaled = saved[f"keep{layer}"] * ct.type(dropout_scale(call.config.dropout))
-    return x_l * keep_scaled, keep_scaled

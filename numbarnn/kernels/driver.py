@@ -397,9 +397,8 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve):
     if cfg.cell.layer_norm:                        # kernels/layer_norm.py: the rows of dbR, dγ_r, dγ_c, dβ_c
         env.update(dgh_pre=scratch("dgh_pre", (D, T, B, GH), dt), dgr=scratch("dgr", (D, T, B, GH), dt),
                    dnc=scratch("dnc", (D, T, B, 2 * H), dt))             # [D, T, B, G*H] x 2, [D, T, B, 2H]
-        if "wx" in cfg.cell.layer_norm:            # W x again, dL/d(W x), the rows of dγ_x
-            env.update(gx=scratch("gx", (D, T, B, GH), dt), dwx=scratch("dwx", (D, T, B, GH), dt),
-                       dgw=scratch("dgw", (D, T, B, GH), dt))
+        if "wx" in cfg.cell.layer_norm:            # dL/d(W x), the rows of dγ_x
+            env.update(dwx=scratch("dwx", (D, T, B, GH), dt), dgw=scratch("dgw", (D, T, B, GH), dt))
     for layer in range(1, cfg.L):                  # [T, B, D*P]: layer l writes dx{l % 2}, reads dx{(l + 1) % 2}
         env[f"dx{layer % 2}"] = scratch(f"dx{layer % 2}", (T, B, D * P), dt)
     if call.zoneout_active:                        # kernels/zoneout.py: the bypass of dh', a zero dy for the step

@@ -6,7 +6,7 @@ values, and reduces the row's sums in shared memory (`block_sum`).  Rows with s 
 
 forward
     layer_norm_rows            after the input GEMM, grid (T*B, D): gx = LN(W x) γ_x in place (the step adds bW),
-                               the row's mean and rstd -> lnstat (reserve)
+                               the row's mean and rstd -> lnstat, the raw W x -> wx (reserve)
     <cell>_layer_norm_step     per step, grid (B, D): rh_raw = R h (a matvec per value, saved), "rh": its mean and
                                rstd, rh = LN(rh_raw) γ_r + bR ; the cell per unit ; "c": the row's c' normalised,
                                n = LN(c') γ_c + β_c, m = output(n) ; h', y, c', the saved values
@@ -14,7 +14,7 @@ backward (per step, then `recurrent.make_recurrent_backward`'s dh_out += dgh R)
     <cell>_layer_norm_backward_step   grid (B, D): "c": dn = output_backward(dm, n), dL/dc' += LN_c'(dn); the
                                cell's backward (dm = 0 with "c"); "rh": dgh = LN_rh'(dL/d rh) ; per-row parts of
                                the gains' gradients (dnc: dn ĉ and dn; dgr: dL/d rh ⊙ r̂) for column sums
-    layer_norm_rows_backward   after the time loop, grid (T*B, D): dwx = LN_wx'(dgx) (W x recomputed by a GEMM),
+    layer_norm_rows_backward   after the time loop, grid (T*B, D): dwx = LN_wx'(dgx) (W x from the reserve),
                                dgw = dgx ⊙ x̂; then dW, dx from dwx, dbW from dgx
 The step kernels v2 and v3 have no row reductions: a layer-normalised cell runs these (steps.step_plan's note).
 """
@@ -117,6 +117,7 @@ def make_layer_norm_rows(cell, dtype, NT: int):
         gx,           # [D, T, B, G*H]  in: W x ; out: LN(W x) γ_x
         norm,         # [D, NV, H]      the normalisation vectors (γ_x at rows OWX..OWX+G-1)
         lnstat,       # [D, T, B, 2K]   out (reserve): mean, rstd at the active [t, b]
+        wx,           # [D, T, B, G*H]  out (reserve): W x at the active [t, b]
     ):
         buf = cuda.shared.array(NT, acc)
         B = gx.shape[2]
@@ -135,9 +136,13 @@ def make_layer_norm_rows(cell, dtype, NT: int):
             diff = acc(gx[d, t, b, k]) - mean
             part += diff * diff
         rstd = acc(1.0) / math.sqrt(block_sum(buf, part) / GH + eps)
+        active = t < lens[b]
         for k in range(tid, GH, NT):
-            gx[d, t, b, k] = (acc(gx[d, t, b, k]) - mean) * rstd * acc(norm[d, OWX + k // H, k % H])
-        if tid == 0 and t < lens[b]:
+            raw = gx[d, t, b, k]
+            if active:
+                wx[d, t, b, k] = raw
+            gx[d, t, b, k] = (acc(raw) - mean) * rstd * acc(norm[d, OWX + k // H, k % H])
+        if tid == 0 and active:
             lnstat[d, t, b, KWX] = mean
             lnstat[d, t, b, KWX + 1] = rstd
 
@@ -155,7 +160,7 @@ def make_layer_norm_rows_backward(cell, dtype, NT: int):
 
     def layer_norm_rows_backward(
         dgx,          # [D, T, B, G*H]  dL/d(LN(W x) γ_x + bW) (0 where padded)
-        gx,           # [D, T, B, G*H]  W x (recomputed)
+        gx,           # [D, T, B, G*H]  W x (the reserve's: 0 where padded)
         norm,         # [D, NV, H]
         lnstat,       # [D, T, B, 2K]   mean, rstd (0 where padded: dwx is 0 there)
         dwx,          # [D, T, B, G*H]  out: dL/d(W x)
@@ -434,7 +439,7 @@ def kernel_specs():
             NT = BLOCK_GPU
             if "wx" in cell.layer_norm:
                 specs.append((f"{cell.name}_layer_norm_rows", dt, make_layer_norm_rows(cell, dt, NT),
-                              (i32, arr(dt, 4), arr(dt, 3), arr(dt, 4)), NT))
+                              (i32, arr(dt, 4), arr(dt, 3), arr(dt, 4), arr(dt, 4)), NT))
                 specs.append((f"{cell.name}_layer_norm_rows_backward", dt, make_layer_norm_rows_backward(cell, dt, NT),
                               (arr(dt, 4), arr(dt, 4), arr(dt, 3), arr(dt, 4), arr(dt, 4), arr(dt, 4)), NT))
             specs.append((f"{cell.name}_layer_norm_step", dt, make_layer_norm_step(cell, dt, NT),

@@ -211,8 +211,8 @@ def forward_plan(call, simulator: bool | None = None, device_reserve: bool = Fal
         if "wx" in cfg.cell.layer_norm and TB:                  # gx = LN(W x) γ_x, a block per row
             NT = BLOCK_SIM if b.sim else BLOCK_GPU
             b.add("layer_norm_rows (W x)", "layer_norm_rows", (TB, D), NT, (make_layer_norm_rows, cfg.cell, dt, NT),
-                  ("lens", "gx", f"norm{layer}", f"saved.lnstat{layer}"), flops=D * TB * 8 * GH,
-                  nbytes=D * TB * 3 * GH * b.sz)
+                  ("lens", "gx", f"norm{layer}", f"saved.lnstat{layer}", f"saved.wx{layer}"), flops=D * TB * 8 * GH,
+                  nbytes=D * TB * 4 * GH * b.sz)
         b.cast("h0 in", part("h0", ps), "h_in", D * B * P, dt, a)
         if cfg.has_cell_state:
             b.cast("c0 in", part("c0", ps), "c", D * B * H, dt, a)
@@ -282,19 +282,12 @@ def backward_plan(call, simulator: bool | None = None, step=None) -> list[Launch
         # weight gradients and dx as big GEMMs after the time loop; dx_l [T, B, I_l]: returned for layer 0,
         # else the next layer's dy (scratch by parity: layer l reads layer l+1's dx while it writes its own)
         dx_l = "dx" if layer == 0 else f"dx{layer % 2}"
-        if "wx" in norm and TB:                                 # back through LN_wx: W x again, then a block per row
-            for d in range(D):
-                if cfg.has_w(layer):
-                    b.gemm("gx = x W^T again (LN_wx's backward)", rows(x_l, TB, I_l), f"W{layer * D + d}",
-                           rows(part("gx", d), TB, GH), TB, GH, I_l, trans_b=True)
-                else:
-                    b.add("tile_gates", "tile_gates", *b.flat_grid(TB * GH), (make_tile_gates, dt),
-                          (rows(x_l, TB, H), rows(part("gx", d), TB, GH)), nbytes=TB * (GH + H) * b.sz)
+        if "wx" in norm and TB:                                 # back through LN_wx (the raw W x kept), a block per row
             NT = BLOCK_SIM if b.sim else BLOCK_GPU
             b.add("layer_norm_rows_backward (W x)", "layer_norm_rows_backward", (TB, D), NT,
                   (make_layer_norm_rows_backward, cfg.cell, dt, NT),
-                  ("dgx", "gx", f"norm{layer}", f"saved.lnstat{layer}", "dwx", "dgw"), flops=D * TB * 12 * GH,
-                  nbytes=D * TB * 4 * GH * b.sz)
+                  ("dgx", f"saved.wx{layer}", f"norm{layer}", f"saved.lnstat{layer}", "dwx", "dgw"),
+                  flops=D * TB * 12 * GH, nbytes=D * TB * 4 * GH * b.sz)
         dwx = "dwx" if "wx" in norm else "dgx"                  # dL/d(W x): dW's and dx's
         for d in range(D):
             p = layer * D + d

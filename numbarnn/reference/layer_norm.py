@@ -3,8 +3,8 @@
 A row is one batch row at one step: its G*H products W x or R h (every gate together), or its H cell-state
 values.  Forward ``y = â * γ (+ β)`` with ``â = (a - mean) * rstd``, ``rstd = 1/sqrt(var + 1e-5)`` (biased var);
 backward ``da = rstd * (g - mean(g) - â * mean(g * â))`` with ``g = dy * γ``, ``dγ = Σ dy * â``, ``dβ = Σ dy``.
-The means and rstds are saved per row (the reserve's lnstat_l); the raw products are recomputed (W x, after the
-time loop) or saved (R h: rh_l); the raw c' is the reserve's c_l.
+The means and rstds are saved per row (the reserve's lnstat_l), the raw products too (W x: wx_l, R h: rh_l); the
+raw c' is the reserve's c_l.
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ Zoneout (haste's, SPEC 6.1) acts on the state h' of every step, after the cell (
 A layer-normalised cell (CellSpec.layer_norm, SPEC 13) normalises rows (layer_norm.py):
     gx = LN(x_l @ W^T) γ_x + bW ;  gh = LN(h @ R^T) γ_r + bR ;  n = LN(c') γ_c + β_c, m = cell.output(n)
     backward: dm -> output_backward -> dn -> dc' += LN_c'(dn) -> the cell's backward (dm = 0); dgh -> LN_rh'
-              before dh_prev and dR; dgx -> LN_wx' after the time loop, before dW and dx
+              before dh_prev and dR; dgx -> LN_wx' after the time loop, before dW and dx (the raw W x and R h of
+              each step kept in the reserve: wx_l, rh_l)
 
 Everything is float64 here; `backend.py` casts at the boundary.  Rows past their length keep their state
 and write 0 outputs; `len[b] == 0` rows never become active (final state = initial state).
@@ -130,10 +131,10 @@ def _zoneout(call: RNNCall, update, h_new, h_prev):
 
 def _normalised_input(cfg, lp, x_l):
     """gx = LN(x_l @ W^T) γ_x + bW of a cell normalising "wx" (skip_input: W = identity per gate).
-    x_l [T, B, I_l] -> (gx [T, B, G*H], stats [T, B, 2])"""
+    x_l [T, B, I_l] -> (gx [T, B, G*H], raw [T, B, G*H], stats [T, B, 2])"""
     raw = np.tile(x_l, (1, 1, cfg.G)) if lp.W is None else x_l @ lp.W.T      # [T, B, G*H]
     a_hat, stats = ln.normalise(raw)
-    return a_hat * lp.norm(cfg.cell, "ln_wx_gain") + lp.bW, stats
+    return a_hat * lp.norm(cfg.cell, "ln_wx_gain") + lp.bW, raw, stats
 
 
 def _normalised_recurrent(cfg, lp, h):
@@ -181,7 +182,7 @@ def forward(call: RNNCall, x, h0, c0, params):
             p = layer * D + d
             lp = layers[p]
             if "wx" in norm:
-                gx, wx_stats = _normalised_input(cfg, lp, x_l)   # [T, B, G*H], [T, B, 2]
+                gx, wx_raw, wx_stats = _normalised_input(cfg, lp, x_l)   # [T, B, G*H] x2, [T, B, 2]
             else:
                 gx = _input_projection(lp, x_l, G)          # [T, B, G*H]
             h, c = hT[p], (cT[p] if cT is not None else None)   # views: updated in place, end as final state
@@ -201,6 +202,7 @@ def forward(call: RNNCall, x, h0, c0, params):
                 else:
                     gh = _recurrent(cfg, lp, h[b])          # [n, G*H]
                 if "wx" in norm:
+                    saved[f"wx{layer}"][d, t, b] = wx_raw[t, b]
                     saved[f"lnstat{layer}"][d, t, b, ln.stat_columns(cfg.cell, "wx")] = wx_stats[t, b]
                 m, c_new, acts = cell_forward(gx[t, b], gh, h[b] if h_unit else None, c[b] if c is not None else None,
                                               lp.V)
@@ -331,7 +333,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, saved):
             gx2, gh2 = dgx.reshape(-1, G * H), dgh.reshape(-1, G * H)
             dlp.bW[...] = gx2.sum(axis=0)
             if "wx" in norm:                                # gx = LN(W x) γ_x + bW: back to the raw W x
-                raw = np.tile(x_l, (1, 1, G)) if lp.W is None else x_l @ lp.W.T     # [T, B, G*H]
+                raw = saved[f"wx{layer}"][d]                                        # [T, B, G*H] (0 where padded)
                 st = stat[:, :, ln.stat_columns(cfg.cell, "wx")]                    # [T, B, 2] (0 where padded)
                 wx_hat = ln.normalised(raw, st)
                 dlp.norm(cfg.cell, "ln_wx_gain")[...] = (dgx * wx_hat).reshape(-1, G * H).sum(axis=0)
