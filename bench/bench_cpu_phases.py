@@ -18,8 +18,8 @@ from numbarnn.testing import run_backward, run_forward  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "layer_norm_lstm"
 CALLS = int(sys.argv[2]) if len(sys.argv) > 2 else 15
-if MODE.startswith("layer_norm"):
-    __import__(f"numbarnn.contrib.{MODE}")                      # registers the cell
+if MODE not in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+    __import__(f"numbarnn.contrib.{MODE}")                      # registers the cell (gru_v1, mgu, indrnn, ...)
 shape = next(s for s in CELLS if s.mode == MODE and not s.zoneout)
 case = make_case(shape)
 t0 = time.perf_counter()

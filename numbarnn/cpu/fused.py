@@ -184,20 +184,8 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                     else:
                         tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
                     tile_r(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
-                    # gather the lanes' other inputs (loops over slices, indexed by their counters: vectorized;
-                    # indexing the big arrays directly would keep them scalar, see cells.py)
-                    for r in range(NR):
-                        q = r * LANES
-                        for k in range(V):
-                            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
-                        if PROJ:                             # a cell allowing a projection reads no h
-                            h_prev[q:q + LANES] = zero
-                        else:
-                            load(h_prev[q:q + LANES], hbuf[cur, rb[r], j0:j0 + LANES], LANES)
-                        if STATE:
-                            load(c_prev[q:q + LANES], cbuf[rb[r], j0:j0 + LANES], LANES)
-                        else:
-                            c_prev[q:q + LANES] = zero
+                    # the lanes' other inputs (a cell allowing a projection reads no h)
+                    gather_lanes(v, h_prev, c_prev, vec, hbuf[cur], cbuf, rb, j0, V, LANES, not PROJ, STATE)
                     # the cell, one lane per (row, unit): reads and writes only the scratch
                     for q in range(L):
                         m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
@@ -207,9 +195,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        if save:
-                            for k in range(S):
-                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+                        store_lanes(acts, cs, cbuf, saved, c_out, t, b, q, j0, nu, H, S, STATE, save)
                         if PROJ:
                             load(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu)
                             if save:
@@ -219,10 +205,6 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                                 zone_lanes(zone, zp, zin, zmask, t, b, j0, nu, h_prev[q:q + nu], m_out[q:q + nu])
                             load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
                             load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
-                        if STATE:
-                            load(cbuf[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                            if save:
-                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
             if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
                 for i0 in range(grp * NR, n, groups * NR):
                     for r in range(NR):
@@ -331,6 +313,41 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
     for g, r in enumerate(per_group):
         out[g, :len(r)] = r
     return out
+
+
+@njit(inline="always")
+def gather_lanes(v, h_prev, c_prev, vec, h, c, rb, j0, V, LANES, READ_H, STATE):
+    """The pointwise loop's inputs besides the products, for unit tile j0 (lane r*LANES + u: row rb[r], unit
+    j0 + u): the cell vectors from vec [VL, HP]; h from h [B, HP] (zeros unless READ_H); c from c [B, HP] (zeros
+    without a state).  Every forward loop of the fused family gathers its lanes here (loops over slices indexed by
+    their counters: vectorized; indexing the big arrays directly would keep them scalar, see cells.py)."""
+    for r in range(rb.shape[0]):
+        q = r * LANES
+        b = rb[r]
+        for k in range(V):
+            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+        if READ_H:
+            load(h_prev[q:q + LANES], h[b, j0:j0 + LANES], LANES)
+        else:
+            h_prev[q:q + LANES] = 0
+        if STATE:
+            load(c_prev[q:q + LANES], c[b, j0:j0 + LANES], LANES)
+        else:
+            c_prev[q:q + LANES] = 0
+
+
+@njit(inline="always")
+def store_lanes(acts, cs, c, saved, c_out, t, b, q, j0, nu, H, S, STATE, save):
+    """Row b's results of unit tile j0 from its lanes (q ..): the saved values to the reserve's acts [T, B, S*H] at
+    [t, b] and c' to the state c [B, HP] and the reserve's cs [T, B, H] (reserve writes only with `save`).  h' and
+    y are each loop's own (projection, zoneout, the normalised state)."""
+    if save:
+        for k in range(S):
+            load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+    if STATE:
+        load(c[b, j0:j0 + nu], c_out[q:q + nu], nu)
+        if save:
+            load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
 
 
 @njit(inline="always")

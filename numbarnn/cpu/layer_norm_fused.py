@@ -223,19 +223,12 @@ def forward_group(cell, compute: str):
                     nu = min(LANES, H - j0)          # units of this tile that exist
                     for r in range(NR):
                         q = r * LANES
-                        b = rb[r]
                         for g in range(G):
                             _normalise(wx[g, q:q + LANES], rw[jt, g, q:q + LANES], norm[0, g, j0:j0 + LANES],
                                        norm[1, g, j0:j0 + LANES], stat[0, 0, r], stat[0, 1, r], LANES)
                             _normalise(rh[g, q:q + LANES], rr[jt, g, q:q + LANES], norm[2, g, j0:j0 + LANES],
                                        norm[3, g, j0:j0 + LANES], stat[1, 0, r], stat[1, 1, r], LANES)
-                        for k in range(V):
-                            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
-                        load(h_prev[q:q + LANES], hb[b, j0:j0 + LANES], LANES)
-                        if STATE:
-                            load(c_prev[q:q + LANES], cb[b, j0:j0 + LANES], LANES)
-                        else:
-                            c_prev[q:q + LANES] = zero
+                    fused.gather_lanes(v, h_prev, c_prev, vec, hb, cb, rb, j0, V, LANES, True, STATE)
                     for q in range(L):
                         m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
                                                        saved[:, q])
@@ -243,13 +236,7 @@ def forward_group(cell, compute: str):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        if save:
-                            for k in range(S):
-                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
-                        if STATE:
-                            load(cb[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                            if save:
-                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
+                        fused.store_lanes(acts, cs, cb, saved, c_out, t, b, q, j0, nu, H, S, STATE, save)
                         if not NC:
                             load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
                             load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)

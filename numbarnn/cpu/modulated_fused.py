@@ -179,16 +179,7 @@ def forward_group(cell, compute: str):
                             load(rh[g], rhs[jt, SLOT[g]], L)
                         else:
                             load(rh[g], rh2[SLOT[g]], L)
-                    for r in range(NR):
-                        q = r * LANES
-                        b = rb[r]
-                        for k in range(V):
-                            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
-                        load(h_prev[q:q + LANES], hb[b, j0:j0 + LANES], LANES)
-                        if STATE:
-                            load(c_prev[q:q + LANES], cb[b, j0:j0 + LANES], LANES)
-                        else:
-                            c_prev[q:q + LANES] = zero
+                    fused.gather_lanes(v, h_prev, c_prev, vec, hb, cb, rb, j0, V, LANES, True, STATE)
                     for q in range(L):
                         m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
                                                        saved[:, q])
@@ -196,15 +187,9 @@ def forward_group(cell, compute: str):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        if save:
-                            for k in range(S):
-                                load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+                        fused.store_lanes(acts, cs, cb, saved, c_out, t, b, q, j0, nu, H, S, STATE, save)
                         load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
                         load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
-                        if STATE:
-                            load(cb[b, j0:j0 + nu], c_out[q:q + nu], nu)
-                            if save:
-                                load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
 
     extra = {"tile_w": microkernel.product_tile(compute, G, NR, LANES, bias=True),
              "tile_1": microkernel.product_tile(compute, G1, NR, LANES, bias=True),
