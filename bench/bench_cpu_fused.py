@@ -2,7 +2,7 @@
 
 1. The per-step recurrent product alone, R h^T for all rows, T steps: `microkernel.product_tile` (the LLVM-IR
    micro-kernel; one thread, then the rows split over numba's threads) against OpenBLAS (np.matmul out=).
-2. The whole op, forward (inference) and backward, with `network.FUSED` True (the fused loops) and False (the
+2. The whole op, forward (inference) and backward, with the setting cpu_fused True (the fused loops) and False (the
    BLAS loops), interleaved rounds with a pause before each turn (OpenBLAS's threads spin for ~0.1 s after a
    product: see bench_cpu.py).  Both validated against each other first.
 
@@ -18,7 +18,8 @@ import time
 import numba
 import numpy as np
 
-from numbarnn.cpu import fused, microkernel, network, tuning
+from numbarnn import settings
+from numbarnn.cpu import fused, microkernel, tuning
 from numbarnn.testing import relative_error, run_backward, run_forward
 
 
@@ -114,24 +115,23 @@ def whole_op(reps=7, pause=0.2):
         label, case = shape.label, make_case(shape)
         times, outs = {}, {}
         for flag in (True, False):
-            network.FUSED = flag
-            outs[flag] = run_forward(case, "cpu")
-            run_backward(case, outs[flag], "cpu")
+            with settings.override(cpu_fused=flag):
+                outs[flag] = run_forward(case, "cpu")
+                run_backward(case, outs[flag], "cpu")
         assert relative_error(outs[True][0], outs[False][0]) < 2e-6, label
         for _ in range(reps):
             for flag in (True, False):
-                network.FUSED = flag
-                time.sleep(pause)
-                t0 = time.perf_counter()
-                run_forward(case, "cpu")
-                t1 = time.perf_counter()
-                time.sleep(pause)
-                t2 = time.perf_counter()
-                run_backward(case, outs[flag], "cpu")
-                t3 = time.perf_counter()
+                with settings.override(cpu_fused=flag):
+                    time.sleep(pause)
+                    t0 = time.perf_counter()
+                    run_forward(case, "cpu")
+                    t1 = time.perf_counter()
+                    time.sleep(pause)
+                    t2 = time.perf_counter()
+                    run_backward(case, outs[flag], "cpu")
+                    t3 = time.perf_counter()
                 times.setdefault(flag, ([], []))[0].append(1e3 * (t1 - t0))
                 times[flag][1].append(1e3 * (t3 - t2))
-        network.FUSED = True
         for flag, (f, b) in times.items():
             print(f"  {label:46s} {'fused' if flag else 'BLAS ':5s} forward {np.median(f):6.1f} ({min(f):6.1f})"
                   f"  backward {np.median(b):6.1f} ({min(b):6.1f})")

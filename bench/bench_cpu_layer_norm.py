@@ -1,5 +1,5 @@
 """The layer-normalised cells' backward on the cpu backend, T=100 B=32 I=H=256 float32: the fused time loop
-(`layer_norm.FUSED` True: layer_norm_fused.backward_group, row groups in parallel) against the BLAS loop (False:
+(the setting cpu_fused True: layer_norm_fused.backward_group, row groups in parallel) against the BLAS loop (False:
 a BLAS product and a serial row loop per step), the forward fused in both; the built-in LSTM beside them for the
 ratio the cells bench reports (`bench_cpu.py --cells`).  Interleaved rounds in one process, a pause before each
 forward+backward (OpenBLAS's threads spin after a product: see bench_cpu.py).  Validated first: each variant's
@@ -18,7 +18,7 @@ from bench_cpu import CELLS, make_case, numbarnn_runner, validate  # noqa: E402
 
 import numbarnn.contrib.layer_norm_gru  # noqa: E402,F401  (registers the cells)
 import numbarnn.contrib.layer_norm_lstm  # noqa: E402,F401
-from numbarnn.cpu import layer_norm  # noqa: E402
+from numbarnn import settings  # noqa: E402
 from numbarnn.testing import run_backward, run_forward  # noqa: E402
 
 REPS, PAUSE = int(sys.argv[1]) if len(sys.argv) > 1 else 9, 0.3
@@ -34,11 +34,8 @@ def fwdbwd(mode: str, fused: bool) -> tuple[float, float]:
     t0 = time.perf_counter()
     out = run_forward(case, "cpu")
     t1 = time.perf_counter()
-    layer_norm.FUSED = fused
-    try:
+    with settings.override(cpu_fused=fused):
         run_backward(case, out, "cpu")
-    finally:
-        layer_norm.FUSED = True
     t2 = time.perf_counter()
     return t2 - t0, t2 - t1
 
@@ -46,9 +43,8 @@ def fwdbwd(mode: str, fused: bool) -> tuple[float, float]:
 for mode, fused in RUNS:                      # the first call compiles (or loads numba's cache), then validate
     first = fwdbwd(mode, fused)[0]
     ref = numbarnn_runner(cases[mode].astype(np.float64), "reference")[1]()
-    layer_norm.FUSED = fused
-    err = validate(numbarnn_runner(cases[mode], "cpu")[1](), ref)
-    layer_norm.FUSED = True
+    with settings.override(cpu_fused=fused):
+        err = validate(numbarnn_runner(cases[mode], "cpu")[1](), ref)
     print(f"{SHAPES[mode].label} {'fused' if fused else 'BLAS'} backward: first call {first:.2f} s, "
           f"max rel. err vs float64 {err:.1e}")
 times = {run: [] for run in RUNS}

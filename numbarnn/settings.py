@@ -13,6 +13,7 @@
 | v2_narrow | NUMBARNN_V2_NARROW | 0 / 1 | True: v2's narrow tiles on a small grid |
 | v3_wide | NUMBARNN_V3_WIDE | 0 / 1 | True: v3's widest co-resident blocks |
 | cpu_tune | NUMBARNN_CPU_TUNE | 0 / 1 | True: the cpu micro-kernel's tile measured per machine |
+| cpu_fused | NUMBARNN_CPU_FUSED | 0 / 1 | True: the cpu backend's fused time loops (0: its BLAS loops, to compare) |
 | real_gpu | NUMBARNN_REAL_GPU | 0 / 1 | None: a GPU if numba finds one (1: must; 0: the simulator) |
 
 A setting is read from the environment when it is asked for (cheap: one lookup), so a variable exported before
@@ -37,6 +38,7 @@ SETTINGS = {
     "v2_narrow": ("NUMBARNN_V2_NARROW", bool, True),
     "v3_wide": ("NUMBARNN_V3_WIDE", bool, True),
     "cpu_tune": ("NUMBARNN_CPU_TUNE", bool, True),
+    "cpu_fused": ("NUMBARNN_CPU_FUSED", bool, True),
     "real_gpu": ("NUMBARNN_REAL_GPU", ("0", "1"), None),
 }
 

@@ -466,9 +466,9 @@ def assert_zoneout_masks_drawn_per_call(module, plain, x) -> None:
     assert not torch.equal(a, plain(x)[0])
 
 
-def assert_fused_forward_equals_the_blas_loop(monkeypatch, cell: str, switch, fused_module) -> None:
+def assert_fused_forward_equals_the_blas_loop(monkeypatch, cell: str, fused_module) -> None:
     """A cell family's fused cpu forward (`fused_module`'s forward_loop), in one row group and in 3 (the prange
-    loop), gives the BLAS loop's outputs and reserve (`switch.FUSED` False; the backward reads that reserve), the
+    loop), gives the BLAS loop's outputs and reserve (NUMBARNN_CPU_FUSED=0; the backward reads that reserve), the
     reference's gradients, and the same outputs at inference (no reserve written): H = 9 (a partial unit tile),
     B = 7 with lengths 0 (a partial row tile, rows ending at different steps), 2 layers, bidirectional."""
     from dataclasses import replace
@@ -478,9 +478,9 @@ def assert_fused_forward_equals_the_blas_loop(monkeypatch, cell: str, switch, fu
     from numbarnn.reserve import NONCE_SIZE
     from numbarnn.testing import make_rnn_case
     case = make_rnn_case(rnn_config(2, 9, 5, cell, direction="bidirectional"), 4, 7, [4, 0, 2, 4, 1, 3, 0], seed=4)
-    monkeypatch.setattr(switch, "FUSED", False)
+    monkeypatch.setenv("NUMBARNN_CPU_FUSED", "0")
     want = run_forward(case, "cpu")
-    monkeypatch.setattr(switch, "FUSED", True)
+    monkeypatch.delenv("NUMBARNN_CPU_FUSED")
     ran, loop = [], fused_module.forward_loop
     monkeypatch.setattr(fused_module, "forward_loop", lambda *a: ran.append(a[2]) or loop(*a))
 

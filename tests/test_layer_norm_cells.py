@@ -301,12 +301,11 @@ def test_cuda_several_blocks_with_a_partial_last_stride(cell):
 
 
 @pytest.mark.parametrize("cell", CELLS)
-def test_one_reserve_layout_on_every_backend_with_the_raw_products(cell):
+def test_one_reserve_layout_on_every_backend_with_the_raw_products(monkeypatch, cell):
     """The reserve (SPEC 7, 13: lnstat and the raw W x and R h of each step, 0 where no step runs) is one layout:
     cpu (fused and BLAS loops) and cuda write the reference's to 1e-12; the reference's backward on their reserve and
     theirs on the reference's give the reference's gradients; and the backward reads W x from it (a changed wx_l
     changes every backend's gradients, where the recomputed W x would not)."""
-    from numbarnn.cpu import layer_norm
     cfg = rnn_config(2, 5, 3, cell, direction="bidirectional", dropout=0.4, seed=3, seed2=9)
     case = make_rnn_case(cfg, 3, 3, [3, 0, 2], seed=5)
     ref = run_forward(case, "reference")
@@ -317,17 +316,14 @@ def test_one_reserve_layout_on_every_backend_with_the_raw_products(cell):
     tampered = list(ref)
     tampered[3] = ref[3].copy()
     reserve_views(RNNCall(cfg, 3, 3, [3, 0, 2], True), tampered[3])["wx0"][0, 1, 0] += 1.0
-    for backend, fused in (("cpu", True), ("cpu", False), ("cuda", True)):
-        layer_norm.FUSED = fused
-        try:
-            got = run_forward(case, backend)
-            assert relative_error(reserve_contents(got[3]), reserve_contents(ref[3])) < 1e-12
-            for grads in (run_backward(case, got, "reference"), run_backward(case, ref, backend)):
-                for a, b in zip(grads, want):
-                    assert (b is None) == (a is None) and (b is None or relative_error(a, b) < 1e-12)
-            assert relative_error(run_backward(case, tampered, backend)[3], want[3]) > 1e-6
-        finally:
-            layer_norm.FUSED = True
+    for backend, fused_loops in (("cpu", "1"), ("cpu", "0"), ("cuda", "1")):
+        monkeypatch.setenv("NUMBARNN_CPU_FUSED", fused_loops)
+        got = run_forward(case, backend)
+        assert relative_error(reserve_contents(got[3]), reserve_contents(ref[3])) < 1e-12
+        for grads in (run_backward(case, got, "reference"), run_backward(case, ref, backend)):
+            for a, b in zip(grads, want):
+                assert (b is None) == (a is None) and (b is None or relative_error(a, b) < 1e-12)
+        assert relative_error(run_backward(case, tampered, backend)[3], want[3]) > 1e-6
 
 
 @pytest.mark.parametrize("version", [2, 3])
@@ -452,15 +448,15 @@ def test_zoneout_on_a_layer_normalised_cell(backend, training):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
-    """cpu/layer_norm_fused.py's fused forward against the BLAS loop (layer_norm.FUSED False) and the reference."""
-    from numbarnn.cpu import layer_norm_fused, layer_norm
-    assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, layer_norm, layer_norm_fused)
+    """cpu/layer_norm_fused.py's fused forward against the BLAS loop (NUMBARNN_CPU_FUSED=0) and the reference."""
+    from numbarnn.cpu import layer_norm_fused
+    assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, layer_norm_fused)
 
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_backward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
     """cpu/layer_norm_fused.py's backward time loop, in one row group and in 3 (the prange loop: the upper layer's,
-    the lower layer's after BLAS in one), gives the BLAS loop's gradients (layer_norm.FUSED False) to 1e-12 and the
+    the lower layer's after BLAS in one), gives the BLAS loop's gradients (NUMBARNN_CPU_FUSED=0) to 1e-12 and the
     reference's: H = 9 (a partial column tile), B = 7 with lengths 0 (a partial row tile, rows ending at different
     steps; groups with no rows), 2 layers, bidirectional."""
     from numbarnn.cpu import fused, layer_norm, layer_norm_fused
@@ -468,10 +464,10 @@ def test_cpu_fused_backward_agrees_with_the_blas_loop_and_the_reference(monkeypa
     out = run_forward(case, "cpu")
     ran, loop = [], layer_norm_fused.backward_loop
     monkeypatch.setattr(layer_norm_fused, "backward_loop", lambda *a: ran.append(a[2]) or loop(*a))
-    monkeypatch.setattr(layer_norm, "FUSED", False)
+    monkeypatch.setenv("NUMBARNN_CPU_FUSED", "0")           # the BLAS loops
     want = run_backward(case, out, "cpu")
     assert ran == []
-    monkeypatch.setattr(layer_norm, "FUSED", True)
+    monkeypatch.setenv("NUMBARNN_CPU_FUSED", "1")
     for groups in (1, 3):
         monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
         got = run_backward(case, out, "cpu")

@@ -291,9 +291,9 @@ def test_cpu_inference_and_the_layer():
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
-    """cpu/modulated_fused.py's fused forward against the BLAS loop (network.FUSED False) and the reference."""
-    from numbarnn.cpu import modulated_fused, network
-    assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, network, modulated_fused)
+    """cpu/modulated_fused.py's fused forward against the BLAS loop (NUMBARNN_CPU_FUSED=0) and the reference."""
+    from numbarnn.cpu import modulated_fused
+    assert_fused_forward_equals_the_blas_loop(monkeypatch, cell, modulated_fused)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ def test_an_override_is_this_threads_only():
 @pytest.mark.parametrize("var, name, raw, want", [
     ("NUMBARNN_FAST_LAUNCH", "fast_launch", "0", False), ("NUMBARNN_FAST_LAUNCH", "fast_launch", " 1 ", True),
     ("NUMBARNN_V2_NARROW", "v2_narrow", "", True), ("NUMBARNN_CPU_TUNE", "cpu_tune", "off", False),
+    ("NUMBARNN_CPU_FUSED", "cpu_fused", "0", False),
     ("NUMBARNN_REAL_GPU", "real_gpu", "0", "0"), ("NUMBARNN_BACKEND", "backend", "cpu", "cpu")])
 def test_each_variable_is_parsed(monkeypatch, var, name, raw, want):
     monkeypatch.setenv(var, raw)

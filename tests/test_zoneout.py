@@ -287,13 +287,12 @@ def test_cpu_agrees_with_the_reference(fused_only, mode, kw):
 def test_cpu_fused_and_blas_loops_agree_and_read_each_others_reserve(monkeypatch, mode, kw):
     """The fused loops (zoneout inside them) and the BLAS loops (zoneout.py's steps around them): the same masks
     bit for bit, outputs and gradients to rounding, and either backward on either forward's reserve."""
-    from numbarnn.cpu import network
     case = _case(mode, **kw)
     fused_f = run_forward(case, "cpu")
-    monkeypatch.setattr(network, "FUSED", False)
+    monkeypatch.setenv("NUMBARNN_CPU_FUSED", "0")           # the BLAS loops
     blas_f = run_forward(case, "cpu")
     blas_b = [run_backward(case, f, "cpu") for f in (fused_f, blas_f)]
-    monkeypatch.setattr(network, "FUSED", True)
+    monkeypatch.setenv("NUMBARNN_CPU_FUSED", "1")
     fused_b = [run_backward(case, f, "cpu") for f in (fused_f, blas_f)]
     for got, want in zip(_masks(case, fused_f[3]), _masks(case, blas_f[3])):
         assert np.array_equal(got, want) and got.any() and not got.all()

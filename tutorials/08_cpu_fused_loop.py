@@ -46,7 +46,8 @@ import numpy as np
 from numba import njit
 
 from numbarnn.config import rnn_config
-from numbarnn.cpu import fused, microkernel, network
+from numbarnn import settings
+from numbarnn.cpu import fused, microkernel
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
 
 
@@ -108,11 +109,9 @@ def check_whole_op(quick):
         cfg = rnn_config(2, H, 7, mode, direction="bidirectional")
         case = make_rnn_case(cfg, T, B, lengths, seed=4, dtype=np.float32)
         ref = run_forward(case, "reference")
-        network.FUSED = True
         fused_out = run_forward(case, "cpu")
-        network.FUSED = False
-        blas_out = run_forward(case, "cpu")
-        network.FUSED = True
+        with settings.override(cpu_fused=False):             # the BLAS loops (NUMBARNN_CPU_FUSED=0)
+            blas_out = run_forward(case, "cpu")
         e_f, e_b = relative_error(fused_out[0], ref[0]), relative_error(blas_out[0], ref[0])
         assert e_f < 1e-5 and e_b < 1e-5, (e_f, e_b)
         grads = [relative_error(a, b) for a, b in zip(run_backward(case, fused_out, "cpu"),

@@ -11,8 +11,8 @@ copies and per-step fancy indexing), `fused.py`:
               pointwise backward writes dgx [t, b] and dgh [s, b], then dh += dgh_s R by the micro-kernel;
               after the loops dW, dR, dW_proj and dx as single BLAS matmuls
 
-`network.FUSED = False` runs the BLAS loops instead (the design before the fused loops; tests and
-bench/bench_cpu_fused.py compare the two):
+`NUMBARNN_CPU_FUSED=0` (or `settings.override(cpu_fused=False)`) runs the BLAS loops instead (the design before
+the fused loops; tests and bench/bench_cpu_fused.py compare the two):
 
     gx = x_l @ W^T                        one BLAS matmul over all T steps        [T, B, G*H]
     for step s = 0 .. T-1:

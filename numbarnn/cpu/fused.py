@@ -28,7 +28,7 @@ tiles; a partial tile's spare lanes recompute the longest row and are not writte
 computes on zeros (packed weights, biases and the padded columns of the h and c buffers are 0) and writes only
 its first H - j0 lanes.
 
-Used for every call (network.py); `network.FUSED = False` selects the BLAS loops.
+Used for every call (network.py); the setting cpu_fused False selects the BLAS loops.
 
 Why one file (over 500 lines): the forward's and the backward's time loops and the inline helpers compiled into
 both (row groups, the products, the scatters) are read together.

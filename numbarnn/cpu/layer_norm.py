@@ -15,7 +15,7 @@ The network driver of `network.py` with the row reductions added, as the referen
 Every loop works on one row at a time (its G*H or H values), so a row's reduction is a plain loop over it, and
 the backward accumulates its bias, gain and vector gradients by row (summed after the time loop): rows may run in
 any grouping with the same results.  The loops above (BLAS per step) run with zoneout, skip input (the forward),
-or `FUSED` False; otherwise each layer and direction is one fused time loop of `layer_norm_fused.py` (the
+or the setting cpu_fused False; otherwise each layer and direction is one fused time loop of `layer_norm_fused.py` (the
 forward's own; the backward's calls `backward_loop` on a row group's rows, then dh += dgh_s R by the
 micro-kernel), the same results and reserve.
 
@@ -30,6 +30,7 @@ import numba
 import numpy as np
 from numba import njit
 
+from .. import settings
 from ..params import unpack
 from ..reserve import reserve_views
 from . import layer_norm_fused, threads, zoneout
@@ -38,10 +39,6 @@ from .layer_input import backward_input, dropped_input, input_projection
 from .workspace import scratch
 
 EPS = 1e-5
-
-#: run the time loops by layer_norm_fused.py where they apply; False: the BLAS loops everywhere (tests compare
-#: the two)
-FUSED = True
 
 
 def _columns(cell, name: str) -> int:
@@ -414,6 +411,7 @@ def forward(call, x, h0, c0, params, ct, rows, saved, flat):
     cT = np.array(c0, dtype=ct) if cfg.has_cell_state else None
     none3 = np.zeros((0, 0, 0), dtype=ct)
     no_c = np.zeros((0, H), dtype=ct)
+    fused_loops = settings.get("cpu_fused")                  # False: the BLAS loops everywhere (to compare)
     x_l = x
     with threads.budget():
         for layer in range(cfg.L):
@@ -432,7 +430,7 @@ def forward(call, x, h0, c0, params, ct, rows, saved, flat):
                         saved[f"acts{layer}"][d], saved[f"c{layer}"][d] if cT is not None else none3,
                         saved[f"lnstat{layer}"][d], *(saved[f"{n}{layer}"][d] if n in cfg.cell.layer_norm else none3
                                                       for n in ("wx", "rh")))
-                if FUSED and steps > 0 and layer_norm_fused.supported(call, layers[p]):
+                if fused_loops and steps > 0 and layer_norm_fused.supported(call, layers[p]):
                     layer_norm_fused.forward_direction(*args, rows, ct)
                 else:
                     forward_direction(*args, lens, steps, ct, zone)
@@ -458,7 +456,7 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
     loop = backward_loop(cell, name)
     _, input_rows_backward = row_kernels(name)
     tmp = scratch("tmp", (B, H), ct)                         # [B, H] dgh_s R
-    use_fused = FUSED and steps > 0 and not call.zoneout_active
+    use_fused = settings.get("cpu_fused") and steps > 0 and not call.zoneout_active
     all_rows = np.arange(B, dtype=np.int64)                  # [B] the BLAS loop runs every row
     if call.zoneout_active:                                  # zoneout.py: the step gets mask*(dy + dh) in dh
         carry, no_dy = zoneout.backward_buffers(T, B, D, H, ct)   # [B, H], [T, B, D*H]

@@ -13,8 +13,8 @@ makes two BLAS products with a pointwise loop between them (network.py's `blas_f
     after the loop: dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T qs (qs: m ⊙ h_prev of every step)
 
 The loops here are O(G*H*B) per step against the products' O(G*H*H*B): plain serial njit loops.  The forward
-above runs with zoneout, skip input, or network.FUSED False; otherwise `modulated_fused.py` runs it as one fused
-time loop (the same results and reserve).
+above runs with zoneout, skip input, or the setting cpu_fused False; otherwise `modulated_fused.py` runs it as one
+fused time loop (the same results and reserve).
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from .. import settings
 from ..config import RNNCall
 from ..params import unpack
 from ..reserve import reserve_entries, reserve_views
@@ -94,11 +95,6 @@ def _layout_size(call: RNNCall) -> int:
 _inference_views: dict = {}
 
 
-#: run the fused loops (`fused.py`); False: the BLAS loops (`blas_forward`, the backward's per-step loop)
-#: everywhere (tests and bench/bench_cpu_fused.py compare the two)
-FUSED = True
-
-
 def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, x_l, h, c, y, acts, cs, ms, rows, ct,
                   kept=None, zone=None):
     """Pseudo-layer p (direction d) by `fused.forward_loop`, its weights read from the opaque `params`: h [B, P]
@@ -142,7 +138,7 @@ def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, 
 
 def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None,
                  zone=None):
-    """One layer and direction by BLAS products and the njit step loop (FUSED False; always for a diagonal or a
+    """One layer and direction by BLAS products and the njit step loop (settings cpu_fused False; always for a diagonal or a
     modulated cell): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod
     [T, B, H]: the reserve's m of a modulated cell; zone: zoneout's (mask [T, B, P] uint8, zmask [T, B, P] reserve)
     (zoneout.py; empty arrays at inference)."""
@@ -205,7 +201,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
         flat, saved = buffers(call, ct)
         return layer_norm.forward(call, x, h0, c0, params, ct, rows, saved, flat)
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
+    fused_loops = settings.get("cpu_fused")                  # False: the BLAS loops everywhere (to compare)
+    use_fused = fused_loops and steps > 0 and not cell.diagonal and not cell.modulated
     if use_fused:                                             # (reads the weights from params: no views)
         plan = fused_plan.forward_plan(call, ct, microkernel.geometry(cell.G), threads.num_threads(), cell)
         layers, none3 = None, plan.none3
@@ -237,7 +234,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
             if use_fused:
                 fused_forward(call, plan, p, params, d, x_l, hT[p], c_state, y, acts, cs, ms, rows, ct,
                               None if kept is None else (kept[0].layers[p], kept[1]), zone)
-            elif cell.modulated and FUSED and steps > 0 and modulated_fused.supported(call, layers[p]):
+            elif cell.modulated and fused_loops and steps > 0 and modulated_fused.supported(call, layers[p]):
                 with threads.budget():                       # two products a step, fused (modulated_fused.py)
                     modulated_fused.forward_direction(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs,
                                                       saved[f"mod{layer}"][d], rows, ct)
@@ -293,7 +290,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     dc0 = np.array(dcT, dtype=ct) if cfg.has_cell_state else None
     cell = cfg.cell
     # the fused loops make one product by a matrix R per step: not a diagonal cell's, nor a modulated cell's two
-    use_fused = FUSED and steps > 0 and not cell.diagonal and not cell.modulated
+    use_fused = settings.get("cpu_fused") and steps > 0 and not cell.diagonal and not cell.modulated
     if cell.modulated:                                       # modulated.py: two products per step
         rows1, rows2 = modulated.gate_rows(cell, H, False), modulated.gate_rows(cell, H, True)
         modulate_backward = modulated.modulate_backward(cell, fused_plan.dtype_name(ct))
