@@ -37,4 +37,5 @@ for _ in range(CALLS):
     bwd.append(time.perf_counter() - t1)
 fwd, bwd = np.array(fwd) * 1e3, np.array(bwd) * 1e3
 print(f"{shape.label} [{os.environ.get('PYTHONPATH', '')}]: forward {np.median(fwd):.1f} ({fwd.min():.1f}) ms, "
-      f"backward {np.median(bwd):.1f} ({bwd.min():.1f}) ms; first call {first:.2f} s, max rel. err vs float64 {err:.1e}")
+      f"backward {np.median(bwd):.1f} ({bwd.min():.1f}) ms; first call {first:.2f} s, "
+      f"max rel. err vs float64 {err:.1e}")

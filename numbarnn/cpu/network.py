@@ -138,8 +138,8 @@ def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, 
 
 def blas_forward(call: RNNCall, lp, d, x_l, h_state, c_state, y, acts, cs, ms, lens, steps, ct, acts_mod=None,
                  zone=None):
-    """One layer and direction by BLAS products and the njit step loop (settings cpu_fused False; always for a diagonal or a
-    modulated cell): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod
+    """One layer and direction by BLAS products and the njit step loop (the setting cpu_fused False; always for a
+    diagonal or a modulated cell): h_state [B, P] and c_state [B, H] (or None) are updated in place; acts_mod
     [T, B, H]: the reserve's m of a modulated cell; zone: zoneout's (mask [T, B, P] uint8, zmask [T, B, P] reserve)
     (zoneout.py; empty arrays at inference)."""
     cfg, T, B = call.config, call.T, call.B

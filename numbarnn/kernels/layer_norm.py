@@ -160,20 +160,20 @@ def make_layer_norm_rows_backward(cell, dtype, NT: int):
 
     def layer_norm_rows_backward(
         dgx,          # [D, T, B, G*H]  dL/d(LN(W x) γ_x + bW) (0 where padded)
-        gx,           # [D, T, B, G*H]  W x (the reserve's: 0 where padded)
+        wx,           # [D, T, B, G*H]  W x, the reserve's wx_l (0 where padded)
         norm,         # [D, NV, H]
         lnstat,       # [D, T, B, 2K]   mean, rstd (0 where padded: dwx is 0 there)
         dwx,          # [D, T, B, G*H]  out: dL/d(W x)
         dgw,          # [D, T, B, G*H]  out: dgx ⊙ x̂ (summed over rows into dγ_x)
     ):
         buf = cuda.shared.array(NT, acc)
-        B = gx.shape[2]
-        GH = gx.shape[3]
+        B = wx.shape[2]
+        GH = wx.shape[3]
         H = GH // G
         t = cuda.blockIdx.x // B
         b = cuda.blockIdx.x % B
         d = cuda.blockIdx.y
-        row_backward(buf, gx, dgx, norm, OWX, KWX, lnstat, d, t, b, H, GH, dgw, dwx)
+        row_backward(buf, wx, dgx, norm, OWX, KWX, lnstat, d, t, b, H, GH, dgw, dwx)
 
     return layer_norm_rows_backward
 
