@@ -436,6 +436,23 @@ def test_tile_shapes_are_measured_once_per_machine_and_read_back(tuning_file, mo
     assert tuning.chosen(4, regs, simd) == best and json.loads(tuning_file.read_text())
 
 
+def test_cpus_that_share_a_model_name_are_told_apart():
+    """A VM names Zen 3 and Zen 4 both "AMD EPYC": the key carries the core and the family/model numbers."""
+    from numbarnn.cpu import tuning
+
+    def info(model):
+        block = f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\n" \
+                "model name\t: AMD EPYC\n"
+        return block + "\n" + block.replace("processor\t: 0", "processor\t: 1").replace(str(model), "99")
+
+    zen3, zen4 = tuning.describe_cpu(info(1), "znver3"), tuning.describe_cpu(info(17), "znver4")
+    assert zen3 == "AMD EPYC (znver3, family 25 model 1)" and zen4 == "AMD EPYC (znver4, family 25 model 17)"
+    assert tuning.describe_cpu(info(17), "generic") == "AMD EPYC (family 25 model 17)"
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\n\nHardware\t: BCM2835\n"           # ARM: the board, at the end
+    assert tuning.describe_cpu(arm, "cortex-a72") == "BCM2835 (cortex-a72)"
+    assert tuning.cpu_model() in tuning.key(4, 16, 32)
+
+
 def test_measure_checks_the_product_and_returns_gflops():
     from numbarnn.cpu import tuning
     V, NR = microkernel._tile_shape(3, microkernel.registers())

@@ -6,7 +6,7 @@ then the fewest loads per multiply-add) was measured on AMD Zen 3 and Zen 4; oth
 parts, with two FMA ports, or ARM) can prefer another shape.  So at the first call that needs a shape for G,
 `chosen` times the micro-kernel alone on one thread for each shape that fits the registers (float32, panels of
 2048 rows in cache, as in the op: about a second per shape, mostly compiling it), keeps the fastest, and writes
-it to a small JSON file beside numba's on-disk cache, keyed by the CPU model and vector width: later processes
+it to a small JSON file beside numba's on-disk cache, keyed by the CPU (`cpu_model`) and vector width: later processes
 on that machine read it.  Float64 uses float32's choice (the same registers, half the lanes).
 
     NUMBARNN_CPU_TUNE=0      the static rule everywhere (no measurement, no file read)
@@ -46,15 +46,35 @@ def enabled() -> bool:
 
 @functools.cache
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo's "model name", else platform.processor(), else the machine)."""
+    """The CPU, as the choices are keyed: its model name, the core LLVM compiles for, and the family and model
+    numbers. A cloud VM may publish one name ("AMD EPYC") for different cores (Zen 3 and Zen 4), so the name
+    alone would carry one core's measurement to another."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "cpu model", "hardware")):
-                    return line.split(":", 1)[1].strip()
+            text = f.read(1 << 16)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        text = ""
+    try:
+        import llvmlite.binding as ll
+        core = ll.get_host_cpu_name()
+    except Exception:         # pragma: no cover - llvmlite comes with numba
+        core = ""
+    return describe_cpu(text, core)
+
+
+def describe_cpu(cpuinfo: str, core: str = "") -> str:
+    """'name (core, family F model M)' from /proc/cpuinfo (the first processor's fields) and LLVM's host core
+    name; the platform's processor name where cpuinfo names none."""
+    fields: dict = {}
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip().lower(), value.strip())     # the first processor's, and ARM's "Hardware"
+    name = next((fields[k] for k in ("model name", "cpu model", "hardware") if fields.get(k)), "")
+    name = name or platform.processor() or platform.machine()
+    detail = [core] if core and core != "generic" else []
+    if fields.get("cpu family") and fields.get("model"):
+        detail.append(f"family {fields['cpu family']} model {fields['model']}")
+    return f"{name} ({', '.join(detail)})" if detail else name
 
 
 def cache_path() -> str:
