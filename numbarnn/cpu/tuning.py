@@ -27,6 +27,7 @@ import tempfile
 import time
 import warnings
 
+import llvmlite.binding as llvm_binding
 import numba
 import numpy as np
 from numba import njit, prange
@@ -55,12 +56,7 @@ def cpu_model() -> str:
             text = f.read(1 << 16)
     except OSError:
         text = ""
-    try:
-        import llvmlite.binding as ll
-        core = ll.get_host_cpu_name()
-    except Exception:         # pragma: no cover - llvmlite comes with numba
-        core = ""
-    return describe_cpu(text, core)
+    return describe_cpu(text, llvm_binding.get_host_cpu_name())
 
 
 def describe_cpu(cpuinfo: str, core: str = "") -> str:
@@ -143,6 +139,8 @@ def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
                       stacklevel=2)
         _measured[k] = static
         return static
+    finally:
+        _timed_product.cache_clear()            # (each shape's panels and rows: a few MB, not kept past the rounds)
     best = pick(gflops, static)
     _measured[k] = best
     _update(k, {"shape": list(best), "static": list(static), "gflops": {f"{V}x{NR}": round(g, 1)
