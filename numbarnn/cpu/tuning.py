@@ -161,24 +161,17 @@ def measure(G: int, V: int, NR: int, K: int = 256, B: int = 32, repeats: int = 5
     """GFLOP/s of `microkernel.product_tile` for (V, NR) on one thread, float32: panels of 2048 rows over K, B rows
     (a partial last tile where NR does not divide B), every unit tile of every row tile, best of `repeats`.  The
     first call per shape compiles it and checks its product; later calls (`chosen`'s rounds) only time it."""
-    run = _timed_product(G, V, NR, K, B)
+    run, flops = _timed_product(G, V, NR, K, B)
     best = float("inf")
     for _ in range(repeats):
         best = min(best, run())
-    return _flops(G, NR, K, B) / best / 1e9
-
-
-def _flops(G: int, NR: int, K: int, B: int) -> float:
-    """Floating-point operations of one timed run of `_timed_product` (4 steps)."""
-    LANES = microkernel.lanes_for(np.float32)
-    NT = max(1, 2048 // (G * LANES))
-    return 2.0 * G * NT * LANES * K * cdiv(B, NR) * NR * 4
+    return flops / best / 1e9
 
 
 @functools.lru_cache(maxsize=64)
 def _timed_product(G: int, V: int, NR: int, K: int, B: int):
-    """() -> seconds of one run of 4 steps of the micro-kernel (V, NR) over its panels and rows, compiled and its
-    product checked against NumPy's once."""
+    """(() -> seconds of one run of `steps` steps of the micro-kernel (V, NR) over its panels and rows, the
+    floating-point operations of that run), compiled and its product checked against NumPy's once."""
     ct = np.float32
     LANES = microkernel.lanes_for(ct)
     tile = microkernel.product_tile("float32", G, NR, LANES, V)
@@ -198,12 +191,14 @@ def _timed_product(G: int, V: int, NR: int, K: int, B: int):
     if np.abs(got - want).max() > 1e-3 * np.abs(want).max():
         raise RuntimeError(f"tile shape {V}x{NR}: the micro-kernel's product is wrong")
 
+    steps = 4
+
     def once() -> float:
         h  # noqa: B018  (rows holds the addresses of h's rows: h lives as long as this function)
         t0 = time.perf_counter()
-        run(Rp, rows, out, 4)
+        run(Rp, rows, out, steps)
         return time.perf_counter() - t0
-    return once
+    return once, 2.0 * G * NT * LANES * K * NB * NR * steps
 
 
 def steps_runner(tile, parallel: bool = False):
