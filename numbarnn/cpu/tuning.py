@@ -109,9 +109,8 @@ def candidates(G: int, regs: int) -> list:
 #: VM shows within seconds, reaches every candidate alike); each keeps its best round
 ROUNDS = 3
 
-#: another shape replaces the static rule's only when it is this much faster (a one-off measurement on a noisy
-#: machine once kept 4x2 for the LSTM, 64.6 against 63.6 GFLOP/s, where 2x4 measured 83 a minute later and the op
-#: ran ~15% slower in that shape: bench/results/cpu.md)
+#: another shape replaces the static rule's only when it is this much faster: on a noisy machine a lead of a few
+#: percent is noise, and a shape kept on disk by noise slows every later process (bench/results/cpu.md)
 MARGIN = 0.05
 
 
