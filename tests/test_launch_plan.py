@@ -131,3 +131,30 @@ def test_the_driver_builds_a_plan_once_per_call_signature(monkeypatch):
     monkeypatch.setattr(gemm, "SPLIT_MIN_K_TILES", 1)
     run_forward(case, backend="cuda")                                         # another split-K threshold
     assert driver._planned.cache_info().misses == 3
+
+
+CONTRIB = ("peephole_lstm", "cifg_lstm", "gru_v1", "mgu", "indrnn", "layer_norm_lstm", "layer_norm_gru")
+
+
+@pytest.mark.parametrize("mode", ("lstm", "gru", "rnn_tanh", "rnn_relu") + CONTRIB)
+def test_no_kernel_of_a_gpu_plan_is_passed_none(mode):
+    """numba-cuda cannot pass None to a kernel (the simulator can: seen on an H100, where every layer-normalised GRU
+    and every LSTM backward without cell vectors failed at launch). Every kernel entry of a GPU's plan, for every
+    shipped cell with and without zoneout, a projection, dropout, skip_input and two directions, names an array or a
+    value for each argument; what a cell lacks is an empty array of the argument's rank (steps.absent)."""
+    import importlib
+    from numbarnn.kernels import plan
+    for name in CONTRIB:
+        importlib.import_module(f"numbarnn.contrib.{name}")
+    variants = [dict(), dict(direction="bidirectional", dropout=0.3, zoneout=0.2), dict(input_mode="skip_input")]
+    if mode == "lstm":
+        variants.append(dict(num_proj=2))
+    for kw in variants:
+        cfg = rnn_config(2, 3, 3, mode, **kw)
+        call = RNNCall(cfg, 4, 3, np.dtype(np.float32), True, True, (4, 2, 0))
+        entries = (plan.forward_plan(call, simulator=False, device_reserve=True)
+                   + plan.backward_plan(call, simulator=False))
+        kernels = [e for e in entries if e.run is plan.Run.KERNEL]
+        assert kernels
+        for e in kernels:
+            assert None not in e.args, (mode, kw, e.name, e.args)

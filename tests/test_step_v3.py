@@ -14,6 +14,8 @@ runs all blocks of a cooperative launch at once, with a real grid barrier.  So:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from conftest import SIMULATOR, compare_backends, planned_and_launched
@@ -333,6 +335,8 @@ class FakeDevice:
 
         monkeypatch.setattr(target, "device_geometry", lambda: (cc, sms))
         monkeypatch.setattr(step_v3, "device_cooperative_limit", limit)
+        # on a GPU choose remembers its answers per process: a fresh memo for this device, the real one kept
+        monkeypatch.setattr(step_v3, "_choose_on_gpu", functools.lru_cache(step_v3._choose_on_gpu.__wrapped__))
 
 
 @pytest.mark.parametrize("phase,registers,B,threads,asked", [

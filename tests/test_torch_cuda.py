@@ -78,6 +78,16 @@ def test_compile_and_double_backward_on_cuda():
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=1e-10)
 
 
+def test_compile_with_inductor_on_cuda():
+    """torch.compile's default backend (inductor: Triton kernels around the custom operator), training: outputs and
+    gradients against torch.nn."""
+    ours, ref = pair(LSTM, torch.nn.LSTM, num_layers=2)
+    compiled = torch.compile(ours, fullgraph=True)
+    x = torch.randn(5, 3, 3, dtype=F64, device=DEV)
+    for a, b in zip(outputs_and_grads(compiled, x), outputs_and_grads(ref, x)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 def test_bfloat16_and_cell_on_cuda():
     ours = GRU(3, 5, num_layers=2, device=DEV, dtype=torch.bfloat16)
     y, h = ours(torch.randn(4, 2, 3, device=DEV, dtype=torch.bfloat16))

@@ -235,11 +235,20 @@ DYNAMIC = frozenset(("s", "h_in", "h_out", "dh_in", "dh_out"))
 STATES = (("h_in", "h_out", "h_a", "h_b"), ("dh_in", "dh_out", "dh_a", "dh_b"))
 
 
+@functools.lru_cache(maxsize=None)
+def absent_array(dtype: str, ndim: int):
+    """An empty device array of `dtype` and rank `ndim`: what a kernel gets for an argument the call does not have
+    (it holds no memory, so one serves every call and device)."""
+    return cuda.device_array((0,) * ndim, dtype=dtype)
+
+
 def resolve(role, env: dict):
     """A role's value: a buffer's name, a view of one (plan.view), or a literal (scalars, None)."""
     if isinstance(role, str):
         return env[role]
     if isinstance(role, tuple):
+        if role[0] == "absent":                        # (steps.absent)
+            return absent_array(*role[1:])
         return VIEWS[role[0]](resolve(role[1], env), *role[2:])
     return role
 

@@ -186,6 +186,7 @@ def make_layer_norm_step(cell, dtype, NT: int):
     G, S, V = cell.G, cell.S, cell.V
     VL = max(V, 1)
     NRH, NC = "rh" in cell.layer_norm, "c" in cell.layer_norm
+    CS = cell.cell_state                        # else c, c0, cs and dc are empty (steps.absent)
     _, ORH, OC = norm_offsets(cell)
     _, KRH, KC = stat_columns(cell)
     pointwise = device_function(cell.forward, dtype)
@@ -202,10 +203,10 @@ def make_layer_norm_step(cell, dtype, NT: int):
         R_rev,        # [G*H, H]        ... reverse direction
         h_in,         # [D, B, H] acc   h entering the step
         h_out,        # [D, B, H] acc   h leaving it
-        c,            # [D, B, H] acc   the cell state, updated in place (None without one)
+        c,            # [D, B, H] acc   the cell state, updated in place (empty without one)
         y,            # [T, B, D*H]     layer output
         acts,         # [D, T, B, S*H]  out (reserve): the cell's saved values
-        cs,           # [D, T, B, H]    out (reserve): c' (None without a cell state)
+        cs,           # [D, T, B, H]    out (reserve): c' (empty without a cell state)
         lnstat,       # [D, T, B, 2K]   out (reserve): mean, rstd of each normalised row
         rh_raw,       # [D, T, B, G*H]  out (reserve): R h
     ):
@@ -254,11 +255,11 @@ def make_layer_norm_step(cell, dtype, NT: int):
                     acc(unit_params[d, G + g, j])
             for k in range(V):
                 v[k] = acc(unit_params[d, 2 * G + k, j])
-            c_prev = c[d, b, j] if c is not None else zero
+            c_prev = c[d, b, j] if CS else zero
             m, c_new = pointwise(wx, rh, v, h_in[d, b, j], c_prev, saved)
             for k in range(S):
                 acts[d, t, b, k * H + j] = saved[k]
-            if c is not None:
+            if CS:
                 c[d, b, j] = c_new
                 cs[d, t, b, j] = c_new
                 part += c_new
@@ -297,6 +298,7 @@ def make_layer_norm_backward_step(cell, dtype, NT: int):
     VL = max(V, 1)
     SPLIT = cell.split_mask
     NRH, NC = "rh" in cell.layer_norm, "c" in cell.layer_norm
+    CS = cell.cell_state                        # else c, c0, cs and dc are empty (steps.absent)
     _, ORH, OC = norm_offsets(cell)
     _, KRH, KC = stat_columns(cell)
     pointwise = device_function(cell.backward, dtype)
@@ -310,22 +312,22 @@ def make_layer_norm_backward_step(cell, dtype, NT: int):
         dy,           # [T, B, D*H]     dL/dy of the layer
         y,            # [T, B, D*H]     reserve: the layer's output
         h0,           # [D, B, H]       the initial h
-        c0,           # [D, B, H]       the initial c (None without a cell state)
+        c0,           # [D, B, H]       the initial c (empty without a cell state)
         acts,         # [D, T, B, S*H]  reserve: the cell's saved values
-        cs,           # [D, T, B, H]    reserve: c' (None without a cell state)
+        cs,           # [D, T, B, H]    reserve: c' (empty without a cell state)
         lnstat,       # [D, T, B, 2K]   reserve: mean, rstd
         rh_raw,       # [D, T, B, G*H]  reserve: R h
         unit_params,  # [D, 2G+V, H]
         norm,         # [D, NV, H]
         dh_in,        # [D, B, H] acc   dh arriving at this step
         dh_out,       # [D, B, H] acc   out: the part bypassing R (recurrent_backward adds dgh R)
-        dc,           # [D, B, H] acc   dL/dc, in place (None without a cell state)
+        dc,           # [D, B, H] acc   dL/dc, in place (empty without a cell state)
         dgx,          # [D, T, B, G*H]  out: dL/d(wx) (before LN_wx's backward)
         dgh,          # [D, T, B, G*H]  out: dL/d(R h)
         dgh_pre,      # [D, T, B, G*H]  out: dL/d(rh) (before LN_rh's backward: dbR's rows)
         dgr,          # [D, T, B, G*H]  out: dL/d(rh) ⊙ r̂ (dγ_r's rows)
         dnc,          # [D, T, B, 2H]   out: dn ĉ, dn (dγ_c's, dβ_c's rows)
-        dvec,         # [D, T, B, V*H]  out: the cell vectors' rows (None without vectors)
+        dvec,         # [D, T, B, V*H]  out: the cell vectors' rows (empty without vectors)
         h_prev,       # [D, T, B, H]    out: h entering the step
     ):
         buf = cuda.shared.array(NT, acc)
@@ -385,7 +387,7 @@ def make_layer_norm_backward_step(cell, dtype, NT: int):
             c_prev = zero
             c_new = zero
             dcell = zero
-            if cs is not None:
+            if CS:
                 c_prev = acc(c0[d, b, j]) if first else acc(cs[d, t - step, b, j])
                 c_new = acc(cs[d, t, b, j])
                 dcell = dc[d, b, j]
@@ -411,10 +413,9 @@ def make_layer_norm_backward_step(cell, dtype, NT: int):
                     dgh_pre[d, t, b, k] = gr
                 else:
                     dgh[d, t, b, k] = gr
-            if dvec is not None:
-                for k in range(V):
-                    dvec[d, t, b, k * H + j] = dv[k]
-            if dc is not None:
+            for k in range(V):
+                dvec[d, t, b, k * H + j] = dv[k]
+            if CS:
                 dc[d, b, j] = dc_prev
             dh_out[d, b, j] = dh_direct
         if NRH:                                 # rh = LN(R h) γ_r + bR: back to R h
@@ -432,9 +433,7 @@ def kernel_specs():
         for cell in reported_cells():
             if not cell.layer_norm:
                 continue
-            c_acc = arr(a, 3) if cell.cell_state else types.none
-            c_dt = arr(dt, 3) if cell.cell_state else types.none
-            cs = arr(dt, 4) if cell.cell_state else types.none
+            c_acc, c_dt, cs = arr(a, 3), arr(dt, 3), arr(dt, 4)     # (empty where the cell has none: steps.absent)
             R = (arr(dt, 2), arr(dt, 2))
             NT = BLOCK_GPU
             if "wx" in cell.layer_norm:
@@ -449,5 +448,5 @@ def kernel_specs():
             specs.append((f"{cell.name}_layer_norm_backward_step", dt, make_layer_norm_backward_step(cell, dt, NT),
                           (i64, i32, arr(dt, 3), arr(dt, 3), arr(dt, 3), c_dt, arr(dt, 4), cs, arr(dt, 4),
                            arr(dt, 4), arr(dt, 3), arr(dt, 3), arr(a, 3), arr(a, 3), c_acc) + (arr(dt, 4),) * 5 +
-                          (types.none, arr(dt, 4)), NT))
+                          (arr(dt, 4), arr(dt, 4)), NT))
     return specs

@@ -125,6 +125,24 @@ def roles(b, dy=None) -> dict:
                 ("rh_raw" if dy is None else None))
 
 
+def absent(dtype: str, ndim: int) -> tuple:
+    """The role of an argument a call does not have: an empty array of `dtype` and rank `ndim` (driver.resolve)."""
+    return ("absent", dtype, ndim)
+
+
+def absent_roles(b, dy=None) -> dict:
+    """The arguments the layer-normalised step kernels take whether or not the cell has them (c, c0, cs, dc
+    without a cell state, dvec without vectors, rh_raw where the backward reads no R h), as empty arrays of their
+    dtype and rank (`absent`): a kernel on a GPU takes no None (numba-cuda cannot pass one)."""
+    cfg, dt, a = b.cfg, b.dts, b.acc
+    out = {} if cfg.has_cell_state else dict(c=absent(a, 3), c0=absent(dt, 3), cs=absent(dt, 4), dc=absent(a, 3))
+    if not cfg.V:
+        out["dvec"] = absent(dt, 4)
+    if roles(b, dy)["rh_raw"] is None:
+        out["rh_raw"] = absent(dt, 4)
+    return out
+
+
 def by_role(b, names, dy=None, **fixed) -> tuple:
     """The roles of a kernel's argument `names`, in order (`fixed`: literals, e.g. s=-1)."""
     r = dict(roles(b, dy), **fixed)
@@ -151,9 +169,8 @@ def v1_forward(b) -> None:
         NT = BLOCK_SIM if b.sim else BLOCK_GPU
         per_step(b, f"{cfg.rnn_mode}_layer_norm_step", "layer_norm_step", (B, D), NT,
                  (make_layer_norm_step, cell, dt, NT),
-                 by_role(b, ("s", "lens", "gx", "unit_params", "norm", "R_fwd", "R_rev", "h_in", "h_out",
-                             "c" if cfg.has_cell_state else None, "y", "acts", "cs" if cfg.has_cell_state else None,
-                             "lnstat", "rh_raw")),
+                 by_role(b, ("s", "lens", "gx", "unit_params", "norm", "R_fwd", "R_rev", "h_in", "h_out", "c", "y",
+                             "acts", "cs", "lnstat", "rh_raw"), **absent_roles(b)),
                  D * B * (2 * GH * P + 20 * H + 10 * GH), D * (GH * P + B * (3 * GH + 4 * P + (cell.S + 2) * H)) * sz)
     elif cell.modulated:                               # R_1 h and m ⊙ h; then R_2 (m ⊙ h) and the cell
         GM = len(cell.modulated)
@@ -188,12 +205,11 @@ def v1_backward(b, dy) -> None:
     grid, block = b.unit_grid(H)
     if cell.layer_norm:                                # a block per row: output, LN_c', the cell, LN_rh'
         NT = BLOCK_SIM if b.sim else BLOCK_GPU
-        c = "c" if cfg.has_cell_state else None
         per_step(b, f"{cfg.rnn_mode}_layer_norm_backward_step", "layer_norm_backward_step", (B, D), NT,
                  (make_layer_norm_backward_step, cell, dt, NT),
-                 by_role(b, ("s", "lens", "dy", "y", "h0", "c0", "acts", "cs" if c else None, "lnstat", "rh_raw",
-                             "unit_params", "norm", "dh_in", "dh_out", "dc" if c else None, "dgx", "dgh", "dgh_pre",
-                             "dgr", "dnc", "dvec" if cfg.V else None, "h_prev"), dy),
+                 by_role(b, ("s", "lens", "dy", "y", "h0", "c0", "acts", "cs", "lnstat", "rh_raw", "unit_params",
+                             "norm", "dh_in", "dh_out", "dc", "dgx", "dgh", "dgh_pre", "dgr", "dnc", "dvec", "h_prev"),
+                         dy, **absent_roles(b, dy)),
                  D * B * (30 * H + 12 * GH), D * B * (6 * GH + (cell.S + 6) * H) * sz)
     else:
         backward_step(b, dy)
