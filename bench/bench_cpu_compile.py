@@ -6,7 +6,7 @@ process order reversed.  What is timed is each first forward and backward call (
 second process on the same cache shows the load time.  Validation is the test suite's (tests/test_cpu_fused.py
 checks serial and parallel give the same bits); this measures compile only.
 
-    python bench/bench_cpu_compile.py [--mode lstm] [--dtype float32]
+    python bench/bench_cpu_compile.py [--mode lstm] [--dtype float32]     # --mode: any shipped cell (contrib too)
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import json, sys, time
 import numpy as np
 from numbarnn import testing
 from numbarnn.config import RNNConfig
+import numbarnn.contrib.gru_v1, numbarnn.contrib.indrnn, numbarnn.contrib.mgu  # (register the contrib cells)
+import numbarnn.contrib.layer_norm_gru, numbarnn.contrib.layer_norm_lstm, numbarnn.contrib.peephole_lstm
 mode, dtype, order = sys.argv[1], np.dtype(sys.argv[2]).type, sys.argv[3]
 SHAPES = {"serial": (4, 3, 5), "parallel": (40, 16, 256)}     # (T, B, H): 40*16 rows x 4*256*512 MACs > 2^28
 out = {}

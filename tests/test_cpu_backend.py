@@ -330,6 +330,52 @@ def test_an_edit_to_the_library_recompiles_the_cached_loops(tmp_path):
     path.write_text(code.replace(line, "        return half\n"))
     assert probe() != before
 
+_CACHE_PROBE = """
+import gc
+import numpy as np
+import numbarnn.contrib.layer_norm_lstm
+from numba.core.registry import CPUDispatcher
+from numbarnn.config import rnn_config
+from numbarnn.testing import make_rnn_case, run_backward, run_forward
+case = make_rnn_case(rnn_config(1, 5, 3, "layer_norm_lstm"), 3, 2, [3, 2], seed=0, dtype=np.float32)
+run_backward(case, run_forward(case, "cpu"), "cpu")
+print(sorted(d.py_func.__qualname__ for d in gc.get_objects() if isinstance(d, CPUDispatcher)
+             and d.py_func.__module__.startswith("numbarnn.cpu") and type(d._cache).__name__ != "NullCache"
+             and d.stats.cache_misses))
+"""
+
+
+def test_a_new_process_loads_the_cached_loops_instead_of_compiling_them():
+    """The fused loops are compiled once per machine, then loaded (cells.cached_step): a second process running a
+    layer-normalised cell compiles none of numbarnn's cached loops.  Its loops once kept a compiled helper in
+    their closure, which numba's cache cannot key: they compiled in every process (~15 s); cached_step now
+    refuses such a closure (TypeError, tested below)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+
+    def compiled():
+        done = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    compiled()                                                # (compiles what the cache does not hold yet)
+    assert compiled() == "[]"
+
+
+def test_a_cached_loop_refuses_a_compiled_function_in_its_closure():
+    from numba import njit
+
+    from numbarnn.cpu import cells
+    helper = njit(lambda a: a)
+
+    def loop(a):
+        return helper(a)
+    with pytest.raises(TypeError, match="closure value 'helper' is a CPUDispatcher"):
+        cells.cached_step(loop, False, None, 1, 1, 1, 1)
+
+
 # ----------------------------------------------------------------------------------------------
 # the workspace (numbarnn/cpu/workspace.py): scratch reused across calls, never read stale, never returned
 # ----------------------------------------------------------------------------------------------

@@ -199,11 +199,26 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
     numbarnn/cells changes every KEY (`sources_fingerprint`): numba itself would only notice the loop's own file.
     Each variant gets its own qualified name (`variant_name`).  error_model="numpy": x / 0 gives inf/nan as in
     NumPy; numba's default ZeroDivisionError check would keep the pointwise loops from vectorizing."""
+    for name, value in zip(step.__code__.co_freevars, step.__closure__ or ()):
+        if not _plain(value.cell_contents):
+            raise TypeError(f"{step.__qualname__}: its closure value {name!r} is a "
+                            f"{type(value.cell_contents).__name__}, which numba's cache cannot key (a compiled "
+                            "function pickles differently in every process: the loop would compile in each); "
+                            "pass it as a global (`extra`)")
     globals_ = dict(step.__globals__, pointwise=pointwise_fn, lanes_G=stack_buffer(G * U),
                     lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U), **extra)
     fn = pytypes.FunctionType(step.__code__, globals_, step.__name__, None, step.__closure__)
     fn.__qualname__, fn.__module__ = variant_name(step), step.__module__
     return njit_cached(fn, parallel=parallel, error_model="numpy")     # jitcache.py: safe in parallel
+
+
+def _plain(value) -> bool:
+    """A value that keys numba's on-disk cache the same in every process: numbers, strings, flags, dtypes and
+    scalar types, arrays, and tuples of them (not functions or dispatchers)."""
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (int, float, str, bytes, np.generic, np.dtype, np.ndarray)) or \
+        (isinstance(value, type) and issubclass(value, np.generic))
 
 
 def variant_name(fn, key: str | None = None) -> str:

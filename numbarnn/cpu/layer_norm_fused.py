@@ -93,7 +93,7 @@ def forward_group(cell, compute: str):
     KEY = _key(cell, compute)
 
     @numba.njit(inline="always")
-    def moments(a, r, count, part):
+    def row_moments(a, r, count, part):
         """(mean, rstd) of row r's values in a [NT, K, NR*LANES] (product_tile's layout by unit tile: row r at
         lanes r*LANES ..; `count` units per k, zeros past them), ε = EPS: sums over lanes first, `part` [LANES]
         (stack scratch), so the loops vectorize; each padded zero adds mean² to the squared deviations, taken
@@ -280,7 +280,7 @@ def forward_group(cell, compute: str):
         extra[name] = cells.stack_buffer(NR)
     extra["rows_s"] = cells.stack_buffer(6 * NR)
     extra["lanes_p"] = cells.stack_buffer(LANES)
-    extra["moments"] = moments
+    extra["moments"] = row_moments               # a global of the compiled copy, not a closure value (cached_step)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_n"):
         extra[name] = cells.stack_buffer(L)
     return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
@@ -377,7 +377,7 @@ def _backward_key(cell, compute: str) -> str:
 
 
 @functools.cache
-def backward_group(cell, compute: str, row_step):
+def backward_group(cell, compute: str, row_step_fn):
     """One row group's whole backward of one layer and direction: ``group(grp, <backward_loop's arguments>)`` runs
     the rows of line grp of `groups` (`fused.group_rows`), per step s = steps-1 .. 0:
 
@@ -424,7 +424,7 @@ def backward_group(cell, compute: str, row_step):
             n = fused.active_prefix(rows_g, lens, s)     # the group's rows active at s
             products(dh, rows_g, n, dgh_addr + (s * B * K) * ITEM, K, r_addr, NC, H, True, rows_p, rows, out_p, out)
 
-    extra = {"products": fused.row_products(compute, MV, LANES, NR), "row_step": row_step,
+    extra = {"products": fused.row_products(compute, MV, LANES, NR), "row_step": row_step_fn,   # a global of the copy
              "rows_x": cells.stack_buffer(NR), "lanes_w": cells.stack_buffer(MV * NR * LANES)}
     return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
 
