@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, int64, types
+from numba import cuda, int64
 
 from .cell_steps import device, device_function, reported_cells
 from .common import DTYPES, acc_dtype, arr, nb
