@@ -28,17 +28,21 @@ import functools
 
 import numba
 import numpy as np
-from numba import njit
 
 from .. import settings
 from ..params import unpack
 from ..reserve import reserve_views
-from . import layer_norm_fused, threads, zoneout
-from .cells import njit_function, stack_buffer, variant_key, variant_name
+from . import cells, layer_norm_fused, threads, zoneout
+from .cells import njit_function
 from .layer_input import backward_input, dropped_input, input_projection
 from .workspace import scratch
 
 EPS = 1e-5
+REASSOC = {"reassoc"}       # fastmath for the row loops: their sums vectorize (a few ulps from the reference's order)
+
+# Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's forward
+# or backward (pointwise), its output / output_backward, the stack scratch of the loop's sizes.
+pointwise = out_fn = out_bwd = lanes_G = lanes_S = lanes_V = None
 
 
 def _columns(cell, name: str) -> int:
@@ -54,7 +58,6 @@ def row_kernels(compute: str):
     acc = np.dtype(compute).type
     eps = acc(EPS)
 
-    @njit(error_model="numpy", fastmath={"reassoc"})
     def input_rows(
         gx,       # [N, GH]  in: W x ; out: LN(W x) γ + bW
         gain,     # [GH]
@@ -76,7 +79,6 @@ def row_kernels(compute: str):
             for k in range(GH):
                 gx[r, k] = (gx[r, k] - mean) * rstd * gain[k] + bias[k]
 
-    @njit(error_model="numpy", fastmath={"reassoc"})
     def input_rows_backward(
         dgx,      # [N, GH]  in: dL/d(LN(W x) γ + bW) ; out: dL/d(W x)
         raw,      # [N, GH]  W x (the reserve's wx_l: 0 where no step ran)
@@ -101,7 +103,7 @@ def row_kernels(compute: str):
                 a_hat = (raw[r, k] - mean) * rstd
                 dgx[r, k] = rstd * (dgx[r, k] * gain[k] - mg - a_hat * mga)
 
-    return input_rows, input_rows_backward
+    return tuple(cells.cached_step(fn, False, None, 1, 1, 1, 1, fastmath=REASSOC) for fn in (input_rows, input_rows_backward))
 
 
 @functools.cache
@@ -112,12 +114,9 @@ def forward_loop(cell, compute: str):
     G, S, V = cell.G, cell.S, cell.V
     NRH, NC = "rh" in cell.layer_norm, "c" in cell.layer_norm
     KWX, KRH, KC = _columns(cell, "wx"), _columns(cell, "rh"), _columns(cell, "c")
-    fwd = njit_function(cell.forward, compute)
-    out = njit_function(cell.output, compute) if NC else None
     VL = max(V, 1)
-    stack_G, stack_S, stack_V = stack_buffer(G), stack_buffer(S), stack_buffer(VL)   # (not heap: kept in registers)
+    KEY = layer_norm_fused.cell_key(cell, compute) + " ln rows forward"
 
-    @njit(error_model="numpy", fastmath={"reassoc"})
     def loop(
         s,        # int           step index
         d,        # int           direction
@@ -138,11 +137,12 @@ def forward_loop(cell, compute: str):
         lnstat,   # [T, B, 2K]    out (reserve): mean, rstd of each normalised row
         rh_raw,   # [T, B, G*H]   out (reserve, "rh"): R h
     ):
+        KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B, H = h.shape
-        wx = numba.carray(stack_G(acc), G)        # [G] one unit's wx_g
-        rh = numba.carray(stack_G(acc), G)        # [G] one unit's rh_g
-        saved = numba.carray(stack_S(acc), S)     # [S]
-        v = numba.carray(stack_V(acc), VL)        # [V]
+        wx = numba.carray(lanes_G(acc), G)        # [G] one unit's wx_g
+        rh = numba.carray(lanes_G(acc), G)        # [G] one unit's rh_g
+        saved = numba.carray(lanes_S(acc), S)     # [S]
+        v = numba.carray(lanes_V(acc), VL)        # [V]
         m_row = np.zeros(H, acc)                  # [H] the row's outputs
         c_row = np.zeros(H, acc)                  # [H] the row's c'
         for b in range(B):
@@ -172,7 +172,7 @@ def forward_loop(cell, compute: str):
                     rh[g] = ((gh[b, k] - mean_r) * rstd_r * gain_r[k] if NRH else gh[b, k]) + bR[k]
                 for q in range(V):
                     v[q] = vec[q, j]
-                m_row[j], c_row[j] = fwd(wx, rh, v, h[b, j], c[b, j] if c.shape[0] else acc(0.0), saved)
+                m_row[j], c_row[j] = pointwise(wx, rh, v, h[b, j], c[b, j] if c.shape[0] else acc(0.0), saved)
                 for q in range(S):
                     acts[t, b, q * H + j] = saved[q]
             if NC:                                # the row's c': n = LN(c') γ_c + β_c, m = output(n)
@@ -191,7 +191,7 @@ def forward_loop(cell, compute: str):
                         saved[q] = acts[t, b, q * H + j]
                     for q in range(V):
                         v[q] = vec[q, j]
-                    m_row[j] = out((c_row[j] - mean_c) * rstd_c * gain_c[j] + bias_c[j], saved, v)
+                    m_row[j] = out_fn((c_row[j] - mean_c) * rstd_c * gain_c[j] + bias_c[j], saved, v)
             for j in range(H):
                 h[b, j] = m_row[j]
                 y[t, b, d * H + j] = m_row[j]
@@ -199,7 +199,9 @@ def forward_loop(cell, compute: str):
                     c[b, j] = c_row[j]
                     cs[t, b, j] = c_row[j]
 
-    return loop
+    # the cell's functions and the stack scratch (not heap: kept in registers) are globals of the compiled copy
+    return cells.cached_step(loop, False, njit_function(cell.forward, compute), G, S, VL, 1, fastmath=REASSOC,
+                             out_fn=njit_function(cell.output, compute) if NC else None)
 
 
 @functools.cache
@@ -210,10 +212,8 @@ def backward_loop(cell, compute: str):
     NRH, NC = "rh" in cell.layer_norm, "c" in cell.layer_norm
     KRH, KC = _columns(cell, "rh"), _columns(cell, "c")
     SPLIT = np.array(cell.split_mask)
-    bwd = njit_function(cell.backward, compute)
-    out_bwd = njit_function(cell.output_backward, compute) if NC else None
     VL = max(V, 1)
-    stack_G, stack_S, stack_V = stack_buffer(G), stack_buffer(S), stack_buffer(VL)   # (not heap: kept in registers)
+    KEY = layer_norm_fused.cell_key(cell, compute) + " ln rows backward"
 
     def loop(
         s,        # int           step index
@@ -243,15 +243,16 @@ def backward_loop(cell, compute: str):
         dbias_c,  # [B, H]        out: accumulated dL/dβ_c by row
         dv_acc,   # [B, V, H]     out: accumulated dL/dv by row
     ):
+        KEY  # noqa: B018  (the variant's fingerprint: see forward_loop)
         H = dh.shape[1]
         step = 1 if d == 0 else -1
-        dwx = numba.carray(stack_G(acc), G)       # [G]
-        drh = numba.carray(stack_G(acc), G)       # [G]
-        dwx_o = numba.carray(stack_G(acc), G)     # [G] through `output`
-        drh_o = numba.carray(stack_G(acc), G)     # [G]
-        dvv = numba.carray(stack_V(acc), VL)      # [V]
-        saved = numba.carray(stack_S(acc), S)     # [S]
-        v = numba.carray(stack_V(acc), VL)        # [V]
+        dwx = numba.carray(lanes_G(acc), G)       # [G]
+        drh = numba.carray(lanes_G(acc), G)       # [G]
+        dwx_o = numba.carray(lanes_G(acc), G)     # [G] through `output`
+        drh_o = numba.carray(lanes_G(acc), G)     # [G]
+        dvv = numba.carray(lanes_V(acc), VL)      # [V]
+        saved = numba.carray(lanes_S(acc), S)     # [S]
+        v = numba.carray(lanes_V(acc), VL)        # [V]
         dm_row = np.zeros(H, acc)                 # [H]
         dc_row = np.zeros(H, acc)                 # [H] dL/dc' of the row
         c_hat = np.zeros(H, acc)                  # [H]
@@ -313,7 +314,7 @@ def backward_loop(cell, compute: str):
                 c_prev = acc(0.0)
                 if has_c:
                     c_prev = c0[b, j] if s == 0 else cs[t - step, b, j]
-                dh_direct, dc_prev = bwd(dm_row[j], dc_row[j], saved, v, hp_s[b, j], c_prev,
+                dh_direct, dc_prev = pointwise(dm_row[j], dc_row[j], saved, v, hp_s[b, j], c_prev,
                                          cs[t, b, j] if has_c else acc(0.0), dwx, drh, dvv)
                 for g in range(G):
                     k = g * H + j
@@ -346,9 +347,9 @@ def backward_loop(cell, compute: str):
                     dbR[b, k] += pre[k]
                     dgh_s[b, k] = pre[k]
 
-    # its own symbol name per cell (cells.variant_name): a cached fused loop calls it (layer_norm_fused.py)
-    loop.__qualname__ = variant_name(loop, variant_key(cell, compute, False, False))
-    return njit(error_model="numpy", fastmath={"reassoc"})(loop)
+    # a cached fused loop calls it too (layer_norm_fused.py): its own symbol name per variant (cells.variant_name)
+    return cells.cached_step(loop, False, njit_function(cell.backward, compute), G, S, VL, 1, fastmath=REASSOC,
+                             out_bwd=njit_function(cell.output_backward, compute) if NC else None)
 
 
 def _norm(cell, lp, name: str, H: int, ct):

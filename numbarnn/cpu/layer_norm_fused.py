@@ -49,12 +49,19 @@ lanes_h = lanes_c = lanes_m = lanes_n = lanes_p = None
 row_step = products = None
 
 
-def _key(cell, compute: str) -> str:
-    """The fingerprint of the loop's variant: the cell's code (`output` too), the library's, the tiles."""
+def cell_key(cell, compute: str) -> str:
+    """The fingerprint of a layer-normalised cell's loops: its code (`output` and `output_backward` too) and the
+    library's (cells.variant_key)."""
     h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
-    if cell.output is not None:
-        cells._hash_function(cell.output, h, set())
-    return h.hexdigest() + f" ln fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
+    for fn in (cell.output, cell.output_backward):
+        if fn is not None:
+            cells._hash_function(fn, h, set())
+    return h.hexdigest()
+
+
+def _key(cell, compute: str) -> str:
+    """The fingerprint of the loop's variant: the cell's (`cell_key`), the tiles."""
+    return cell_key(cell, compute) + f" ln fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
 
 
 @numba.njit(inline="always")
