@@ -377,6 +377,8 @@ def main(argv=None) -> int:
                     help="peak memory of training instead (bench_memory.py; --quick: a small model)")
     ap.add_argument("--cells", action="store_true",
                     help="cells beyond cuDNN's (numbarnn.contrib) on the cpu backend, beside the built-in LSTM")
+    ap.add_argument("--only", metavar="TEXT",
+                    help="only the rows whose shape's label contains TEXT (e.g. 'bidirectional')")
     args = ap.parse_args(argv)
     if args.train or args.memory:                 # the scripts beside this one, at their sizes or --quick's
         import importlib
@@ -418,6 +420,10 @@ def main(argv=None) -> int:
         print("\n".join(cell_lines(rows)))
         return 0
     shapes = QUICK if args.quick else SHAPES
+    if args.only:
+        shapes = tuple(s for s in shapes if args.only in s.label)
+        if not shapes:
+            ap.error(f"--only {args.only!r}: no row's label contains it")
     rows = cpu_rows(shapes, tuple(args.backends.split(",")), args.reps, args.settle)
     table = markdown(rows)
     print(f"threads: {numba.get_num_threads()} (numba), float32, median and best of {args.reps} interleaved rounds, "

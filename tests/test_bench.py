@@ -485,6 +485,11 @@ def test_bench_cpu_script_validates_and_pauses_between_backends(tmp_path, monkey
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[3]) > 0 and float(cells[5]) > 0 and float(cells[-1]) <= 1e-4
+    # --only: the rows whose label contains the text (one row of a table timed alone); none: an error
+    assert bench_cpu.main(["--quick", "--reps", "1", "--backends", "cpu", "--only", "GRU", "--md", str(md)]) == 0
+    assert [line.split("|")[1].strip() for line in md.read_text().splitlines()[2:]] == ["GRU T=6 B=3 I=H=8"]
+    with pytest.raises(SystemExit):
+        bench_cpu.main(["--quick", "--only", "no such row"])
 
 
 def test_bench_cpu_tiny_rows_validate_and_compare_with_torch(monkeypatch, capsys):

@@ -333,13 +333,14 @@ def test_an_edit_to_the_library_recompiles_the_cached_loops(tmp_path):
 _CACHE_PROBE = """
 import gc
 import numpy as np
+import numbarnn.contrib.gru_v1
 import numbarnn.contrib.layer_norm_lstm
 from numba.core.registry import CPUDispatcher
 from numbarnn.config import rnn_config
 from numbarnn.testing import make_rnn_case, run_backward, run_forward
-for zoneout in (0.0, 0.2):        # the fused loops; with zoneout the BLAS-loop path's row loops
-    case = make_rnn_case(rnn_config(1, 5, 3, "layer_norm_lstm", zoneout=zoneout), 3, 2, [3, 2], seed=0,
-                         dtype=np.float32)
+for mode, zoneout in (("layer_norm_lstm", 0.0), ("layer_norm_lstm", 0.2), ("gru_v1", 0.0)):
+    # the fused loops; with zoneout the BLAS-loop path's row loops; a modulated cell's backward (BLAS loop)
+    case = make_rnn_case(rnn_config(1, 5, 3, mode, zoneout=zoneout), 3, 2, [3, 2], seed=0, dtype=np.float32)
     run_backward(case, run_forward(case, "cpu"), "cpu")
 print(sorted(d.py_func.__qualname__ for d in gc.get_objects() if isinstance(d, CPUDispatcher)   # compiled here:
              and d.py_func.__module__.startswith("numbarnn.cpu") and d.signatures               # not cached, or
@@ -349,10 +350,10 @@ print(sorted(d.py_func.__qualname__ for d in gc.get_objects() if isinstance(d, C
 
 def test_a_new_process_loads_the_cached_loops_instead_of_compiling_them():
     """The cpu backend's loops are compiled once per machine, then loaded (cells.cached_step): a second process
-    running a layer-normalised cell (fused, and with zoneout the BLAS-loop path) compiles none of them.  Its
-    loops once kept a compiled helper in their closure, which numba's cache cannot key (~15 s of compiling in
-    every process), or were not cached at all (~6 s with zoneout); cached_step refuses such a closure
-    (TypeError, tested below)."""
+    running a layer-normalised cell (fused, and with zoneout the BLAS-loop path) and a modulated cell compiles
+    none of them.  Their loops once kept a compiled helper in their closure, which numba's cache cannot key (~15 s
+    of compiling in every process), or were not cached at all (~6 s with zoneout, ~1 s a modulated cell's
+    backward); cached_step refuses such a closure (TypeError, tested below)."""
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}

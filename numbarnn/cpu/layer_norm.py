@@ -103,7 +103,8 @@ def row_kernels(compute: str):
                 a_hat = (raw[r, k] - mean) * rstd
                 dgx[r, k] = rstd * (dgx[r, k] * gain[k] - mg - a_hat * mga)
 
-    return tuple(cells.cached_step(fn, False, None, 1, 1, 1, 1, fastmath=REASSOC) for fn in (input_rows, input_rows_backward))
+    return tuple(cells.cached_step(fn, False, None, 1, 1, 1, 1, fastmath=REASSOC)
+                 for fn in (input_rows, input_rows_backward))
 
 
 @functools.cache

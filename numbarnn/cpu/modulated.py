@@ -19,11 +19,25 @@ fused time loop (the same results and reserve).
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
-from numba import njit
 
+from . import cells
 from .cells import njit_function
+
+# Set per compiled loop (`cells.cached_step` rebinds it in a copy of this module's globals): the cell's
+# modulation or modulation_backward.
+pointwise = None
+
+
+def cell_key(cell, compute: str) -> str:
+    """The fingerprint of a modulated cell's loops: its code (`modulation` and `modulation_backward` too) and the
+    library's (cells.variant_key)."""
+    h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
+    for fn in (cell.modulation, cell.modulation_backward):
+        cells._hash_function(fn, h, set())
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=256)
@@ -58,9 +72,8 @@ def modulate(cell, compute: str):
     acc = np.dtype(compute).type
     G, V = cell.G, cell.V
     FREE = np.array([not m for m in cell.modulated_mask])   # per gate: not modulated (its rh is known)
-    fn = njit_function(cell.modulation, compute)
+    KEY = cell_key(cell, compute) + " modulate"
 
-    @njit(error_model="numpy")
     def loop(
         s,        # int          step index
         d,        # int          direction
@@ -74,6 +87,7 @@ def modulate(cell, compute: str):
         q,        # [B, H]       out: m ⊙ h (0 for inactive rows)
         mods,     # [T, B, H]    out (reserve): m
     ):
+        KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B, H = h.shape
         wx = np.zeros(G, acc)                     # [G] W_g x + bW_g of one unit
         rh = np.zeros(G, acc)                     # [G] R_g h + bR_g (0 for the modulated gates)
@@ -90,11 +104,11 @@ def modulate(cell, compute: str):
                     rh[g] = gh[b, g * H + j] + bR[g * H + j] if FREE[g] else 0.0
                 for k in range(V):
                     v[k] = vec[k, j]
-                m = fn(wx, rh, v, h[b, j])
+                m = pointwise(wx, rh, v, h[b, j])
                 mods[t, b, j] = m
                 q[b, j] = m * h[b, j]
 
-    return loop
+    return cells.cached_step(loop, False, njit_function(cell.modulation, compute), 1, 1, 1, 1)
 
 
 @functools.cache
@@ -104,9 +118,8 @@ def modulate_backward(cell, compute: str):
     G, S, V = cell.G, cell.S, cell.V
     FREE = np.array([not m for m in cell.modulated_mask])
     SPLIT = np.array(cell.split_mask)
-    fn = njit_function(cell.modulation_backward, compute)
+    KEY = cell_key(cell, compute) + " modulate_backward"
 
-    @njit(error_model="numpy")
     def loop(
         s,        # int          step index
         d,        # int          direction
@@ -121,6 +134,7 @@ def modulate_backward(cell, compute: str):
         dgh_s,    # [B, G*H]     in/out: R-side gradients of this step, likewise
         qs_s,     # [B, H]       out: m ⊙ h_prev (for dR_2; 0 for inactive rows)
     ):
+        KEY  # noqa: B018  (the variant's fingerprint: see modulate)
         B, H = dh.shape
         dwx = np.zeros(G, acc)                    # [G] dL/d(wx_g) through m
         drh = np.zeros(G, acc)                    # [G] dL/d(rh_g) through m (split gates)
@@ -142,7 +156,7 @@ def modulate_backward(cell, compute: str):
                 for g in range(G):
                     dwx[g] = 0.0
                     drh[g] = 0.0
-                fn(dq[b, j] * hp, m, saved, v, hp, dwx, drh)
+                pointwise(dq[b, j] * hp, m, saved, v, hp, dwx, drh)
                 for g in range(G):
                     if FREE[g]:
                         dgx[t, b, g * H + j] += dwx[g]
@@ -150,4 +164,4 @@ def modulate_backward(cell, compute: str):
                 dh[b, j] += dq[b, j] * m
                 qs_s[b, j] = m * hp
 
-    return loop
+    return cells.cached_step(loop, False, njit_function(cell.modulation_backward, compute), 1, 1, 1, 1)

@@ -19,13 +19,12 @@ zoneout, skip input.
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numba
 import numpy as np
 from numba import prange
 
-from . import cells, fused, microkernel
+from . import cells, fused, microkernel, modulated
 from .cells import load
 from .modulated import gate_rows
 from .workspace import scratch
@@ -38,10 +37,9 @@ lanes_w = lanes_r = lanes_2 = lanes_V = lanes_S = lanes_h = lanes_c = lanes_m = 
 
 
 def _key(cell, compute: str) -> str:
-    """The fingerprint of the loop's variant: the cell's code (`modulation` too), the library's, the tiles."""
-    h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
-    cells._hash_function(cell.modulation, h, set())
-    return h.hexdigest() + f" modulated fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
+    """The fingerprint of the loop's variant: the cell's code (modulated.cell_key), the tiles."""
+    return modulated.cell_key(cell, compute) + \
+        f" modulated fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
 
 
 @functools.cache
