@@ -279,6 +279,23 @@ def test_step_loop_cache_keys_follow_the_cells_code():
     changed = CellSpec(name=MINGRU.name, gates=MINGRU.gates, saved=MINGRU.saved, forward=MINGRU.forward,
                        backward=backward_other, split_recurrent=MINGRU.split_recurrent)
     assert cells.variant_key(changed, "float32", False, False) != cells.variant_key(MINGRU, "float32", False, False)
+    # every function a cell gives keys its loops: output_backward of a layer-normalised cell, modulation_backward of
+    # a modulated one, changed alone
+    import dataclasses
+
+    import numbarnn.contrib.gru_v1  # noqa: F401  (registers gru_v1)
+    import numbarnn.contrib.layer_norm_lstm  # noqa: F401  (registers layer_norm_lstm)
+    ln, mod = get_cell("layer_norm_lstm"), get_cell("gru_v1")
+    out_bwd, mod_bwd = ln.output_backward, mod.modulation_backward
+
+    def output_backward(dm, n, saved, v, dwx, drh):
+        return 2.0 * out_bwd(dm, n, saved, v, dwx, drh)
+
+    def modulation_backward(dmod, mod, saved, v, h, dwx, drh):
+        mod_bwd(2.0 * dmod, mod, saved, v, h, dwx, drh)
+    for cell, changed in ((ln, dataclasses.replace(ln, output_backward=output_backward)),
+                          (mod, dataclasses.replace(mod, modulation_backward=modulation_backward))):
+        assert cells.variant_key(changed, "float32", False, False) != cells.variant_key(cell, "float32", False, False)
 
 
 def test_step_loop_cache_keys_follow_the_library_sources(monkeypatch):

@@ -287,13 +287,16 @@ def sources_fingerprint() -> str:
 
 @functools.cache
 def variant_key(cell, compute: str, has_proj: bool, parallel: bool) -> str:
-    """A fingerprint of a step loop variant: the cell's description and code, the compute dtype and flags, and
-    the library sources the loop compiles in (`sources_fingerprint`)."""
+    """A fingerprint of a step loop variant: the cell's description and code (every function it gives: forward,
+    backward, modulation, output and their backwards), the compute dtype and flags, and the library sources the
+    loop compiles in (`sources_fingerprint`)."""
     h = hashlib.sha256(repr((cell.name, cell.gates, cell.saved, cell.vectors, cell.split_recurrent,
                              cell.cell_state, compute, has_proj, parallel, UNITS, sources_fingerprint())).encode())
     seen = set()
-    for fn in (cell.forward, cell.backward):
-        _hash_function(fn, h, seen)
+    for fn in (cell.forward, cell.backward, cell.modulation, cell.modulation_backward, cell.output,
+               cell.output_backward):
+        if fn is not None:
+            _hash_function(fn, h, seen)
     return h.hexdigest()
 
 

@@ -116,7 +116,7 @@ def forward_loop(cell, compute: str):
     NRH, NC = "rh" in cell.layer_norm, "c" in cell.layer_norm
     KWX, KRH, KC = _columns(cell, "wx"), _columns(cell, "rh"), _columns(cell, "c")
     VL = max(V, 1)
-    KEY = layer_norm_fused.cell_key(cell, compute) + " ln rows forward"
+    KEY = cells.variant_key(cell, compute, False, False) + " ln rows forward"
 
     def loop(
         s,        # int           step index
@@ -214,7 +214,7 @@ def backward_loop(cell, compute: str):
     KRH, KC = _columns(cell, "rh"), _columns(cell, "c")
     SPLIT = np.array(cell.split_mask)
     VL = max(V, 1)
-    KEY = layer_norm_fused.cell_key(cell, compute) + " ln rows backward"
+    KEY = cells.variant_key(cell, compute, False, False) + " ln rows backward"
 
     def loop(
         s,        # int           step index
@@ -316,7 +316,7 @@ def backward_loop(cell, compute: str):
                 if has_c:
                     c_prev = c0[b, j] if s == 0 else cs[t - step, b, j]
                 dh_direct, dc_prev = pointwise(dm_row[j], dc_row[j], saved, v, hp_s[b, j], c_prev,
-                                         cs[t, b, j] if has_c else acc(0.0), dwx, drh, dvv)
+                                               cs[t, b, j] if has_c else acc(0.0), dwx, drh, dvv)
                 for g in range(G):
                     k = g * H + j
                     gw = dwx[g] + (out_gx[k] if NC else acc(0.0))

@@ -28,7 +28,6 @@ two threads lost most of their speed when another process held a core (bench/res
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numba
 import numpy as np
@@ -49,19 +48,11 @@ lanes_h = lanes_c = lanes_m = lanes_n = lanes_p = None
 row_step = products = None
 
 
-def cell_key(cell, compute: str) -> str:
-    """The fingerprint of a layer-normalised cell's loops: its code (`output` and `output_backward` too) and the
-    library's (cells.variant_key)."""
-    h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
-    for fn in (cell.output, cell.output_backward):
-        if fn is not None:
-            cells._hash_function(fn, h, set())
-    return h.hexdigest()
-
-
 def _key(cell, compute: str) -> str:
-    """The fingerprint of the loop's variant: the cell's (`cell_key`), the tiles."""
-    return cell_key(cell, compute) + f" ln fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
+    """The fingerprint of the loop's variant: the cell's code (`output` too) and the library's
+    (cells.variant_key), the tiles."""
+    return cells.variant_key(cell, compute, False, False) + \
+        f" ln fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
 
 
 @numba.njit(inline="always")

@@ -19,7 +19,6 @@ fused time loop (the same results and reserve).
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numpy as np
 
@@ -29,15 +28,6 @@ from .cells import njit_function
 # Set per compiled loop (`cells.cached_step` rebinds it in a copy of this module's globals): the cell's
 # modulation or modulation_backward.
 pointwise = None
-
-
-def cell_key(cell, compute: str) -> str:
-    """The fingerprint of a modulated cell's loops: its code (`modulation` and `modulation_backward` too) and the
-    library's (cells.variant_key)."""
-    h = hashlib.sha256(cells.variant_key(cell, compute, False, False).encode())
-    for fn in (cell.modulation, cell.modulation_backward):
-        cells._hash_function(fn, h, set())
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=256)
@@ -72,7 +62,7 @@ def modulate(cell, compute: str):
     acc = np.dtype(compute).type
     G, V = cell.G, cell.V
     FREE = np.array([not m for m in cell.modulated_mask])   # per gate: not modulated (its rh is known)
-    KEY = cell_key(cell, compute) + " modulate"
+    KEY = cells.variant_key(cell, compute, False, False) + " modulate"
 
     def loop(
         s,        # int          step index
@@ -118,7 +108,7 @@ def modulate_backward(cell, compute: str):
     G, S, V = cell.G, cell.S, cell.V
     FREE = np.array([not m for m in cell.modulated_mask])
     SPLIT = np.array(cell.split_mask)
-    KEY = cell_key(cell, compute) + " modulate_backward"
+    KEY = cells.variant_key(cell, compute, False, False) + " modulate_backward"
 
     def loop(
         s,        # int          step index

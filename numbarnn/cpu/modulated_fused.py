@@ -24,7 +24,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import cells, fused, microkernel, modulated
+from . import cells, fused, microkernel
 from .cells import load
 from .modulated import gate_rows
 from .workspace import scratch
@@ -37,8 +37,9 @@ lanes_w = lanes_r = lanes_2 = lanes_V = lanes_S = lanes_h = lanes_c = lanes_m = 
 
 
 def _key(cell, compute: str) -> str:
-    """The fingerprint of the loop's variant: the cell's code (modulated.cell_key), the tiles."""
-    return modulated.cell_key(cell, compute) + \
+    """The fingerprint of the loop's variant: the cell's code (`modulation` too) and the library's
+    (cells.variant_key), the tiles."""
+    return cells.variant_key(cell, compute, False, False) + \
         f" modulated fused {microkernel.lanes_for(compute)} {microkernel.tile_shape(cell.G)}"
 
 
