@@ -83,6 +83,15 @@ def get(name: str):
     return default if raw is None else _parse(var, values, default, raw)
 
 
+def current() -> dict:
+    """This thread's overrides, innermost winning: ``override(**current())`` in another thread gives it the same
+    settings (a helper thread running part of a call, cpu/threads.py)."""
+    merged = {}
+    for scope in _overrides():
+        merged.update(scope)
+    return merged
+
+
 @contextlib.contextmanager
 def override(**values):
     """The settings given, in this thread, inside the block (None: the setting's default, whatever the

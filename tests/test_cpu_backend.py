@@ -12,6 +12,8 @@ contrib cells through ops.cudnn_rnn_backprop_v3(backend="cpu"), and the default 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -460,8 +462,6 @@ def test_workspace_results_do_not_alias_scratch():
 def test_workspace_is_per_thread_and_released():
     """Two threads running different shapes at once get their own scratch and the right answers; release()
     frees this thread's scratch and the next call allocates it again."""
-    import threading
-
     from numbarnn.cpu import workspace
     cases = [make_rnn_case(rnn_config(1, 6, 4, "lstm"), 6, 5, [6, 3, 6, 1, 2], seed=1, dtype=np.float32),
              make_rnn_case(rnn_config(2, 3, 2, "gru", direction="bidirectional"), 5, 2, None, seed=2,
@@ -551,3 +551,32 @@ def test_blas_runs_on_numbas_thread_count_during_a_call(monkeypatch):
         numba.set_num_threads(numba_before)
     assert seen == [[1] * len(libs)]
     assert [lib.num_threads for lib in libs] == before
+
+
+def test_side_by_side_runs_the_second_piece_on_the_helper_in_the_callers_settings():
+    """threads.side_by_side: both results, the second on numbarnn's helper thread, in the caller's settings; an
+    exception of either piece is raised in the caller, only once both have finished."""
+    from numbarnn import settings
+    from numbarnn.cpu import threads
+
+    def where():
+        return threading.current_thread().name, settings.get("cpu_fused")
+
+    with settings.override(cpu_fused=False):
+        here, there = threads.side_by_side(where, where)
+    assert here == (threading.current_thread().name, False)
+    assert there[0].startswith("numbarnn") and there[1] is False
+    finished = []
+
+    def slow():
+        time.sleep(0.05)
+        finished.append(True)
+
+    def fails():
+        raise ValueError("first")
+
+    with pytest.raises(ValueError, match="first"):
+        threads.side_by_side(fails, slow)
+    assert finished == [True]                           # the helper's piece had finished before the raise
+    with pytest.raises(ZeroDivisionError):
+        threads.side_by_side(lambda: None, lambda: 1 / 0)

@@ -8,6 +8,7 @@ in the serial and the parallel twin, against the reference and against the BLAS 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from numbarnn.cells import CellSpec, dtanh, get_cell, register, tanh
 from numbarnn.config import rnn_config
 from numbarnn.reserve import reserve_contents
-from numbarnn.cpu import cells, fused, fused_plan, microkernel, network
+from numbarnn.cpu import cells, fused, fused_plan, microkernel, network, threads
 from numbarnn.testing import make_rnn_case, relative_error, run_backward, run_forward
 
 ALL_CELLS = cpu_cells()     # the built-ins, the contrib cells (registered now) and conftest's MINGRU
@@ -248,6 +249,66 @@ def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
         # the parallel loop's machine code includes the group's: its cache key (a closure value) extends the
         # group's, so anything that changes the group (the vector width, the tiles) changes the loop's
         assert _closure(loop)["KEY"].startswith(_closure(group)["KEY"])
+
+
+def _side_by_side(monkeypatch, on: bool) -> list:
+    """Every bidirectional layer from now on runs its directions side by side (on: whatever its size and thread
+    count) or one after the other, in plans cached apart until the test ends -> the list that counts the calls
+    the helper thread ran."""
+    monkeypatch.setattr(fused, "side_by_side", lambda D, threads, macs: on and D == 2)
+    monkeypatch.setattr(fused_plan, "forward_plan", functools.lru_cache(_FORWARD_PLAN.__wrapped__))
+    monkeypatch.setattr(fused_plan, "backward_plan", functools.lru_cache(_BACKWARD_PLAN.__wrapped__))
+    ran = []
+    helper = threads.side_by_side
+
+    def counted(first, second):
+        def there():
+            ran.append(threading.current_thread().name)
+            return second()
+        return helper(first, there)
+
+    monkeypatch.setattr(threads, "side_by_side", counted)
+    return ran
+
+
+@pytest.mark.parametrize("mode, kw", [("lstm", dict(num_proj=5, zoneout=0.2)), ("gru", {}),
+                                      ("lstm", dict(input_mode="skip_input"))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_directions_side_by_side_against_the_reference(monkeypatch, mode, kw, dtype):
+    """The two directions of each layer on two threads (fused.side_by_side), forward and backward, training and
+    inference: 2 layers with dropout, ragged unsorted lengths with 0, partial tiles, with a projection and
+    zoneout, GRU's own R-side gradients, skip input; against the reference, the helper thread used."""
+    ran = _side_by_side(monkeypatch, True)
+    case = _wide_case(mode, dtype, **kw)
+    compare_cpu(case)
+    compare_cpu(replace(case, is_training=False))
+    assert ran and all(name.startswith("numbarnn") for name in ran)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_directions_side_by_side_give_the_same_bits(monkeypatch, mode):
+    """Side by side or one after the other, the same bits when BLAS runs on one thread both ways (side by side,
+    each direction's products run on one BLAS thread: OpenBLAS's bits depend on its thread count)."""
+    case = _wide_case(mode, np.float32, num_proj=5 if mode == "lstm" else 0)
+    runs = []
+    with threads.serial_blas():
+        for on in (False, True):
+            ran = _side_by_side(monkeypatch, on)
+            fwd = run_forward(case, "cpu")
+            runs.append(named(fwd, run_backward(case, fwd, "cpu")) | {"reserve": reserve_contents(fwd[3])})
+            assert bool(ran) == on
+    for name, a in runs[0].items():
+        assert a.tobytes() == runs[1][name].tobytes(), name
+
+
+def test_when_directions_run_side_by_side():
+    """Two directions on exactly two threads, each direction big enough to pay the helper's hand-off."""
+    big = fused.SIDE_MIN_MACS
+    assert fused.side_by_side(2, 2, big)
+    assert not fused.side_by_side(2, 2, big - 1)       # a small call: the hand-off (~0.1 ms) would dominate
+    assert not fused.side_by_side(1, 2, big)           # one direction
+    assert not fused.side_by_side(2, 1, big)           # one thread
+    assert not fused.side_by_side(2, 4, big)           # more threads: each direction's loop in row groups
 
 
 def _use_row_groups(monkeypatch, groups: int) -> None:

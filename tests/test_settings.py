@@ -37,6 +37,23 @@ def test_an_override_is_this_threads_only():
     assert seen == [True]
 
 
+def test_current_hands_this_threads_overrides_to_another():
+    """settings.current(): the innermost override wins; another thread given it sees the same settings."""
+    seen = []
+    with settings.override(v3_wide=False, step_version=2), settings.override(step_version=3):
+        scope = settings.current()
+
+        def other():
+            with settings.override(**scope):
+                seen.append((settings.get("v3_wide"), settings.get("step_version"), settings.get("v2_narrow")))
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert scope == {"v3_wide": False, "step_version": 3}
+    assert seen == [(False, 3, True)]
+    assert settings.current() == {}
+
+
 @pytest.mark.parametrize("var, name, raw, want", [
     ("NUMBARNN_FAST_LAUNCH", "fast_launch", "0", False), ("NUMBARNN_FAST_LAUNCH", "fast_launch", " 1 ", True),
     ("NUMBARNN_V2_NARROW", "v2_narrow", "", True), ("NUMBARNN_CPU_TUNE", "cpu_tune", "off", False),

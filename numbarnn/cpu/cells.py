@@ -199,7 +199,8 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
     numbarnn/cells changes every KEY (`sources_fingerprint`): numba itself would only notice the loop's own file.
     Each variant gets its own qualified name (`variant_name`).  error_model="numpy": x / 0 gives inf/nan as in
     NumPy; numba's default ZeroDivisionError check would keep the pointwise loops from vectorizing.  fastmath:
-    numba's flag (the row reductions' {"reassoc"}: sums that vectorize)."""
+    numba's flag (the row reductions' {"reassoc"}: sums that vectorize).  nogil: a loop releases the GIL, so two
+    pieces of one call can run on two Python threads (`threads.side_by_side`)."""
     for name, value in zip(step.__code__.co_freevars, step.__closure__ or ()):
         if not _plain(value.cell_contents):
             raise TypeError(f"{step.__qualname__}: its closure value {name!r} is a "
@@ -210,7 +211,8 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
                     lanes_S=stack_buffer(S * U), lanes_V=stack_buffer(VL * U), lanes=stack_buffer(U), **extra)
     fn = pytypes.FunctionType(step.__code__, globals_, step.__name__, None, step.__closure__)
     fn.__qualname__, fn.__module__ = variant_name(step), step.__module__
-    return njit_cached(fn, parallel=parallel, error_model="numpy", fastmath=fastmath)   # jitcache.py: safe in parallel
+    return njit_cached(fn, parallel=parallel, error_model="numpy", fastmath=fastmath,   # jitcache.py: safe in parallel
+                       nogil=True)
 
 
 def _plain(value) -> bool:

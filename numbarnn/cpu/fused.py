@@ -283,6 +283,21 @@ def row_groups(B: int, NR: int, macs: int) -> int:
     return max(1, min(threads.num_threads(), cdiv(B, NR)))
 
 
+#: the two directions of a layer run side by side when each direction's multiply-adds reach this: handing one to
+#: the helper thread costs ~0.1 ms (threads.side_by_side)
+SIDE_MIN_MACS = 1 << 25
+
+
+def side_by_side(D: int, threads: int, macs: int) -> bool:
+    """Whether a bidirectional layer of `macs` multiply-adds per direction runs its two directions side by side on
+    a call's two threads, one each (each direction's loop serial, its backward products on one BLAS thread),
+    rather than one after the other on both.  Why: on two threads the pools take turns badly: OpenBLAS's worker
+    spins ~0.1 s after a product and numba's (libgomp's) a few ms after a parallel region, each on a core the
+    other pool wants next, so the backward ran its time loops after BLAS on one thread; the directions are
+    independent until their dx meet, and side by side no pool is used at all (bench/results/cpu.md)."""
+    return D == 2 and threads == 2 and macs >= SIDE_MIN_MACS
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the backward: per step the cell's pointwise backward (cells.backward_step, the BLAS loop's own step), then
 # dh += dgh_s R by the micro-kernel, in one njit call per layer and direction

@@ -132,6 +132,7 @@ class FusedLayer:
     z: FusedSizes
     loop: object            # fused.forward_loop's loop
     groups: int             # row groups
+    side: bool              # the layer's two directions side by side, one thread each (`fused.side_by_side`)
     spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
     skip: bool              # skip input: no W
     small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `small_buffers`
@@ -159,13 +160,15 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell) -> Fuse
     layers = []
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
         z = fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
-        groups = fused.row_groups(B, microkernel.rows_for(cfg.G), int(n_active.sum()) * z.macs)
+        macs = int(n_active.sum()) * z.macs
+        side = fused.side_by_side(cfg.D, threads, macs)
+        groups = 1 if side else fused.row_groups(B, microkernel.rows_for(cfg.G), macs)
         loop = fused.forward_loop(cell, dtype_name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
+        layers.append(FusedLayer(z, loop, groups, side, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
                                  np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)

@@ -220,7 +220,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
         if layer > 0 and call.dropout_active:
             x_l = dropped_input(call, saved, layer, x_l, ct)
         y = saved[f"y{layer}"]                               # [T, B, D*P], zero at padded positions
-        for d in range(D):
+
+        def direction(d, layer=layer, x_l=x_l, y=y):
             p = layer * D + d
             acts = saved[f"acts{layer}"][d]
             cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
@@ -242,6 +243,12 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
                 with threads.budget():
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
                                  saved[f"mod{layer}"][d] if cfg.cell.modulated else None, zone)
+
+        if use_fused and plan.layers[layer * D].side:       # one thread each (fused.side_by_side)
+            threads.side_by_side(functools.partial(direction, 0), functools.partial(direction, 1))
+        else:
+            for d in range(D):
+                direction(d)
         x_l = y
     if kept is not None and not kept[1]:
         panels.KEPT.commit(kept[0], params)                  # every pseudo-layer's panels hold params now
@@ -304,16 +311,127 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         all_rows = np.arange(B, dtype=np.int64)
         no_vec, none3 = np.zeros((0, H), dtype=ct), np.zeros((0, 0, 0), dtype=ct)
     blas_used = False                                        # OpenBLAS's threads spin after a product
-    # scratch (workspace.py): every element read is written first in each direction (steps < T are zeroed,
-    # inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled below)
-    tmp = scratch("tmp", (B, P), ct)                         # [B, P]      dgh_s @ R
-    dht = scratch("dht", (B, P), ct)                         # [B, P]      projection: dy + dh of a step
-    dm = scratch("dm", (B, H), ct)                           # [B, H]      projection: W_proj^T (dy + dh)
     split = plan.split if use_fused else any(cell.split_mask)
     if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
-        carry, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [B, P], [T, B, D*P]
-    dy_l = dy
+        _, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [T, B, D*P] zeros: the step's dy
+    n_threads = threads.num_threads()
 
+    def time_loop(layer, d, x_l, y, dy_l, grouped):
+        """Pass 1 of direction d: its time loop from the reserve -> the gradients its products read.  Scratch
+        (workspace.py, the running thread's): every element read is written first (steps < T are zeroed,
+        inactive rows are zeroed by the step, dgx/dh_all/dv_acc are filled here)."""
+        p = layer * D + d
+        lp = layers[p]
+        acts = saved[f"acts{layer}"][d]
+        cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
+        vec = lp.V if lp.V is not None else no_vec
+        tmp = scratch("tmp", (B, P), ct)                     # [B, P]      dgh_s @ R
+        dht = scratch("dht", (B, P), ct)                     # [B, P]      projection: dy + dh of a step
+        dm = scratch("dm", (B, H), ct)                       # [B, H]      projection: W_proj^T (dy + dh)
+        carry = scratch("zoneout_carry", (B, P), ct)         # [B, P]      zoneout: what bypasses the cell (the
+        #                                                      running thread's: zoneout.backward_buffers names it)
+        dh = dh0[p]
+        dc = dc0[p] if dc0 is not None else dm
+        c0p = c0[p] if c0 is not None else dm
+        dgx = scratch(f"dgx{d}", (T, B, G * H), ct)           # [T, B, G*H] W-side grads (t layout)
+        # [T, B, G*H] R-side grads (s layout).  The forward direction's s is t, and without a gate whose R
+        # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
+        # (not for a modulated cell: its second pass adds to both)
+        share = d == 0 and not split and not cell.modulated
+        dgh = dgx if share else scratch(f"dgh{d}", (T, B, G * H), ct)
+        hp = scratch(f"hp{d}", (T, B, P), ct)                 # [T, B, P]   h entering step s (s layout)
+        dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else _no_dv(B, H, ct)   # [B, V, H]
+        dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
+        qs = scratch(f"qs{d}", (T, B, H), ct) if cfg.cell.modulated else None   # [T, B, H] m ⊙ h_prev (s layout)
+        if padded:
+            dgx.fill(0)
+        if steps < T:                                        # steps never run stay 0 in the s layout
+            dgh[steps:] = 0
+            hp[steps:] = 0
+            if qs is not None:
+                qs[steps:] = 0
+        if dh_all is not None:
+            dh_all.fill(0)
+        dv_acc.fill(0)
+        grad = (dgx, dgh, hp, dv_acc, dh_all, qs)
+        if use_fused:
+            RTp = scratch("fused_RTp", plan.RTp_shape, ct)  # R by columns
+            microkernel.pack_columns(lp.R, RTp)
+            rows, loop = plan.grouped if grouped else plan.serial
+            if cfg.has_proj:                                 # W_proj's columns, by column tiles
+                Wc = scratch("fused_Wc", plan.Wc_shape, ct)
+                microkernel.pack_columns(lp.W_proj, Wc)
+                proj = (Wc, dht, dm, dh_all)
+            else:
+                proj = plan.no_proj
+            if call.zoneout_active:                          # the loop splits dy_l + dh by the mask
+                zone = (no_dy, True, saved[f"zmask{layer}"][d], dy_l, carry)
+            else:                                            # (empty [0, P]: carry never read)
+                zone = (dy_l, False, none3, dy_l, plan.no_proj[1])
+            loop(d, lens, rows, zone[0], y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
+                 *proj, *zone[1:])
+            return grad
+        if cfg.cell.modulated:
+            R1, R2 = lp.R[rows1], lp.R[rows2]                # [G1*H, P], [G2*H, P] the two products' rows
+        # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
+        with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
+            dy_step = dy_l
+            if call.zoneout_active:
+                zmask, dy_step = saved[f"zmask{layer}"][d], no_dy
+            for s in reversed(range(steps)):
+                if call.zoneout_active:
+                    zoneout.split(s, d, lens, zmask, dy_l, dh, carry)
+                if cfg.has_proj:
+                    total_dh(s, d, lens, dy_step, dh, dht, dh_all)
+                    np.matmul(dht, lp.W_proj, out=dm)
+                step(s, d, lens, all_rows, dy_step, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s],
+                     hp[s], dv_acc)
+                if cfg.cell.modulated:                       # through R_2 (m ⊙ h), then R_1 h (modulated.py)
+                    np.matmul(modulated.columns(dgh[s], rows2), R2, out=dq)
+                    modulate_backward(s, d, lens, dq, saved[f"mod{layer}"][d], acts, vec, hp[s], dh, dgx, dgh[s],
+                                      qs[s])
+                    np.matmul(modulated.columns(dgh[s], rows1), R1, out=tmp)
+                    np.add(dh, tmp, out=dh)
+                elif cfg.cell.diagonal:                      # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
+                    diagonal.recurrent_backward(dgh[s], lp.R, dh)
+                else:
+                    np.matmul(dgh[s], lp.R, out=tmp)
+                    np.add(dh, tmp, out=dh)
+                if call.zoneout_active:
+                    zoneout.add_carry(dh, carry)
+        return grad
+
+    def gradients(layer, d, x_l, grad, dx_part):
+        """Pass 2 of direction d: its weight gradients, single big products over all steps and rows, and its
+        part of dx (dx_part [T*B, I_l])."""
+        dgx, dgh, hp, dv_acc, dh_all, qs = grad
+        p = layer * D + d
+        lp, dlp = layers[p], dlayers[p]
+        I_l = x_l.shape[2]
+        gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
+        if lp.W is not None:
+            np.matmul(gx2.T, x_l.reshape(T * B, I_l), out=dlp.W)
+            np.matmul(gx2, lp.W, out=dx_part)
+        else:                                                # skip_input: x reached every gate as it is
+            np.sum(dgx.reshape(T * B, G, H), axis=1, out=dx_part)
+        if cfg.cell.modulated:                               # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
+            dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
+            dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
+        elif cfg.cell.diagonal:                              # du_g = sum over t, b of dgh_g ⊙ h_prev
+            diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
+        else:
+            np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
+        if gx2.shape[1] > 1:                                # (one column: NumPy sums pairwise, not row by row)
+            bias_sums(gx2, gh2, dlp.bW, dlp.bR)
+        else:
+            np.sum(gx2, axis=0, out=dlp.bW)
+            np.sum(gh2, axis=0, out=dlp.bR)
+        if cfg.has_proj:
+            np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
+        if lp.V is not None:
+            np.sum(dv_acc, axis=0, out=dlp.V)
+
+    dy_l = dy
     for layer in reversed(range(cfg.L)):
         x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
         y = saved[f"y{layer}"]
@@ -322,114 +440,21 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         # (scratch named by parity: layer l reads dy_l, layer l+1's dx, while it writes its own)
         dx_l = np.empty((T, B, I_l), dtype=ct) if layer == 0 else scratch(f"dx{layer % 2}", (T, B, I_l), ct)
         dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
-        # pass 1, the time loops of every direction; pass 2, their weight gradients and dx (BLAS): the loops
-        # of a call's top layer then run before any BLAS product of the call (see fused.row_groups)
-        grads = []
-        for d in range(D):
-            p = layer * D + d
-            lp = layers[p]
-            acts = saved[f"acts{layer}"][d]
-            cs = saved[f"c{layer}"][d] if cfg.has_cell_state else none3
-            vec = lp.V if lp.V is not None else no_vec
-            dh = dh0[p]
-            dc = dc0[p] if dc0 is not None else dm
-            c0p = c0[p] if c0 is not None else dm
-            dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] W-side grads (t layout)
-            # [T, B, G*H] R-side grads (s layout).  The forward direction's s is t, and without a gate whose R
-            # side has its own gradient (GRU's candidate has) they equal dgx: the same memory (T*B*G*H fewer)
-            # (not for a modulated cell: its second pass adds to both)
-            share = d == 0 and not split and not cell.modulated
-            dgh = dgx if share else scratch(f"dgh{d}", (T, B, G * H), ct)
-            hp = scratch(f"hp{d}", (T, B, P), ct)             # [T, B, P]   h entering step s (s layout)
-            dv_acc = scratch(f"dv_acc{d}", (B, V, H), ct) if V else _no_dv(B, H, ct)   # [B, V, H]
-            dh_all = scratch(f"dh_all{d}", (T, B, P), ct) if cfg.has_proj else None   # [T, B, P] for dW_proj
-            qs = scratch(f"qs{d}", (T, B, H), ct) if cfg.cell.modulated else None   # [T, B, H] m ⊙ h_prev (s
-            #                                                                              layout)
-            grads.append((dgx, dgh, hp, dv_acc, dh_all, qs))
-            if padded:
-                dgx.fill(0)
-            if steps < T:                                    # steps never run stay 0 in the s layout
-                dgh[steps:] = 0
-                hp[steps:] = 0
-                if qs is not None:
-                    qs[steps:] = 0
-            if dh_all is not None:
-                dh_all.fill(0)
-            dv_acc.fill(0)
-            if use_fused:
-                RTp = scratch("fused_RTp", plan.RTp_shape, ct)      # R by columns
-                microkernel.pack_columns(lp.R, RTp)
-                rows, loop = plan.serial if blas_used else plan.grouped   # after BLAS: one group
-                if cfg.has_proj:                                     # W_proj's columns, by column tiles
-                    Wc = scratch("fused_Wc", plan.Wc_shape, ct)
-                    microkernel.pack_columns(lp.W_proj, Wc)
-                    proj = (Wc, dht, dm, dh_all)
-                else:
-                    proj = plan.no_proj
-                if call.zoneout_active:                              # the loop splits dy_l + dh by the mask
-                    zone = (no_dy, True, saved[f"zmask{layer}"][d], dy_l, carry)
-                else:                                                # (empty [0, P]: carry never read)
-                    zone = (dy_l, False, none3, dy_l, plan.no_proj[1])
-                loop(d, lens, rows, zone[0], y, h0[p], c0p, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps,
-                     *proj, *zone[1:])
-                continue
-            if cfg.cell.modulated:
-                R1, R2 = lp.R[rows1], lp.R[rows2]            # [G1*H, P], [G2*H, P] the two products' rows
-            # a modulated cell's small per-step products: BLAS on one thread (threads.serial_blas)
-            with threads.serial_blas() if cfg.cell.modulated else contextlib.nullcontext():
-                dy_step = dy_l
-                if call.zoneout_active:
-                    zmask, dy_step = saved[f"zmask{layer}"][d], no_dy
-                for s in reversed(range(steps)):
-                    if call.zoneout_active:
-                        zoneout.split(s, d, lens, zmask, dy_l, dh, carry)
-                    if cfg.has_proj:
-                        total_dh(s, d, lens, dy_step, dh, dht, dh_all)
-                        np.matmul(dht, lp.W_proj, out=dm)
-                    step(s, d, lens, all_rows, dy_step, y, h0[p], c0p, acts, cs, vec, dm, dh, dc, dgx, dgh[s],
-                         hp[s], dv_acc)
-                    if cfg.cell.modulated:                   # through R_2 (m ⊙ h), then R_1 h (modulated.py)
-                        np.matmul(modulated.columns(dgh[s], rows2), R2, out=dq)
-                        modulate_backward(s, d, lens, dq, saved[f"mod{layer}"][d], acts, vec, hp[s], dh, dgx, dgh[s],
-                                          qs[s])
-                        np.matmul(modulated.columns(dgh[s], rows1), R1, out=tmp)
-                        np.add(dh, tmp, out=dh)
-                    elif cfg.cell.diagonal:                  # dh += sum_g dgh_g ⊙ u_g (diagonal.py)
-                        diagonal.recurrent_backward(dgh[s], lp.R, dh)
-                    else:
-                        np.matmul(dgh[s], lp.R, out=tmp)
-                        np.add(dh, tmp, out=dh)
-                    if call.zoneout_active:
-                        zoneout.add_carry(dh, carry)
-        for d, (dgx, dgh, hp, dv_acc, dh_all, qs) in enumerate(grads):
-            p = layer * D + d
-            lp, dlp = layers[p], dlayers[p]
-            # weight gradients: single big matmuls over all steps and rows
-            gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
-            dx_part = dx_l.reshape(T * B, I_l) if d == 0 else dx_d      # the first direction writes dx_l
-            if lp.W is not None:
-                np.matmul(gx2.T, x_l.reshape(T * B, I_l), out=dlp.W)
-                np.matmul(gx2, lp.W, out=dx_part)
-            else:                                            # skip_input: x reached every gate as it is
-                np.sum(dgx.reshape(T * B, G, H), axis=1, out=dx_part)
-            if d > 0:
-                dx_l += dx_d.reshape(T, B, I_l)
-            if cfg.cell.modulated:                           # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
-                dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
-                dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
-            elif cfg.cell.diagonal:                          # du_g = sum over t, b of dgh_g ⊙ h_prev
-                diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
-            else:
-                np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
-            if gx2.shape[1] > 1:                            # (one column: NumPy sums pairwise, not row by row)
-                bias_sums(gx2, gh2, dlp.bW, dlp.bR)
-            else:
-                np.sum(gx2, axis=0, out=dlp.bW)
-                np.sum(gh2, axis=0, out=dlp.bR)
-            if cfg.has_proj:
-                np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
-            if lp.V is not None:
-                np.sum(dv_acc, axis=0, out=dlp.V)
+        parts = [dx_l.reshape(T * B, I_l), dx_d]             # the first direction writes dx_l
+        # the two directions side by side, each its time loop and its products on one thread (fused.side_by_side)
+        if use_fused and fused.side_by_side(D, n_threads, int(lens.sum()) * G * H * (I_l + P)):
+            def direction(d, layer=layer, x_l=x_l, y=y, dy_l=dy_l):
+                gradients(layer, d, x_l, time_loop(layer, d, x_l, y, dy_l, False), parts[d])
+            with threads.serial_blas():
+                threads.side_by_side(functools.partial(direction, 0), functools.partial(direction, 1))
+        else:
+            # pass 1, the time loops of every direction; pass 2, their weight gradients and dx (BLAS): the loops
+            # of a call's top layer then run before any BLAS product of the call (see fused.row_groups)
+            grads = [time_loop(layer, d, x_l, y, dy_l, not blas_used) for d in range(D)]
+            for d, grad in enumerate(grads):
+                gradients(layer, d, x_l, grad, parts[d])
+        if D > 1:
+            dx_l += dx_d.reshape(T, B, I_l)
         blas_used = True
         if layer == 0:
             dx = dx_l

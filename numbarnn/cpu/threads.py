@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
+
+from .. import settings
 
 
 @functools.cache
@@ -100,3 +104,29 @@ def serial_blas():
     finally:
         for lib, old in lowered:
             lib.set_num_threads(old)
+
+
+_helper: list = []                                 # [the helper thread's executor], made at first use
+_helper_lock = threading.Lock()
+
+
+def side_by_side(first, second):
+    """first() here while second() runs on numbarnn's helper thread (in this thread's settings), both done on
+    return -> (first's result, second's).  For two independent pieces of one call on a call's two threads
+    (the two directions of a layer's backward, network.py): compiled loops release the GIL (`cells.cached_step`)
+    and NumPy's BLAS calls do.  An exception of either is raised here once both have finished."""
+    with _helper_lock:
+        if not _helper:
+            _helper.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="numbarnn"))
+    scope = settings.current()
+
+    def run():
+        with settings.override(**scope):
+            return second()
+
+    later = _helper[0].submit(run)
+    try:
+        here = first()
+    finally:
+        there = later.result()                   # waits (and raises second's error) even when first raised
+    return here, there
