@@ -8,6 +8,8 @@
                                               # LayerNormLSTM / LayerNormGRU) and zoneout, beside the LSTM
     python bench/bench_cpu.py --train         # a training loop, numbarnn.torch beside torch.nn (bench_train_loop.py)
     python bench/bench_cpu.py --memory        # peak memory of training, each in its own process (bench_memory.py)
+    python bench/bench_cpu.py --only bidirectional --backends cpu,cpu-apart,torch
+                                              # a bidirectional layer's directions side by side or apart
 
 For every shape: each implementation is validated first (its float32 outputs and gradients against the float64
 reference within SPEC 10: 1e-5 outputs, 1e-4 gradients), then timed: the first call (cold: includes numba's
@@ -153,9 +155,20 @@ def torch_runner(case, dropin: bool = False):
 
 
 def runner(case, backend):
-    """backend: a numbarnn backend name, "torch" (torch.nn) or "numbarnn.torch" (the drop-in, default backend)."""
+    """backend: a numbarnn backend name, "torch" (torch.nn), "numbarnn.torch" (the drop-in, default backend) or
+    "cpu-apart" (the cpu backend with a bidirectional layer's directions one after the other: the setting
+    cpu_side_by_side off, to compare)."""
     if backend in ("torch", "numbarnn.torch"):
         return torch_runner(case, dropin=backend == "numbarnn.torch")
+    if backend == "cpu-apart":
+        from numbarnn import settings
+
+        def apart(fn):
+            def call():
+                with settings.override(cpu_side_by_side=False):
+                    return fn()
+            return call
+        return tuple(apart(fn) for fn in numbarnn_runner(case, "cpu"))
     return numbarnn_runner(case, backend)
 
 

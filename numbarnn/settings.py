@@ -14,6 +14,7 @@
 | v3_wide | NUMBARNN_V3_WIDE | 0 / 1 | True: v3's widest co-resident blocks |
 | cpu_tune | NUMBARNN_CPU_TUNE | 0 / 1 | True: the cpu micro-kernel's tile measured per machine |
 | cpu_fused | NUMBARNN_CPU_FUSED | 0 / 1 | True: the cpu backend's fused time loops (0: its BLAS loops, to compare) |
+| cpu_side_by_side | NUMBARNN_CPU_SIDE_BY_SIDE | 0 / 1 | True: a bidirectional layer's directions at once on 2 threads |
 | real_gpu | NUMBARNN_REAL_GPU | 0 / 1 | None: a GPU if numba finds one (1: must; 0: the simulator) |
 
 A setting is read from the environment when it is asked for (cheap: one lookup), so a variable exported before
@@ -39,6 +40,7 @@ SETTINGS = {
     "v3_wide": ("NUMBARNN_V3_WIDE", bool, True),
     "cpu_tune": ("NUMBARNN_CPU_TUNE", bool, True),
     "cpu_fused": ("NUMBARNN_CPU_FUSED", bool, True),
+    "cpu_side_by_side": ("NUMBARNN_CPU_SIDE_BY_SIDE", bool, True),
     "real_gpu": ("NUMBARNN_REAL_GPU", ("0", "1"), None),
 }
 

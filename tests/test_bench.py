@@ -602,3 +602,22 @@ def test_bench_cpu_runs_the_training_loop_and_memory_comparisons(monkeypatch, ca
     assert bench_cpu.main(["--train", "--memory", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "losses agree" in out and "numbarnn.torch / torch.nn" in out and "peak RSS growth" in out
+
+
+def test_bench_cpu_apart_runs_the_cpu_backend_with_directions_one_after_the_other(monkeypatch):
+    """bench_cpu.py's "cpu-apart" rows: the cpu backend's calls with the setting cpu_side_by_side off (to compare
+    with "cpu", where a bidirectional layer's directions run side by side), the setting back on afterwards."""
+    from numbarnn import settings
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_cpu", root / "bench" / "bench_cpu.py")
+    bench_cpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_cpu", bench_cpu)
+    spec.loader.exec_module(bench_cpu)
+    seen = []
+    monkeypatch.setattr(bench_cpu, "numbarnn_runner", lambda case, backend: (
+        lambda: seen.append((backend, "fwd", settings.get("cpu_side_by_side"))),
+        lambda: seen.append((backend, "fwdbwd", settings.get("cpu_side_by_side")))))
+    for backend in ("cpu-apart", "cpu"):
+        for fn in bench_cpu.runner(None, backend):
+            fn()
+    assert seen == [("cpu", "fwd", False), ("cpu", "fwdbwd", False), ("cpu", "fwd", True), ("cpu", "fwdbwd", True)]

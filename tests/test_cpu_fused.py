@@ -17,6 +17,7 @@ from conftest import QUICK, compare_cpu, cpu_cells, named
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numbarnn import settings as numbarnn_settings
 from numbarnn.cells import CellSpec, dtanh, get_cell, register, tanh
 from numbarnn.config import rnn_config
 from numbarnn.reserve import reserve_contents
@@ -299,6 +300,18 @@ def test_directions_side_by_side_give_the_same_bits(monkeypatch, mode):
             assert bool(ran) == on
     for name, a in runs[0].items():
         assert a.tobytes() == runs[1][name].tobytes(), name
+
+
+def test_the_setting_keeps_directions_apart(monkeypatch):
+    """cpu_side_by_side False: one direction after the other even where fused.side_by_side says yes."""
+    ran = _side_by_side(monkeypatch, True)
+    case = _wide_case("lstm", np.float32)
+    with numbarnn_settings.override(cpu_side_by_side=False):
+        fwd = run_forward(case, "cpu")
+        run_backward(case, fwd, "cpu")
+    assert ran == []
+    fwd = run_forward(case, "cpu")
+    assert ran
 
 
 def test_when_directions_run_side_by_side():

@@ -57,7 +57,7 @@ def test_current_hands_this_threads_overrides_to_another():
 @pytest.mark.parametrize("var, name, raw, want", [
     ("NUMBARNN_FAST_LAUNCH", "fast_launch", "0", False), ("NUMBARNN_FAST_LAUNCH", "fast_launch", " 1 ", True),
     ("NUMBARNN_V2_NARROW", "v2_narrow", "", True), ("NUMBARNN_CPU_TUNE", "cpu_tune", "off", False),
-    ("NUMBARNN_CPU_FUSED", "cpu_fused", "0", False),
+    ("NUMBARNN_CPU_FUSED", "cpu_fused", "0", False), ("NUMBARNN_CPU_SIDE_BY_SIDE", "cpu_side_by_side", "0", False),
     ("NUMBARNN_REAL_GPU", "real_gpu", "0", "0"), ("NUMBARNN_BACKEND", "backend", "cpu", "cpu")])
 def test_each_variable_is_parsed(monkeypatch, var, name, raw, want):
     monkeypatch.setenv(var, raw)

@@ -151,24 +151,25 @@ class FusedPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell) -> FusedPlan:
+def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: bool = True) -> FusedPlan:
     """The fused forward's plan of a call, worked out once per call signature, compute dtype, vector width and
-    tile shape (`microkernel.geometry`), thread count and cell (all in the key: the tuner changes the tile, tests the
-    width, row groups follow the threads, a cell may be registered again under its name)."""
+    tile shape (`microkernel.geometry`), thread count, cell and whether directions may run side by side (the setting
+    cpu_side_by_side) (all in the key: the tuner changes the tile, tests the width, row groups follow the threads,
+    a cell may be registered again under its name)."""
     cfg, B = call.config, call.B
     _, _, _, n_active, padded, ran, _ = call_rows(call)
     layers = []
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
         z = fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
         macs = int(n_active.sum()) * z.macs
-        side = fused.side_by_side(cfg.D, threads, macs)
-        groups = 1 if side else fused.row_groups(B, microkernel.rows_for(cfg.G), macs)
+        side_l = side and fused.side_by_side(cfg.D, threads, macs)
+        groups = 1 if side_l else fused.row_groups(B, microkernel.rows_for(cfg.G), macs)
         loop = fused.forward_loop(cell, dtype_name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, groups, side, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
+        layers.append(FusedLayer(z, loop, groups, side_l, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
                                  np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)

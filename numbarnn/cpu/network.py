@@ -204,7 +204,8 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
     fused_loops = settings.get("cpu_fused")                  # False: the BLAS loops everywhere (to compare)
     use_fused = fused_loops and steps > 0 and not cell.diagonal and not cell.modulated
     if use_fused:                                             # (reads the weights from params: no views)
-        plan = fused_plan.forward_plan(call, ct, microkernel.geometry(cell.G), threads.num_threads(), cell)
+        plan = fused_plan.forward_plan(call, ct, microkernel.geometry(cell.G), threads.num_threads(), cell,
+                                       settings.get("cpu_side_by_side"))
         layers, none3 = None, plan.none3
     else:
         layers, none3 = unpack(cfg, params), np.zeros((0, 0, 0), dtype=ct)
@@ -315,6 +316,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
         _, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [T, B, D*P] zeros: the step's dy
     n_threads = threads.num_threads()
+    side_ok = use_fused and settings.get("cpu_side_by_side")
 
     def time_loop(layer, d, x_l, y, dy_l, grouped):
         """Pass 1 of direction d: its time loop from the reserve -> the gradients its products read.  Scratch
@@ -442,7 +444,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
         parts = [dx_l.reshape(T * B, I_l), dx_d]             # the first direction writes dx_l
         # the two directions side by side, each its time loop and its products on one thread (fused.side_by_side)
-        if use_fused and fused.side_by_side(D, n_threads, int(lens.sum()) * G * H * (I_l + P)):
+        if side_ok and fused.side_by_side(D, n_threads, int(lens.sum()) * G * H * (I_l + P)):
             def direction(d, layer=layer, x_l=x_l, y=y, dy_l=dy_l):
                 gradients(layer, d, x_l, time_loop(layer, d, x_l, y, dy_l, False), parts[d])
             with threads.serial_blas():
