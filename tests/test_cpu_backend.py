@@ -580,3 +580,27 @@ def test_side_by_side_runs_the_second_piece_on_the_helper_in_the_callers_setting
     assert finished == [True]                           # the helper's piece had finished before the raise
     with pytest.raises(ZeroDivisionError):
         threads.side_by_side(lambda: None, lambda: 1 / 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_side_by_side_in_a_forked_child():
+    """A child forked after the helper thread started gets its own helper (the parent's thread does not exist in
+    the child: a job handed to it would wait forever)."""
+    from numbarnn.cpu import threads
+    assert threads.side_by_side(lambda: 1, lambda: 2) == (1, 2)      # the parent's helper is up
+    pid = os.fork()
+    if pid == 0:                                                    # the child: exit 0 only if both pieces ran
+        try:
+            os._exit(0 if threads.side_by_side(lambda: 1, lambda: 2) == (1, 2) else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's side_by_side hung")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -110,21 +111,36 @@ _helper: list = []                                 # [the helper thread's execut
 _helper_lock = threading.Lock()
 
 
-def side_by_side(first, second):
-    """first() here while second() runs on numbarnn's helper thread (in this thread's settings), both done on
-    return -> (first's result, second's).  For two independent pieces of one call on a call's two threads
-    (the two directions of a layer's backward, network.py): compiled loops release the GIL (`cells.cached_step`)
-    and NumPy's BLAS calls do.  An exception of either is raised here once both have finished."""
+def _helper_executor() -> ThreadPoolExecutor:
     with _helper_lock:
         if not _helper:
             _helper.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="numbarnn"))
+    return _helper[0]
+
+
+def _forget_helper() -> None:
+    """In a forked child: its parent's helper thread does not exist there (a job handed to it would wait forever),
+    and the lock may have been held by another thread at the fork; the child makes its own at first use."""
+    global _helper_lock
+    _helper.clear()
+    _helper_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helper)
+
+
+def side_by_side(first, second):
+    """first() here while second() runs on numbarnn's helper thread (in this thread's settings), both done on
+    return -> (first's result, second's).  For two independent pieces of one call on a call's two threads
+    (the two directions of a layer, network.py): compiled loops release the GIL (`cells.cached_step`) and
+    NumPy's BLAS calls do.  An exception of either is raised here once both have finished."""
     scope = settings.current()
 
     def run():
         with settings.override(**scope):
             return second()
 
-    later = _helper[0].submit(run)
+    later = _helper_executor().submit(run)
     try:
         here = first()
     finally:
