@@ -257,6 +257,7 @@ def _side_by_side(monkeypatch, on: bool) -> list:
     count) or one after the other, in plans cached apart until the test ends -> the list that counts the calls
     the helper thread ran."""
     monkeypatch.setattr(fused, "side_by_side", lambda D, threads, macs: on and D == 2)
+    monkeypatch.setattr(fused_plan, "layer_sides", functools.lru_cache(_LAYER_SIDES.__wrapped__))
     monkeypatch.setattr(fused_plan, "forward_plan", functools.lru_cache(_FORWARD_PLAN.__wrapped__))
     monkeypatch.setattr(fused_plan, "backward_plan", functools.lru_cache(_BACKWARD_PLAN.__wrapped__))
     ran = []
@@ -340,6 +341,7 @@ def _use_row_groups(monkeypatch, groups: int) -> None:
 
 
 _FORWARD_PLAN, _BACKWARD_PLAN = fused_plan.forward_plan, fused_plan.backward_plan
+_LAYER_SIDES = fused_plan.layer_sides
 
 
 def _closure(dispatcher) -> dict:

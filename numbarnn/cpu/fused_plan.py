@@ -66,7 +66,23 @@ def fused_sizes(cfg, I_l: int, ct, geometry: tuple) -> FusedSizes:
     Wq = microkernel.panel_shape(cdiv(P, MQ * LANES), H, MQ, ct, NR) if cfg.has_proj else \
         microkernel.panel_shape(0, 0, MQ, ct, NR)
     return FusedSizes(LANES, NT, NT * LANES, microkernel.panel_shape(NT, P, G, ct),
-                      microkernel.panel_shape(NT, I_l, G, ct), Wq, G * H * (I_l + P) + (H * P if cfg.has_proj else 0))
+                      microkernel.panel_shape(NT, I_l, G, ct), Wq, step_macs(cfg, I_l))
+
+
+def step_macs(cfg, I_l: int) -> int:
+    """Multiply-adds per row and step of a layer and direction of input size I_l: W x, R h (and W_proj m)."""
+    return cfg.G * cfg.H * (I_l + cfg.P) + (cfg.H * cfg.P if cfg.has_proj else 0)
+
+
+@functools.lru_cache(maxsize=256)
+def layer_sides(call: RNNCall, threads: int, allowed: bool) -> tuple:
+    """Per layer, whether its two directions run side by side (`fused.side_by_side` of a direction's multiply-adds
+    over the call's rows and steps; never unless `allowed`, the setting cpu_side_by_side): one answer per call
+    signature for the forward and the backward."""
+    cfg = call.config
+    rows_steps = int(call_rows(call)[3].sum())               # sum over steps of the rows active (= sum of lengths)
+    return tuple(allowed and fused.side_by_side(cfg.D, threads, rows_steps * step_macs(cfg, cfg.layer_input_size(l)))
+                 for l in range(cfg.L))
 
 
 @njit_cached
@@ -132,7 +148,6 @@ class FusedLayer:
     z: FusedSizes
     loop: object            # fused.forward_loop's loop
     groups: int             # row groups
-    side: bool              # the layer's two directions side by side, one thread each (`fused.side_by_side`)
     spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
     skip: bool              # skip input: no W
     small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `small_buffers`
@@ -148,6 +163,7 @@ class FusedPlan:
     no_c: np.ndarray        # [0, 0]: c of `fused_prepare` without a cell state (never written)
     none3: np.ndarray       # [0, 0, 0]: the absent reserve entries (never written)
     kept: tuple             # per pseudo-layer the shapes `panels.KEPT` keeps: Wp, Rp, Wq panels, bW, bR, vec
+    sides: tuple            # per layer: its two directions side by side, one thread each (`layer_sides`)
 
 
 @functools.lru_cache(maxsize=256)
@@ -159,22 +175,21 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: b
     cfg, B = call.config, call.B
     _, _, _, n_active, padded, ran, _ = call_rows(call)
     layers = []
+    sides = layer_sides(call, threads, side)
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
         z = fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
-        macs = int(n_active.sum()) * z.macs
-        side_l = side and fused.side_by_side(cfg.D, threads, macs)
-        groups = 1 if side_l else fused.row_groups(B, microkernel.rows_for(cfg.G), macs)
+        groups = 1 if sides[layer] else fused.row_groups(B, microkernel.rows_for(cfg.G), int(n_active.sum()) * z.macs)
         loop = fused.forward_loop(cell, dtype_name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, groups, side_l, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
+        layers.append(FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
                                  np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)
     return FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
-                     np.zeros((0, 0, 0), ct), kept)
+                     np.zeros((0, 0, 0), ct), kept, sides)
 
 
 def small_buffers(small: tuple, ct) -> list:

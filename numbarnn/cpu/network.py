@@ -245,7 +245,7 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
                     blas_forward(call, layers[p], d, x_l, hT[p], c_state, y, acts, cs, ms, lens, steps, ct,
                                  saved[f"mod{layer}"][d] if cfg.cell.modulated else None, zone)
 
-        if use_fused and plan.layers[layer * D].side:       # one thread each (fused.side_by_side)
+        if use_fused and plan.sides[layer]:                 # one thread each (fused.side_by_side)
             threads.side_by_side(functools.partial(direction, 0), functools.partial(direction, 1))
         else:
             for d in range(D):
@@ -315,8 +315,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     split = plan.split if use_fused else any(cell.split_mask)
     if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
         _, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [T, B, D*P] zeros: the step's dy
-    n_threads = threads.num_threads()
-    side_ok = use_fused and settings.get("cpu_side_by_side")
+    # per layer: its two directions side by side, each its time loop and its products on one thread
+    sides = fused_plan.layer_sides(call, threads.num_threads(), bool(use_fused and settings.get("cpu_side_by_side")))
 
     def time_loop(layer, d, x_l, y, dy_l, grouped):
         """Pass 1 of direction d: its time loop from the reserve -> the gradients its products read.  Scratch
@@ -330,8 +330,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         tmp = scratch("tmp", (B, P), ct)                     # [B, P]      dgh_s @ R
         dht = scratch("dht", (B, P), ct)                     # [B, P]      projection: dy + dh of a step
         dm = scratch("dm", (B, H), ct)                       # [B, H]      projection: W_proj^T (dy + dh)
-        carry = scratch("zoneout_carry", (B, P), ct)         # [B, P]      zoneout: what bypasses the cell (the
-        #                                                      running thread's: zoneout.backward_buffers names it)
+        carry = zoneout.carry_buffer(B, P, ct)               # [B, P]      zoneout: what bypasses the cell
         dh = dh0[p]
         dc = dc0[p] if dc0 is not None else dm
         c0p = c0[p] if c0 is not None else dm
@@ -443,8 +442,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         dx_l = np.empty((T, B, I_l), dtype=ct) if layer == 0 else scratch(f"dx{layer % 2}", (T, B, I_l), ct)
         dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
         parts = [dx_l.reshape(T * B, I_l), dx_d]             # the first direction writes dx_l
-        # the two directions side by side, each its time loop and its products on one thread (fused.side_by_side)
-        if side_ok and fused.side_by_side(D, n_threads, int(lens.sum()) * G * H * (I_l + P)):
+        if sides[layer]:
             def direction(d, layer=layer, x_l=x_l, y=y, dy_l=dy_l):
                 gradients(layer, d, x_l, time_loop(layer, d, x_l, y, dy_l, False), parts[d])
             with threads.serial_blas():

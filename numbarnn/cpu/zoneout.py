@@ -158,10 +158,16 @@ def zone_lanes(
             h_new[k] = p * h_prev[k] + q * h_new[k]
 
 
+def carry_buffer(B: int, P: int, ct) -> np.ndarray:
+    """[B, P] the backward's carry (`split`, `add_carry`): what bypasses the cell to h_prev (the calling thread's
+    scratch: each direction run side by side has its own)."""
+    return scratch("zoneout_carry", (B, P), ct)
+
+
 def backward_buffers(T: int, B: int, D: int, P: int, ct) -> tuple:
-    """The backward's scratch for zoneout (`split`, `add_carry`): (carry [B, P], what bypasses the cell to h_prev;
-    no_dy [T, B, D*P] zeros, the step's dy, since `split` puts dy into dh)."""
-    carry = scratch("zoneout_carry", (B, P), ct)
+    """The backward's scratch for zoneout (`split`, `add_carry`): (carry [B, P], `carry_buffer`; no_dy [T, B, D*P]
+    zeros, the step's dy, since `split` puts dy into dh)."""
+    carry = carry_buffer(B, P, ct)
     no_dy = scratch("zoneout_no_dy", (T, B, D * P), ct)
     no_dy.fill(0)
     return carry, no_dy
