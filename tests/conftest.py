@@ -467,10 +467,11 @@ def assert_zoneout_masks_drawn_per_call(module, plain, x) -> None:
 
 
 def assert_fused_forward_equals_the_blas_loop(monkeypatch, cell: str, fused_module) -> None:
-    """A cell family's fused cpu forward (`fused_module`'s forward_loop), in one row group and in 3 (the prange
-    loop), gives the BLAS loop's outputs and reserve (NUMBARNN_CPU_FUSED=0; the backward reads that reserve), the
-    reference's gradients, and the same outputs at inference (no reserve written): H = 9 (a partial unit tile),
-    B = 7 with lengths 0 (a partial row tile, rows ending at different steps), 2 layers, bidirectional."""
+    """A cell family's fused cpu forward (`fused_module`'s forward_loop), in one row group and in 3 (each group
+    on its own thread), gives the BLAS loop's outputs and reserve (NUMBARNN_CPU_FUSED=0; the backward reads that
+    reserve), the reference's gradients, and the same outputs at inference (no reserve written): H = 9 (a partial
+    unit tile), B = 7 with lengths 0 (a partial row tile, rows ending at different steps), 2 layers,
+    bidirectional."""
     from dataclasses import replace
 
     from numbarnn.config import rnn_config

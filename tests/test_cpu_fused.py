@@ -229,27 +229,82 @@ def test_zoneout_row_groups_give_the_same_bits(monkeypatch):
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 @pytest.mark.parametrize("groups", [2, 3, 5])
 def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
-    """Any number of row groups (the prange loops: each group runs its own time loop over its row tiles; 5 is
-    more groups than row tiles) gives the same bits as one group (the serial loops), and both run one compiled
-    body: the group functions have one overload each (a prange index passed as it is, unsigned, compiled the
-    forward body a second time)."""
+    """Any number of row groups (each group its own time loop over its row tiles, on its own thread; 5 is more
+    groups than row tiles) gives the same bits as one group (the serial loops), and both run one compiled
+    body: the group functions have one overload each (a group index passed unsigned would compile the body a
+    second time)."""
     case = _wide_case(mode, np.float32, num_proj=5 if mode == "lstm" else 0)
     _use_row_groups(monkeypatch, 1)
     serial = run_forward(case, "cpu")
     serial = named(serial, run_backward(case, serial, "cpu"))
     _use_row_groups(monkeypatch, groups)
+    ran = _count_helpers(monkeypatch)
     par = run_forward(case, "cpu")
     par = named(par, run_backward(case, par, "cpu"))
     for name, a in serial.items():
         assert a.tobytes() == par[name].tobytes(), name
+    # every group past the first ran on a helper thread, in the forward and in the backward's time loop
+    assert len(ran) >= 2 * (groups - 1) and all(name.startswith("numbarnn") for name in ran)
     cell, proj, MV = case.cfg.cell, case.cfg.has_proj, fused.COLUMN_VECTORS
     for loop, group in ((fused.forward_loop(cell, "float32", True, proj), fused.forward_group(cell, "float32", proj)),
                         (fused.backward_loop(cell, "float32", True, MV, proj),
                          fused.backward_group(cell, "float32", MV, proj))):
-        assert loop.py_func.__globals__["group"] is group and len(group.overloads) == 1
-        # the parallel loop's machine code includes the group's: its cache key (a closure value) extends the
-        # group's, so anything that changes the group (the vector width, the tiles) changes the loop's
-        assert _closure(loop)["KEY"].startswith(_closure(group)["KEY"])
+        assert loop.group is group and len(group.overloads) == 1
+
+
+@pytest.mark.parametrize("mode, kw", [("lstm", dict(num_proj=5)), ("gru", {}), ("lstm", dict(input_mode="skip_input")),
+                                      ("lstm", dict(zoneout=0.2, direction="unidirectional", layers=3))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_on_the_calls_threads(monkeypatch, mode, kw, dtype):
+    """On two threads the fused backward runs every layer's time loop in row groups (a lower layer's too, after
+    the upper layer's products) and each weight-gradient product in two slices, one per thread, with BLAS on one
+    thread in each (no BLAS pool woken to spin beside the loops): the same gradients as the reference, with a
+    projection, GRU's own R-side gradients, skip input, zoneout, three layers."""
+    import numba
+    monkeypatch.setattr(network, "SPLIT_MIN_MACS", 0)
+    _use_row_groups(monkeypatch, 2)
+    matmuls, matmul = [], np.matmul
+
+    def recorded(*args, **kwargs):
+        matmuls.append((threading.current_thread().name, threads._blas_libraries()[0].num_threads))
+        return matmul(*args, **kwargs)
+    case = _wide_case(mode, dtype, **kw)
+    old = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        fwd = run_forward(case, "cpu")
+        ran = _count_helpers(monkeypatch)
+        monkeypatch.setattr(np, "matmul", recorded)
+        got = run_backward(case, fwd, "cpu")
+    finally:
+        numba.set_num_threads(old)
+    monkeypatch.setattr(np, "matmul", matmul)
+    want = run_backward(case.astype(np.float64), run_forward(case.astype(np.float64), "reference"), "reference")
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for name, a, b in zip(("dx", "dh0", "dc0", "dparams"), got, want):
+        if b is not None:
+            assert relative_error(a, b) < tol, name
+    L, D = case.cfg.L, case.cfg.D
+    # per pseudo-layer a time loop's second group, and per pseudo-layer a slice of its products, on a helper
+    assert len(ran) == 2 * L * D and all(name.startswith("numbarnn") for name in ran)
+    assert matmuls and all(n == 1 for _, n in matmuls)
+    assert any(name.startswith("numbarnn") for name, _ in matmuls)
+
+
+def _count_helpers(monkeypatch) -> list:
+    """From now on every piece `threads.team` hands to a helper records the helper thread's name in the list."""
+    team = threads.team
+
+    def counted(pieces):
+        def there(piece):
+            def run():
+                ran.append(threading.current_thread().name)
+                return piece()
+            return run
+        return team(pieces[:1] + [there(p) for p in pieces[1:]])
+    ran = []
+    monkeypatch.setattr(threads, "team", counted)
+    return ran
 
 
 def _side_by_side(monkeypatch, on: bool) -> list:

@@ -34,9 +34,7 @@ def test_every_cached_function_of_the_cpu_backend_is_locked():
                    cells.forward_step(get_cell("gru"), "float32", False, False),
                    cells.backward_step(get_cell("lstm"), "float64", True, False),
                    fused.forward_group(get_cell("lstm"), "float32"),
-                   fused.forward_loop(get_cell("lstm"), "float32", True),
-                   fused.backward_group(get_cell("rnn_tanh"), "float32", fused.COLUMN_VECTORS, True),
-                   fused.backward_loop(get_cell("rnn_tanh"), "float32", True, fused.COLUMN_VECTORS)]
+                   fused.backward_group(get_cell("rnn_tanh"), "float32", fused.COLUMN_VECTORS, True)]
     for d in dispatchers:
         assert type(d._cache._cache_file) is jitcache.LockedCacheFile, d
 

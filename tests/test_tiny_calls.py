@@ -159,8 +159,14 @@ def test_bias_sums_bit_for_bit_numpys(ct):
             gx = (rng.standard_normal((N, C)) * rng.uniform(0.1, 100)).astype(ct)
             gh = (rng.standard_normal((N, C)) * rng.uniform(0.1, 100)).astype(ct)
             bW, bR = np.full(C, np.nan, ct), np.full(C, np.nan, ct)
-            network.bias_sums(gx, gh, bW, bR)
+            network.bias_sums(gx, gh, bW, bR, 0, C)
             assert np.array_equal(bW, np.sum(gx, axis=0)) and np.array_equal(bR, np.sum(gh, axis=0)), (N, C)
+            # a slice of the columns (a thread's part): only those written, the same bits
+            c0, c1 = C // 3, C - C // 4
+            part = np.full(C, np.nan, ct), np.full(C, np.nan, ct)
+            network.bias_sums(gx, gh, *part, c0, c1)
+            for got, want in zip(part, (bW, bR)):
+                assert np.array_equal(got[c0:c1], want[c0:c1]) and np.isnan(np.delete(got, np.s_[c0:c1])).all()
 
 
 def test_inference_outputs_written_whole_without_zeroing():

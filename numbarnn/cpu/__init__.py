@@ -36,12 +36,15 @@ packed from, and pack again only when the weights differ (`panels.py`: at T*B = 
 Compute dtype: float64 for float64, float32 for float32 and float16 (float16 inputs are converted once on the
 way in, results once on the way out; the reserve is stored in the call's dtype, as ops.py expects).
 
-Threads: the fused loops split the batch rows over numba's threads (``numba.set_num_threads(n)`` at run time
-or NUMBA_NUM_THREADS before import; default: all cores), one parallel region per call, each thread its own
-time loop (`fused.row_groups`), for calls of 2^28 multiply-adds or more (smaller calls run on one thread:
-OpenBLAS's threads, spinning for ~0.1 s after any NumPy product, take the core a second thread would need).
-BLAS uses its own pool (OpenBLAS: OPENBLAS_NUM_THREADS / threadpoolctl); the BLAS loops' njit steps run in
-parallel over rows only for very wide steps (B*H >= cells.PARALLEL_MIN_WORK).
+Threads: the fused loops split the batch rows over the caller's count of threads (``numba.set_num_threads(n)``
+at run time or NUMBA_NUM_THREADS before import; default: all cores; in numbarnn.torch torch's count), each
+thread its own time loop (`fused.row_groups`), for calls of 2^28 multiply-adds or more (smaller calls run on one
+thread).  The threads are numbarnn's own (`threads.team`: the caller's and helpers idle on a lock), not numba's
+parallel loops: libgomp's workers spin for milliseconds after a parallel region, OpenBLAS's ~0.1 s after a
+product, each on the core the next pool wants.  The fused backward's weight gradients run in slices on the same
+threads, one BLAS thread each.  The BLAS loops use BLAS's pool (OpenBLAS: OPENBLAS_NUM_THREADS / threadpoolctl,
+within the call's count); their njit steps run in parallel over rows only for very wide steps
+(B*H >= cells.PARALLEL_MIN_WORK).
 On a machine whose cores are busy with other processes, OpenBLAS's threads make every per-step product wait
 for a descheduled thread: measured (2 cores, load ~3.5) examples/char_lstm.py 40-46 ms per training step
 with OPENBLAS_NUM_THREADS=1, 200-237 ms with 2 (the reference backend: 67 and 406 ms).  Set

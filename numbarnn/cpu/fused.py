@@ -19,14 +19,14 @@ columns (`pack_columns`).  The weight gradients and dx stay single big BLAS prod
 
 The micro-kernel, its tile shapes and the weight packing are in microkernel.py.
 
-Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups`
-(one parallel region per call, each group its own time loop over its row tiles; why not a region per step:
-see row_groups).  A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
-loop runs it for the one group, the parallel loop (a prange) for each.  Rows are sorted by length once per call
-(longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active row
-tiles; a partial tile's spare lanes recompute the longest row and are not written.  Units: a partial last tile
-computes on zeros (packed weights, biases and the padded columns of the h and c buffers are 0) and writes only
-its first H - j0 lanes.
+Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups` (each
+group its own time loop over its row tiles, on one of the call's threads: `team_loop`; why not a hand-off per
+step: see row_groups). A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
+loop runs it for the one group, the parallel loop on each thread for each. Rows are sorted by length once per
+call (longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active
+row tiles; a partial tile's spare lanes recompute the longest row and are not written. Units: a partial last
+tile computes on zeros (packed weights, biases and the padded columns of the h and c buffers are 0) and writes
+only its first H - j0 lanes.
 
 Used for every call (network.py); the setting cpu_fused False selects the BLAS loops.
 
@@ -39,7 +39,7 @@ import functools
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..util import cdiv
 from . import cells
@@ -243,26 +243,32 @@ def forward_group(cell, compute: str, has_proj: bool = False):
 def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., save, zone, .., zmask)`` (the
     arguments of `forward_group` after grp) runs every row group of `forward_group`.  Serial: the group
-    function itself for group 0 of 1.  Parallel: an njit prange over the groups, each calling it.
+    function itself for group 0 of 1.  Parallel: each group on one of the call's threads (`team_loop`)."""
+    group = forward_group(cell, compute, has_proj)
+    return team_loop(group) if parallel else functools.partial(group, 0)
 
-    Why one body function that both call: a body written inside the prange is compiled twice (the serial loop
-    and the parallel one), the second time through numba's parfor passes, whose copies of its IR (the inlined
-    cell included) are most of that compile; the parallel loop compiles only its few lines and links the body
-    (`python bench/bench_cpu_compile.py` times the first calls)."""
-    if not parallel:
-        return functools.partial(forward_group(cell, compute, has_proj), 0)
-    KEY = _forward_key(cell, compute, has_proj) + " row groups"      # its machine code includes the group's
 
-    def loop(d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts, cs, groups, Wq, mbuf, ms,
-             skip, save, zone, zp, zin, zmask):
-        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
-        for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
-            group(np.int64(g), d, H, lens, order, n_active, x, Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,  # noqa: F821
-                  cs, groups, Wq, mbuf, ms, skip, save, zone, zp, zin, zmask)
+def team_loop(group):
+    """``loop(*args)`` running ``group(g, *args)`` for every row group g, each on one of the call's threads
+    (`threads.team`); the group count is the argument named ``groups`` (an int, or the [groups, n] rows).
 
-    # `group` a global of the compiled copy, not a closure value: numba keys its cache by the closure's pickled
-    # values, and a dispatcher's pickle differs from process to process (the cache would never hit)
-    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute, has_proj))
+    Why not an njit prange over the groups: its workers (libgomp's) spin after the region for ~3-17 ms on the
+    core the next BLAS product or loop wants, and the pool numba's loops and BLAS would take turns on slowed
+    both (a backward's weight gradients after a parallel loop, its lower layers' loops after the products:
+    bench/results/cpu.md); the prange loop was also a second compile of every cell's loop."""
+    at = _groups_at(group.py_func)
+
+    def loop(*args):
+        groups = args[at]
+        count = int(groups) if np.ndim(groups) == 0 else groups.shape[0]
+        threads.team([functools.partial(group, np.int64(g), *args) for g in range(count)])
+    loop.group = group
+    return loop
+
+
+def _groups_at(fn) -> int:
+    """The position of `fn`'s argument ``groups`` after its first (grp)."""
+    return fn.__code__.co_varnames[:fn.__code__.co_argcount].index("groups") - 1
 
 
 #: a call (one layer and direction) of fewer multiply-adds than this runs serially (one row group)
@@ -273,11 +279,10 @@ def row_groups(B: int, NR: int, macs: int) -> int:
     """Row groups for a call of B rows and `macs` multiply-adds: one per thread, at most one per tile of NR rows;
     1 (the serial loop) below PARALLEL_MIN_MACS.
 
-    Rows are independent through a layer and direction: each group runs its own time loop, one parallel region
-    per call.  Not a region per step: each would wait for a thread sharing its core with OpenBLAS's, which spin
-    ~0.1 s after every NumPy product (a model's output layer, the weight gradients).  Row groups suffer from
-    them too, less: small calls run slower in groups than serially, hence the threshold, and a backward uses
-    groups only before its first BLAS product (network.backward; bench/results/cpu.md)."""
+    Rows are independent through a layer and direction: each group runs its own time loop on its own thread
+    (`team_loop`), one hand-off per call.  Not a hand-off per step: a step of a few tens of microseconds would
+    wait on the other thread every time.  The threshold: below it a group's share of the call is too short to
+    pay for the hand-off and each thread's reading every weight panel (bench/results/cpu.md)."""
     if macs < PARALLEL_MIN_MACS:
         return 1
     return max(1, min(threads.num_threads(), cdiv(B, NR)))
@@ -291,10 +296,9 @@ SIDE_MIN_MACS = 1 << 25
 def side_by_side(D: int, threads: int, macs: int) -> bool:
     """Whether a bidirectional layer of `macs` multiply-adds per direction runs its two directions side by side on
     a call's two threads, one each (each direction's loop serial, its backward products on one BLAS thread),
-    rather than one after the other on both.  Why: on two threads the pools take turns badly: OpenBLAS's worker
-    spins ~0.1 s after a product and numba's (libgomp's) a few ms after a parallel region, each on a core the
-    other pool wants next, so the backward ran its time loops after BLAS on one thread; the directions are
-    independent until their dx meet, and side by side no pool is used at all (bench/results/cpu.md)."""
+    rather than one after the other, each in row groups on both.  Why: the directions are independent until their
+    dx meet; a thread then reads only its own direction's weights and hands nothing off between the time loops
+    and the products (bench/results/cpu.md)."""
     return D == 2 and threads == 2 and macs >= SIDE_MIN_MACS
 
 
@@ -411,11 +415,11 @@ def row_products(compute: str, MV: int, LANES: int, NR: int):
 
     @njit(inline="always")
     def products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p, rows, out_p, out):
-        for i0 in range(0, n, NR):
-            for r in range(NR):
-                b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
-                rows[r] = src + (b * K) * ITEM
-            for ct in range(NC):
+        for ct in range(NC):                    # column tiles outer: a tile's panel, K*MV*LANES values (256 KB at
+            for i0 in range(0, n, NR):          # K = 2048 float32), is read from memory once per step, then from
+                for r in range(NR):             # the cache by every row tile
+                    b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
+                    rows[r] = src + (b * K) * ITEM
                 tile(panels + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
                 scatter_columns(dst, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, width, add)
 
@@ -527,17 +531,6 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
 def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = False):
     """The backward of one layer and direction: ``loop(d, lens, groups, ..., dh_all)`` (the arguments of
     `backward_group` after grp) runs every row group (line of `groups`) of `backward_group`: serially its
-    function for the one group, in parallel an njit prange over the groups calling it (why: forward_loop)."""
-    if not parallel:
-        return functools.partial(backward_group(cell, compute, MV, has_proj), 0)
-    KEY = _backward_key(cell, compute, MV, has_proj) + " row groups"  # its machine code includes the group's
-
-    def loop(d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp, dv_acc, RTp, steps, Wc, dht, dm,
-             dh_all, zon, zmask, dyo, carry):
-        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
-        for g in prange(groups.shape[0]):       # (prange's index is unsigned: int64 as the serial call's grp)
-            group(np.int64(g), d, lens, groups, dy, y, h0, c0, acts, cs, vec, dh, dc, dgx, dgh, hp,  # noqa: F821
-                  dv_acc, RTp, steps, Wc, dht, dm, dh_all, zon, zmask, dyo, carry)
-
-    # `group` a global of the compiled copy, not a closure value (see forward_loop)
-    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=backward_group(cell, compute, MV, has_proj))
+    function for the one group, in parallel each group on one of the call's threads (`team_loop`)."""
+    group = backward_group(cell, compute, MV, has_proj)
+    return team_loop(group) if parallel else functools.partial(group, 0)

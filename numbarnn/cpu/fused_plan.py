@@ -216,8 +216,8 @@ _small_views: dict = {}
 @dataclass(frozen=True)
 class BackwardPlan:
     """What `backward`'s fused path works out of a call signature alone (shared: never written)."""
-    grouped: tuple          # (rows [groups, n] int64, loop): the row groups before any BLAS product
-    serial: tuple           # (rows [1, B] int64, loop): one group, after BLAS
+    grouped: tuple          # (rows [groups, n] int64, loop): the row groups on the call's threads
+    serial: tuple           # (rows [1, B] int64, loop): one group (a direction on a thread of its own)
     RTp_shape: tuple        # R by column tiles
     Wc_shape: tuple         # W_proj by column tiles (projection)
     no_proj: tuple          # the loop's projection arguments without a projection (empty, never written)

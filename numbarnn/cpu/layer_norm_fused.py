@@ -31,7 +31,6 @@ import functools
 
 import numba
 import numpy as np
-from numba import prange
 
 from . import cells, fused, microkernel
 from ..util import cdiv
@@ -287,20 +286,10 @@ def forward_group(cell, compute: str):
 @functools.cache
 def forward_loop(cell, compute: str, parallel: bool):
     """The fused forward of one layer and direction: ``loop(d, lens, ..., groups)`` (`forward_group`'s arguments
-    after grp) runs every row group: serially the group function for group 0 of 1, in parallel an njit prange
-    over the groups calling it (why one body for both: fused.forward_loop)."""
-    if not parallel:
-        return functools.partial(forward_group(cell, compute), 0)
-    KEY = _key(cell, compute) + " row groups"       # its machine code includes the group's
-
-    def loop(d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat, wx_raw, rh_raw, raw_w,
-             raw_r, c_t, saved_t, groups, save):
-        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
-        for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
-            group(np.int64(g), d, lens, order, n_active, x, Wp, Rp, norm, vec, hb, cb, y, acts, cs, lnstat,
-                  wx_raw, rh_raw, raw_w, raw_r, c_t, saved_t, groups, save)
-
-    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute))
+    after grp) runs every row group: serially the group function for group 0 of 1, in parallel each group on one
+    of the call's threads (`fused.team_loop`)."""
+    group = forward_group(cell, compute)
+    return fused.team_loop(group) if parallel else functools.partial(group, 0)
 
 
 def supported(call, lp) -> bool:
@@ -430,19 +419,10 @@ def backward_group(cell, compute: str, row_step_fn):
 @functools.cache
 def backward_loop(cell, compute: str, parallel: bool, row_step):
     """The fused backward of one layer and direction: ``loop(d, lens, groups, ..., RTp)`` (`backward_group`'s
-    arguments after grp) runs every row group, serially or in an njit prange (as forward_loop)."""
-    if not parallel:
-        return functools.partial(backward_group(cell, compute, row_step), 0)
-    KEY = _backward_key(cell, compute) + " row groups"    # its machine code includes the group's
-
-    def loop(d, lens, groups, steps, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh, dc,
-             dgx, dgh, hp, dbR, dgain_r, dgain_c, dbias_c, dv_acc, RTp):
-        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
-        for g in prange(groups.shape[0]):       # (prange's index is unsigned: int64 as the serial call's grp)
-            group(np.int64(g), d, lens, groups, steps, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c,
-                  bias_c, vec, dh, dc, dgx, dgh, hp, dbR, dgain_r, dgain_c, dbias_c, dv_acc, RTp)
-
-    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=backward_group(cell, compute, row_step))
+    arguments after grp) runs every row group, serially or each on one of the call's threads
+    (`fused.team_loop`)."""
+    group = backward_group(cell, compute, row_step)
+    return fused.team_loop(group) if parallel else functools.partial(group, 0)
 
 
 def backward_direction(call, lp, d, rows, row_step, args, dgh, hp, sums, blas_used: bool, ct):

@@ -22,7 +22,6 @@ import functools
 
 import numba
 import numpy as np
-from numba import prange
 
 from . import cells, fused, microkernel
 from .cells import load
@@ -206,20 +205,10 @@ def forward_group(cell, compute: str):
 @functools.cache
 def forward_loop(cell, compute: str, parallel: bool):
     """The fused forward of one layer and direction: ``loop(d, lens, ..., groups)`` (`forward_group`'s arguments
-    after grp) runs every row group: serially the group function for group 0 of 1, in parallel an njit prange
-    over the groups calling it (why one body for both: fused.forward_loop)."""
-    if not parallel:
-        return functools.partial(forward_group(cell, compute), 0)
-    KEY = _key(cell, compute) + " row groups"       # its machine code includes the group's
-
-    def loop(d, lens, order, n_active, x, Wp, R1p, R2p, bW, bR1, bR2, vec, hb, cb, qb, y, acts, cs, mods, wx_t, rh_t,
-             groups, save):
-        KEY  # noqa: B018  (the variant's fingerprint: see forward_group)
-        for g in prange(groups):                # (prange's index is unsigned: int64 as the serial call's grp)
-            group(np.int64(g), d, lens, order, n_active, x, Wp, R1p, R2p, bW, bR1, bR2, vec, hb, cb, qb, y, acts,
-                  cs, mods, wx_t, rh_t, groups, save)
-
-    return cells.cached_step(loop, True, None, 1, 1, 1, 1, group=forward_group(cell, compute))
+    after grp) runs every row group: serially the group function for group 0 of 1, in parallel each group on one
+    of the call's threads (`fused.team_loop`)."""
+    group = forward_group(cell, compute)
+    return fused.team_loop(group) if parallel else functools.partial(group, 0)
 
 
 def supported(call, lp) -> bool:

@@ -260,20 +260,32 @@ def forward(call: RNNCall, x, h0, c0, params, ct):
 def bias_sums(
     gx,       # [N, C]  W-side pre-activation gradients (C > 1)
     gh,       # [N, C]  R-side
-    dbW,      # out: [C] column sums of gx
+    dbW,      # out: [C] column sums of gx (columns c0 .. c1 written)
     dbR,      # out: [C] column sums of gh
+    c0,       # int     the first column summed
+    c1,       # int     past the last
 ):
-    """The bias gradients in one compiled call, bit for bit NumPy's `np.sum(g, axis=0)` of a C-contiguous [N, C],
-    C > 1 (NumPy adds row after row onto zeros there; a single column it sums pairwise): two NumPy reductions
-    cost ~10 us a tiny call."""
-    dbW[:] = 0.0
-    dbR[:] = 0.0
+    """The bias gradients of columns c0 .. c1 in one compiled call, bit for bit NumPy's `np.sum(g, axis=0)` of a
+    C-contiguous [N, C], C > 1 (NumPy adds row after row onto zeros there; a single column it sums pairwise): two
+    NumPy reductions cost ~10 us a tiny call."""
+    dbW[c0:c1] = 0.0
+    dbR[c0:c1] = 0.0
     for r in range(gx.shape[0]):
-        for c in range(gx.shape[1]):
+        for c in range(c0, c1):
             dbW[c] += gx[r, c]
     for r in range(gh.shape[0]):
-        for c in range(gh.shape[1]):
+        for c in range(c0, c1):
             dbR[c] += gh[r, c]
+
+
+#: a layer's weight-gradient products of fewer multiply-adds than this run on the caller alone: handing slices
+#: to the helpers costs ~0.1 ms
+SPLIT_MIN_MACS = 1 << 24
+
+
+def _part(n: int, i: int, pieces: int) -> slice:
+    """Slice i of `pieces` near-equal slices of range(n)."""
+    return slice(n * i // pieces, n * (i + 1) // pieces)
 
 
 def _no_dv(B: int, H: int, ct) -> np.ndarray:
@@ -311,12 +323,12 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         step = cells.pick(cells.backward_step, cell, ct, cfg.has_proj, B, H)
         all_rows = np.arange(B, dtype=np.int64)
         no_vec, none3 = np.zeros((0, H), dtype=ct), np.zeros((0, 0, 0), dtype=ct)
-    blas_used = False                                        # OpenBLAS's threads spin after a product
     split = plan.split if use_fused else any(cell.split_mask)
     if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
         _, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [T, B, D*P] zeros: the step's dy
     # per layer: its two directions side by side, each its time loop and its products on one thread
-    sides = fused_plan.layer_sides(call, threads.num_threads(), bool(use_fused and settings.get("cpu_side_by_side")))
+    n_threads = threads.num_threads()
+    sides = fused_plan.layer_sides(call, n_threads, bool(use_fused and settings.get("cpu_side_by_side")))
 
     def time_loop(layer, d, x_l, y, dy_l, grouped):
         """Pass 1 of direction d: its time loop from the reserve -> the gradients its products read.  Scratch
@@ -402,62 +414,70 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                     zoneout.add_carry(dh, carry)
         return grad
 
-    def gradients(layer, d, x_l, grad, dx_part):
+    def gradients(layer, d, x_l, grad, dx_part, i=0, pieces=1):
         """Pass 2 of direction d: its weight gradients, single big products over all steps and rows, and its
-        part of dx (dx_part [T*B, I_l])."""
+        part of dx (dx_part [T*B, I_l]); with `pieces`, only slice i of each product's rows (gate units, rows of
+        dx, projected units), so that each thread of a call makes one slice (one BLAS thread each)."""
         dgx, dgh, hp, dv_acc, dh_all, qs = grad
         p = layer * D + d
         lp, dlp = layers[p], dlayers[p]
         I_l = x_l.shape[2]
         gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
+        g, r = _part(G * H, i, pieces), _part(T * B, i, pieces)     # this piece's gate units, dx rows
         if lp.W is not None:
-            np.matmul(gx2.T, x_l.reshape(T * B, I_l), out=dlp.W)
-            np.matmul(gx2, lp.W, out=dx_part)
+            np.matmul(gx2[:, g].T, x_l.reshape(T * B, I_l), out=dlp.W[g])
+            np.matmul(gx2[r], lp.W, out=dx_part[r])
         else:                                                # skip_input: x reached every gate as it is
-            np.sum(dgx.reshape(T * B, G, H), axis=1, out=dx_part)
+            np.sum(dgx.reshape(T * B, G, H)[r], axis=1, out=dx_part[r])
         if cfg.cell.modulated:                               # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
-            dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
-            dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
+            if i == 0:
+                dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
+                dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
         elif cfg.cell.diagonal:                              # du_g = sum over t, b of dgh_g ⊙ h_prev
-            diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
+            if i == 0:
+                diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
         else:
-            np.matmul(gh2.T, hp.reshape(T * B, P), out=dlp.R)
+            np.matmul(gh2[:, g].T, hp.reshape(T * B, P), out=dlp.R[g])
         if gx2.shape[1] > 1:                                # (one column: NumPy sums pairwise, not row by row)
-            bias_sums(gx2, gh2, dlp.bW, dlp.bR)
-        else:
+            bias_sums(gx2, gh2, dlp.bW, dlp.bR, g.start, g.stop)
+        elif i == 0:
             np.sum(gx2, axis=0, out=dlp.bW)
             np.sum(gh2, axis=0, out=dlp.bR)
         if cfg.has_proj:
-            np.matmul(dh_all.reshape(T * B, P).T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj)
-        if lp.V is not None:
+            q = _part(P, i, pieces)
+            np.matmul(dh_all.reshape(T * B, P)[:, q].T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj[q])
+        if lp.V is not None and i == 0:
             np.sum(dv_acc, axis=0, out=dlp.V)
 
-    dy_l = dy
-    for layer in reversed(range(cfg.L)):
-        x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
-        y = saved[f"y{layer}"]
-        I_l = x_l.shape[2]
-        # [T, B, I_l] the sum over directions of dgx @ W: returned for layer 0, else the next layer's dy
-        # (scratch named by parity: layer l reads dy_l, layer l+1's dx, while it writes its own)
-        dx_l = np.empty((T, B, I_l), dtype=ct) if layer == 0 else scratch(f"dx{layer % 2}", (T, B, I_l), ct)
-        dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
-        parts = [dx_l.reshape(T * B, I_l), dx_d]             # the first direction writes dx_l
-        if sides[layer]:
-            def direction(d, layer=layer, x_l=x_l, y=y, dy_l=dy_l):
-                gradients(layer, d, x_l, time_loop(layer, d, x_l, y, dy_l, False), parts[d])
-            with threads.serial_blas():
+    # the fused path: BLAS on one thread, the call's threads are numbarnn's (threads.team); the BLAS loops keep
+    # BLAS's own threads (within the call's budget)
+    with threads.serial_blas() if use_fused else contextlib.nullcontext():
+        dy_l = dy
+        for layer in reversed(range(cfg.L)):
+            x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
+            y = saved[f"y{layer}"]
+            I_l = x_l.shape[2]
+            # [T, B, I_l] the sum over directions of dgx @ W: returned for layer 0, else the next layer's dy
+            # (scratch named by parity: layer l reads dy_l, layer l+1's dx, while it writes its own)
+            dx_l = np.empty((T, B, I_l), dtype=ct) if layer == 0 else scratch(f"dx{layer % 2}", (T, B, I_l), ct)
+            dx_d = scratch("dx_d", (T * B, I_l), ct) if D > 1 else None   # [T*B, I_l] the reverse direction's
+            parts = [dx_l.reshape(T * B, I_l), dx_d]             # the first direction writes dx_l
+            if sides[layer]:
+                def direction(d, layer=layer, x_l=x_l, y=y, dy_l=dy_l):
+                    gradients(layer, d, x_l, time_loop(layer, d, x_l, y, dy_l, False), parts[d])
                 threads.side_by_side(functools.partial(direction, 0), functools.partial(direction, 1))
-        else:
-            # pass 1, the time loops of every direction; pass 2, their weight gradients and dx (BLAS): the loops
-            # of a call's top layer then run before any BLAS product of the call (see fused.row_groups)
-            grads = [time_loop(layer, d, x_l, y, dy_l, not blas_used) for d in range(D)]
-            for d, grad in enumerate(grads):
-                gradients(layer, d, x_l, grad, parts[d])
-        if D > 1:
-            dx_l += dx_d.reshape(T, B, I_l)
-        blas_used = True
-        if layer == 0:
-            dx = dx_l
-        else:
-            dy_l = dx_l if keep_scaled is None else dx_l * keep_scaled
+            else:
+                # pass 1, the time loops of every direction (row groups on the call's threads); pass 2, their weight
+                # gradients and dx, each product in slices on the call's threads, one BLAS thread each
+                grads = [time_loop(layer, d, x_l, y, dy_l, True) for d in range(D)]
+                pieces = n_threads if use_fused and T * B * G * H * (2 * I_l + P) >= SPLIT_MIN_MACS else 1
+                for d, grad in enumerate(grads):
+                    threads.team([functools.partial(gradients, layer, d, x_l, grad, parts[d], i, pieces)
+                                  for i in range(pieces)])
+            if D > 1:
+                dx_l += dx_d.reshape(T, B, I_l)
+            if layer == 0:
+                dx = dx_l
+            else:
+                dy_l = dx_l if keep_scaled is None else dx_l * keep_scaled
     return dx, dh0, dc0, dparams

@@ -1,13 +1,16 @@
-"""One thread budget per call: while a cpu-backend call runs, BLAS uses at most the threads numba's loops use.
+"""One thread budget per call: the fused loops run on the caller's count of threads, numbarnn's own, and BLAS
+uses at most that count.
 
-A process holding numbarnn has up to three thread pools: numba's (the fused loops), the BLAS library's that
-NumPy loaded (OpenBLAS: the backward's weight-gradient products, the BLAS loops) and, with PyTorch, torch's.
-The caller chooses one count: ``numba.set_num_threads(n)`` for NumPy callers; inside ``numbarnn.torch``,
-``torch.set_num_threads(n)``, which the modules hand to numba for the call.  `budget` then lowers BLAS's pool
-to that count for the call (through threadpoolctl, which finds the BLAS libraries NumPy loaded) and puts it
-back afterwards: a program that asked for one thread gets one, not one per pool (a training loop on 2 cores
-ran 1.36-1.59x slower than torch.nn with each pool at its default).  Nothing is raised above what it was.
-Without threadpoolctl (an install without the dependency) BLAS keeps its own setting.
+A process holding numbarnn may have three thread pools: numba's, the BLAS library's that NumPy loaded
+(OpenBLAS) and, with PyTorch, torch's.  The caller chooses one count: ``numba.set_num_threads(n)`` for NumPy
+callers; inside ``numbarnn.torch``, ``torch.set_num_threads(n)``, which the modules hand to numba for the call.
+The fused loops split their work over that many threads of numbarnn's own (`team`: the caller's and helpers
+that wait on a lock when idle), and their backward's weight-gradient products run in slices on the same
+threads with BLAS on one thread each (`serial_blas`): no pool is started that would spin after its work on a
+core another pool, or torch's next operation, wants (bench/results/cpu.md).  Elsewhere (the BLAS loops)
+`budget` lowers BLAS's pool to the count for the call (through threadpoolctl, which finds the BLAS libraries
+NumPy loaded) and puts it back afterwards.  Nothing is raised above what it was.  Without threadpoolctl (an
+install without the dependency) BLAS keeps its own setting.
 """
 from __future__ import annotations
 
@@ -107,19 +110,29 @@ def serial_blas():
             lib.set_num_threads(old)
 
 
-_helper: list = []                                 # [the helper thread's executor], made at first use
+_helper: list = []                                 # [the helpers' executor], made at first use, grown on demand
 _helper_lock = threading.Lock()
+_on_helper = threading.local()                     # .yes on numbarnn's helper threads
 
 
-def _helper_executor() -> ThreadPoolExecutor:
+def _helper_executor(workers: int) -> ThreadPoolExecutor:
+    """The helpers' executor, with at least `workers` threads (a larger thread count later makes a larger one:
+    jobs already handed to the old one finish there)."""
     with _helper_lock:
-        if not _helper:
-            _helper.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="numbarnn"))
+        if not _helper or _helper[0]._max_workers < workers:
+            if _helper:
+                _helper.pop().shutdown(wait=False)
+            _helper.append(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="numbarnn",
+                                              initializer=_mark_helper))
     return _helper[0]
 
 
+def _mark_helper() -> None:
+    _on_helper.yes = True
+
+
 def _forget_helper() -> None:
-    """In a forked child: its parent's helper thread does not exist there (a job handed to it would wait forever),
+    """In a forked child: its parent's helper threads do not exist there (a job handed to one would wait forever),
     and the lock may have been held by another thread at the fork; the child makes its own at first use."""
     global _helper_lock
     _helper.clear()
@@ -129,20 +142,38 @@ def _forget_helper() -> None:
 os.register_at_fork(after_in_child=_forget_helper)
 
 
-def side_by_side(first, second):
-    """first() here while second() runs on numbarnn's helper thread (in this thread's settings), both done on
-    return -> (first's result, second's).  For two independent pieces of one call on a call's two threads
-    (the two directions of a layer, network.py): compiled loops release the GIL (`cells.cached_step`) and
-    NumPy's BLAS calls do.  An exception of either is raised here once both have finished."""
+def team(pieces) -> list:
+    """pieces[0]() here while every other piece runs on one of numbarnn's helper threads (in this thread's
+    settings), all finished on return -> their results, in order.  The call's threads, for independent pieces of
+    one call: row groups of a time loop, slices of a product, the two directions of a layer.  Compiled loops
+    release the GIL (`cells.cached_step`), NumPy's BLAS calls do (one BLAS thread each: `serial_blas`).
+
+    Why not numba's parallel loops and BLAS's own threads: each pool's idle workers spin after their work
+    (libgomp's ~3-17 ms after a parallel region, OpenBLAS's ~0.1 s after a product) on the cores the next pool
+    wants; a helper waits on a lock and takes no core (bench/results/cpu.md).  A hand-off costs ~0.1 ms: the
+    callers split only work far larger.  On a helper thread (a piece that asks for a team) the pieces run here,
+    one after the other.  An exception of any piece is raised here once all have finished."""
+    if len(pieces) == 1 or getattr(_on_helper, "yes", False):
+        return [piece() for piece in pieces]
     scope = settings.current()
 
-    def run():
+    def run(piece):
         with settings.override(**scope):
-            return second()
+            return piece()
 
-    later = _helper_executor().submit(run)
+    executor = _helper_executor(len(pieces) - 1)
+    later = [executor.submit(run, piece) for piece in pieces[1:]]
     try:
-        here = first()
+        here = pieces[0]()
     finally:
-        there = later.result()                   # waits (and raises second's error) even when first raised
+        done = [(f.exception(), f) for f in later]   # waits for every piece, even when the first raised
+    for error, _ in done:
+        if error is not None:
+            raise error
+    return [here] + [f.result() for _, f in done]
+
+
+def side_by_side(first, second):
+    """first() here while second() runs on a helper thread (`team` of two) -> (first's result, second's)."""
+    here, there = team([first, second])
     return here, there
