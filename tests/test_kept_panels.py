@@ -191,3 +191,20 @@ def test_same_bits_compares_every_block_bit_for_bit(dtype):
     assert not panels.same_bits(panels.bits(z), panels.bits(nz))
     nan = np.full(a.size, np.nan, dtype)
     assert panels.same_bits(panels.bits(nan), panels.bits(nan.copy()))    # the same NaN bits: the same weights
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_panels_start_at_a_cache_line(kept, monkeypatch):
+    """The packed panels the micro-kernel reads vector by vector, kept or in the workspace's scratch, start at a
+    multiple of 64 bytes (NumPy's 16-byte alignment made every 64-byte load of an AVX-512 host straddle two cache
+    lines); every scratch array of the call too."""
+    from numbarnn.cpu import workspace
+    case = _case(L=2, direction="bidirectional", proj=4, B=3, T=2)
+    with monkeypatch.context() as m:
+        if not kept:
+            m.setattr(panels, "KEEP_ROWS", -1)
+        run_forward(case, "cpu")
+    arrays = [a for k in panels.KEPT._store().values() for layer in k.layers for a in layer if a.size]
+    assert bool(arrays) == kept
+    arrays += [b for b in workspace.POOL._buffers().values() if b.size]
+    assert arrays and all(a.ctypes.data % 64 == 0 for a in arrays)

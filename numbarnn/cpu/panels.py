@@ -28,6 +28,7 @@ import numpy as np
 
 from ..workspace import track
 from .jitcache import njit_cached
+from .workspace import aligned_empty
 
 #: keep the packed panels of calls with at most this many rows (T*B): there packing is >= ~5% of the call
 #: (LSTM H=512: a pack ~1.5 ms, a row's step ~0.13 ms)
@@ -97,7 +98,7 @@ class KeptPanels:
         kept = store.pop(id(owner), None)        # (an entry keeps its owner alive: its id is not reused)
         if kept is None:
             kept = Kept(owner, np.empty_like(bits(params)),
-                        [tuple(np.empty(shape, params.dtype) for shape in layer) for layer in shapes])
+                        [tuple(aligned_empty(shape, params.dtype) for shape in layer) for layer in shapes])
         store[id(owner)] = kept                             # the most recently used, last
         if len(store) > KEEP_CONFIGS:
             store.popitem(last=False)
