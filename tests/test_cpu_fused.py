@@ -261,7 +261,7 @@ def test_backward_on_the_calls_threads(monkeypatch, mode, kw, dtype):
     thread in each (no BLAS pool woken to spin beside the loops): the same gradients as the reference, with a
     projection, GRU's own R-side gradients, skip input, zoneout, three layers."""
     import numba
-    monkeypatch.setattr(network, "SPLIT_MIN_MACS", 0)
+    monkeypatch.setattr(threads, "SPLIT_MIN_MACS", 0)
     _use_row_groups(monkeypatch, 2)
     matmuls, matmul = [], np.matmul
 

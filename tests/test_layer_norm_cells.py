@@ -457,11 +457,13 @@ def test_cpu_fused_forward_agrees_with_the_blas_loop_and_the_reference(monkeypat
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cpu_fused_backward_agrees_with_the_blas_loop_and_the_reference(monkeypatch, cell):
-    """cpu/layer_norm_fused.py's backward time loop, in one row group and in 3 (on the call's threads: the upper
-    layer's, the lower layer's after BLAS in one), gives the BLAS loop's gradients (NUMBARNN_CPU_FUSED=0) to 1e-12
-    and the reference's: H = 9 (a partial column tile), B = 7 with lengths 0 (a partial row tile, rows ending at
-    different steps; groups with no rows), 2 layers, bidirectional."""
-    from numbarnn.cpu import fused, layer_norm, layer_norm_fused
+    """cpu/layer_norm_fused.py's backward time loop, in one row group and in 3 (on the call's threads, every
+    layer's), and its weight-gradient products in slices on two threads, give the BLAS loop's gradients
+    (NUMBARNN_CPU_FUSED=0) to 1e-12 and the reference's: H = 9 (a partial column tile), B = 7 with lengths 0 (a
+    partial row tile, rows ending at different steps; groups with no rows), 2 layers, bidirectional."""
+    import numba
+
+    from numbarnn.cpu import fused, layer_norm, layer_norm_fused, threads
     case = make_rnn_case(rnn_config(2, 9, 5, cell, direction="bidirectional"), 4, 7, [4, 0, 2, 4, 1, 3, 0], seed=4)
     out = run_forward(case, "cpu")
     ran, loop = [], layer_norm_fused.backward_loop
@@ -470,13 +472,19 @@ def test_cpu_fused_backward_agrees_with_the_blas_loop_and_the_reference(monkeypa
     want = run_backward(case, out, "cpu")
     assert ran == []
     monkeypatch.setenv("NUMBARNN_CPU_FUSED", "1")
+    monkeypatch.setattr(threads, "SPLIT_MIN_MACS", 0)
     for groups in (1, 3):
         monkeypatch.setattr(fused, "row_groups", lambda *a, n=groups: n)
-        got = run_backward(case, out, "cpu")
+        old = numba.get_num_threads()
+        numba.set_num_threads(2)
+        try:
+            got = run_backward(case, out, "cpu")
+        finally:
+            numba.set_num_threads(old)
         for a, b in zip(got, want):
             assert relative_error(a, b) < 1e-12
         assert_agrees_with_the_reference(case, out, got)
-    assert ran == [False] * 4 + [True, True, False, False]   # per pseudo-layer, the upper layer's first
+    assert ran == [False] * 4 + [True] * 4               # per pseudo-layer: every layer's loop in groups
     # the row groups run the one group function, each on one of the call's threads
     row_step = layer_norm.backward_loop(case.cfg.cell, "float64")
     assert loop(case.cfg.cell, "float64", True, row_step).group is \

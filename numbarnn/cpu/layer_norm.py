@@ -24,6 +24,7 @@ side by side (each backward step undoes its forward step); the fused time loops 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numba
@@ -462,74 +463,76 @@ def backward(call, x, h0, c0, params, dy, dhT, dcT, reserve, ct, rows):
     all_rows = np.arange(B, dtype=np.int64)                  # [B] the BLAS loop runs every row
     if call.zoneout_active:                                  # zoneout.py: the step gets mask*(dy + dh) in dh
         carry, no_dy = zoneout.backward_buffers(T, B, D, H, ct)   # [B, H], [T, B, D*H]
-    blas_used = False                                        # (row groups only before the first BLAS product)
-    dy_l = dy
-    for layer in reversed(range(cfg.L)):
-        x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
-        x_l = np.ascontiguousarray(x_l)
-        y = saved[f"y{layer}"]
-        I_l = x_l.shape[2]
-        dx_l = np.zeros((T, B, I_l), dtype=ct)
-        for d in range(D):
-            p = layer * D + d
-            lp, dlp = layers[p], dlayers[p]
-            stats = saved[f"lnstat{layer}"][d]
-            rh_raw = saved[f"rh{layer}"][d] if "rh" in cell.layer_norm else none3
-            dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] (t layout)
-            dgh = scratch(f"dgh{d}", (T, B, G * H), ct)       # [T, B, G*H] (s layout) after LN_rh's backward
-            hp = scratch(f"hp{d}", (T, B, H), ct)             # [T, B, H]   h entering step s
-            gains = [_norm(cell, g, n, H, ct) for g in (lp, dlp) for n in ("ln_rh_gain", "ln_c_gain", "ln_c_bias")]
-            # the accumulated gradients by row, summed after the time loop
-            dbR = np.zeros((B, G * H), dtype=ct)                                 # [B, G*H]
-            dgain_r, dgain_c, dbias_c = (np.zeros((B, g.shape[0]), dtype=ct) for g in gains[3:])  # [B, G*H or 0] ..
-            dv_acc = np.zeros((B, V, H), dtype=ct)                               # [B, V, H]
-            if padded:
-                dgx.fill(0)
-            dgh[steps:] = 0
-            hp[steps:] = 0
-            dh = dh0[p]
-            dc = dc0[p] if dc0 is not None else no_c
-            vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
-            dy_step = no_dy if call.zoneout_active else dy_l
-            args = (dy_step, y, h0[p], c0[p] if c0 is not None else no_c, saved[f"acts{layer}"][d],
-                    saved[f"c{layer}"][d] if dc0 is not None else none3, stats, rh_raw, *gains[:3], vec, dh, dc,
-                    dgx)
-            sums = (dbR, dgain_r, dgain_c, dbias_c, dv_acc)
-            if use_fused:                                    # layer_norm_fused.py: one time loop, no BLAS per step
-                layer_norm_fused.backward_direction(call, lp, d, rows, loop, args, dgh, hp, sums, blas_used, ct)
+    # the fused time loops: BLAS on one thread, the call's threads are numbarnn's (threads.team); the BLAS loops
+    # keep BLAS's own threads (within the call's budget)
+    with threads.serial_blas() if use_fused else contextlib.nullcontext():
+        dy_l = dy
+        for layer in reversed(range(cfg.L)):
+            x_l, keep_scaled = backward_input(call, saved, x, layer, ct)   # [T, B, I_l], dropout's factor or None
+            x_l = np.ascontiguousarray(x_l)
+            y = saved[f"y{layer}"]
+            I_l = x_l.shape[2]
+            dx_l = np.zeros((T, B, I_l), dtype=ct)
+            for d in range(D):
+                p = layer * D + d
+                lp, dlp = layers[p], dlayers[p]
+                stats = saved[f"lnstat{layer}"][d]
+                rh_raw = saved[f"rh{layer}"][d] if "rh" in cell.layer_norm else none3
+                dgx = scratch(f"dgx{d}", (T, B, G * H), ct)       # [T, B, G*H] (t layout)
+                dgh = scratch(f"dgh{d}", (T, B, G * H), ct)       # [T, B, G*H] (s layout) after LN_rh's backward
+                hp = scratch(f"hp{d}", (T, B, H), ct)             # [T, B, H]   h entering step s
+                gains = [_norm(cell, g, n, H, ct) for g in (lp, dlp) for n in ("ln_rh_gain", "ln_c_gain", "ln_c_bias")]
+                # the accumulated gradients by row, summed after the time loop
+                dbR = np.zeros((B, G * H), dtype=ct)                                 # [B, G*H]
+                dgain_r, dgain_c, dbias_c = (np.zeros((B, g.shape[0]), dtype=ct) for g in gains[3:])  # [B, G*H or 0] ..
+                dv_acc = np.zeros((B, V, H), dtype=ct)                               # [B, V, H]
+                if padded:
+                    dgx.fill(0)
+                dgh[steps:] = 0
+                hp[steps:] = 0
+                dh = dh0[p]
+                dc = dc0[p] if dc0 is not None else no_c
+                vec = lp.V if lp.V is not None else np.zeros((0, H), dtype=ct)
+                dy_step = no_dy if call.zoneout_active else dy_l
+                args = (dy_step, y, h0[p], c0[p] if c0 is not None else no_c, saved[f"acts{layer}"][d],
+                        saved[f"c{layer}"][d] if dc0 is not None else none3, stats, rh_raw, *gains[:3], vec, dh, dc,
+                        dgx)
+                sums = (dbR, dgain_r, dgain_c, dbias_c, dv_acc)
+                if use_fused:                                    # layer_norm_fused.py: one time loop, no BLAS per step
+                    layer_norm_fused.backward_direction(call, lp, d, rows, loop, args, dgh, hp, sums, ct)
+                else:
+                    # per step dgh_s R (B x G*H x H: G forward steps' product) with BLAS's own rule for its threads
+                    # (within the call's budget): one thread was 10% slower on an idle 2-core machine, the same under
+                    # load (bench/results/cpu.md)
+                    for s in reversed(range(steps)):
+                        if call.zoneout_active:
+                            zoneout.split(s, d, lens, saved[f"zmask{layer}"][d], dy_l, dh, carry)
+                        loop(s, d, lens, all_rows, *args, dgh[s], hp[s], *sums)
+                        np.matmul(dgh[s], lp.R, out=tmp)
+                        np.add(dh, tmp, out=dh)
+                        if call.zoneout_active:
+                            zoneout.add_carry(dh, carry)
+                gx2 = dgx.reshape(T * B, G * H)
+                np.sum(gx2, axis=0, out=dlp.bW)
+                if "wx" in cell.layer_norm:                      # back through LN_wx from the raw W x of the reserve
+                    raw = saved[f"wx{layer}"][d]                 # [T, B, G*H]
+                    st = np.ascontiguousarray(stats[:, :, _columns(cell, "wx"):_columns(cell, "wx") + 2])
+                    input_rows_backward(gx2, raw.reshape(T * B, G * H), st.reshape(T * B, 2),
+                                        lp.norm(cell, "ln_wx_gain"), dlp.norm(cell, "ln_wx_gain"))
+                # the products in slices on the call's threads (threads.matmul; fused: one BLAS thread each)
+                if lp.W is not None:
+                    threads.matmul(gx2.T, x_l.reshape(T * B, I_l), dlp.W)
+                    dx_l += threads.matmul(gx2, lp.W, scratch("dx_part", (T * B, I_l), ct)).reshape(T, B, I_l)
+                else:
+                    dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
+                threads.matmul(dgh.reshape(T * B, G * H).T, hp.reshape(T * B, H), dlp.R)
+                np.sum(dbR, axis=0, out=dlp.bR)
+                for total, by_row in zip(gains[3:], (dgain_r, dgain_c, dbias_c)):
+                    np.sum(by_row, axis=0, out=total)
+                if lp.V is not None:
+                    np.sum(dv_acc, axis=0, out=dlp.V)
+            if layer == 0:
+                dx = dx_l
             else:
-                # per step dgh_s R (B x G*H x H: G forward steps' product) with BLAS's own rule for its threads
-                # (within the call's budget): one thread was 10% slower on an idle 2-core machine, the same under
-                # load (bench/results/cpu.md)
-                for s in reversed(range(steps)):
-                    if call.zoneout_active:
-                        zoneout.split(s, d, lens, saved[f"zmask{layer}"][d], dy_l, dh, carry)
-                    loop(s, d, lens, all_rows, *args, dgh[s], hp[s], *sums)
-                    np.matmul(dgh[s], lp.R, out=tmp)
-                    np.add(dh, tmp, out=dh)
-                    if call.zoneout_active:
-                        zoneout.add_carry(dh, carry)
-            gx2 = dgx.reshape(T * B, G * H)
-            np.sum(gx2, axis=0, out=dlp.bW)
-            if "wx" in cell.layer_norm:                      # back through LN_wx from the raw W x of the reserve
-                raw = saved[f"wx{layer}"][d]                 # [T, B, G*H]
-                st = np.ascontiguousarray(stats[:, :, _columns(cell, "wx"):_columns(cell, "wx") + 2])
-                input_rows_backward(gx2, raw.reshape(T * B, G * H), st.reshape(T * B, 2),
-                                    lp.norm(cell, "ln_wx_gain"), dlp.norm(cell, "ln_wx_gain"))
-            if lp.W is not None:
-                np.matmul(gx2.T, x_l.reshape(T * B, I_l), out=dlp.W)
-                dx_l += (gx2 @ lp.W).reshape(T, B, I_l)
-            else:
-                dx_l += dgx.reshape(T, B, G, H).sum(axis=2)
-            np.matmul(dgh.reshape(T * B, G * H).T, hp.reshape(T * B, H), out=dlp.R)
-            np.sum(dbR, axis=0, out=dlp.bR)
-            for total, by_row in zip(gains[3:], (dgain_r, dgain_c, dbias_c)):
-                np.sum(by_row, axis=0, out=total)
-            if lp.V is not None:
-                np.sum(dv_acc, axis=0, out=dlp.V)
-        blas_used = True
-        if layer == 0:
-            dx = dx_l
-        else:
-            dy_l = dx_l if keep_scaled is None else dx_l * keep_scaled
+                dy_l = dx_l if keep_scaled is None else dx_l * keep_scaled
     return dx, dh0, dc0, dparams

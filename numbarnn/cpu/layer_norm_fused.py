@@ -425,16 +425,16 @@ def backward_loop(cell, compute: str, parallel: bool, row_step):
     return fused.team_loop(group) if parallel else functools.partial(group, 0)
 
 
-def backward_direction(call, lp, d, rows, row_step, args, dgh, hp, sums, blas_used: bool, ct):
+def backward_direction(call, lp, d, rows, row_step, args, dgh, hp, sums, ct):
     """The time loop of one layer and direction of layer_norm.backward (its `args` of the row loop from dy to dgx,
-    its dgh, hp and accumulators `sums`); rows: fused_plan.call_rows(call).  Row groups in parallel only before
-    the backward's first BLAS product (`blas_used` False: see fused.row_groups)."""
+    its dgh, hp and accumulators `sums`), in row groups on the call's threads (`fused.row_groups`); rows:
+    fused_plan.call_rows(call)."""
     B, H, G = call.B, call.config.H, call.config.G
     lens, steps, by_length = rows[:3]
     MV, LANES = fused.COLUMN_VECTORS, microkernel.lanes_for(ct)
     NR = microkernel.rows_for(MV)
     RTp = scratch("fused_RTp", microkernel.panel_shape(cdiv(H, MV * LANES), G * H, MV, ct), ct)   # R by columns
     microkernel.pack_columns(lp.R, RTp)
-    groups = 1 if blas_used else fused.row_groups(B, NR, int(lens.sum()) * G * H * H)
+    groups = fused.row_groups(B, NR, int(lens.sum()) * G * H * H)
     loop = backward_loop(call.config.cell, str(ct), groups > 1, row_step)
     loop(d, lens, fused.group_rows(by_length, groups, NR), steps, *args, dgh, hp, *sums, RTp)

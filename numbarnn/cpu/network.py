@@ -278,11 +278,6 @@ def bias_sums(
             dbR[c] += gh[r, c]
 
 
-#: a layer's weight-gradient products of fewer multiply-adds than this run on the caller alone: handing slices
-#: to the helpers costs ~0.1 ms
-SPLIT_MIN_MACS = 1 << 24
-
-
 def _part(n: int, i: int, pieces: int) -> slice:
     """Slice i of `pieces` near-equal slices of range(n)."""
     return slice(n * i // pieces, n * (i + 1) // pieces)
@@ -470,7 +465,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 # pass 1, the time loops of every direction (row groups on the call's threads); pass 2, their weight
                 # gradients and dx, each product in slices on the call's threads, one BLAS thread each
                 grads = [time_loop(layer, d, x_l, y, dy_l, True) for d in range(D)]
-                pieces = n_threads if use_fused and T * B * G * H * (2 * I_l + P) >= SPLIT_MIN_MACS else 1
+                pieces = n_threads if use_fused and T * B * G * H * (2 * I_l + P) >= threads.SPLIT_MIN_MACS else 1
                 for d, grad in enumerate(grads):
                     threads.team([functools.partial(gradients, layer, d, x_l, grad, parts[d], i, pieces)
                                   for i in range(pieces)])

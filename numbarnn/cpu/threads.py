@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
+import numpy as np
 
 from .. import settings
 
@@ -171,6 +172,25 @@ def team(pieces) -> list:
         if error is not None:
             raise error
     return [here] + [f.result() for _, f in done]
+
+
+#: a product of fewer multiply-adds than this `matmul` makes on the caller alone (a hand-off costs ~0.1 ms)
+SPLIT_MIN_MACS = 1 << 24
+
+
+def matmul(a, b, out):
+    """out [M, N] = a [M, K] @ b [K, N]: inside `serial_blas`, in slices of out's rows, one per thread of the call
+    (`team`), each on one BLAS thread; elsewhere, or below SPLIT_MIN_MACS, one product on the caller (BLAS's own
+    threads, within the budget)."""
+    M = out.shape[0]
+    big = M * a.shape[1] * out.shape[1] >= SPLIT_MIN_MACS
+    pieces = num_threads() if big and all(lib.num_threads == 1 for lib in _blas_libraries()) else 1
+
+    def piece(i):
+        rows = slice(M * i // pieces, M * (i + 1) // pieces)
+        np.matmul(a[rows], b, out=out[rows])
+    team([functools.partial(piece, i) for i in range(pieces)])
+    return out
 
 
 def side_by_side(first, second):
