@@ -11,6 +11,7 @@ contrib cells through ops.cudnn_rnn_backprop_v3(backend="cpu"), and the default 
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -580,6 +581,68 @@ def test_side_by_side_runs_the_second_piece_on_the_helper_in_the_callers_setting
     assert finished == [True]                           # the helper's piece had finished before the raise
     with pytest.raises(ZeroDivisionError):
         threads.side_by_side(lambda: None, lambda: 1 / 0)
+
+
+def test_team_runs_its_pieces_at_once_on_as_many_threads():
+    """threads.team: pieces[0] on the caller, every other on a helper of its own, all at once (a barrier of all
+    pieces would time out otherwise), results in order, however many pieces (the helpers grow); a piece that asks
+    for a team runs its pieces itself (a helper waiting on helpers could wait forever); the first error raised
+    once every piece finished."""
+    from numbarnn.cpu import threads
+    for n in (2, 4, 3):
+        barrier = threading.Barrier(n, timeout=30)
+
+        def piece(i, barrier=barrier):
+            barrier.wait()
+            return i, threading.current_thread().name
+
+        got = threads.team([functools.partial(piece, i) for i in range(n)])
+        assert [i for i, _ in got] == list(range(n))
+        names = [name for _, name in got]
+        assert names[0] == threading.current_thread().name and len(set(names)) == n
+        assert all(name.startswith("numbarnn") for name in names[1:])
+
+    def nested():
+        return threads.team([threading.current_thread, threading.current_thread])
+
+    inner = threads.team([lambda: None, nested])[1]
+    assert inner[0] is inner[1] and inner[0].name.startswith("numbarnn")
+    finished = []
+
+    def slow():
+        time.sleep(0.05)
+        finished.append(True)
+
+    with pytest.raises(KeyError):
+        threads.team([slow, lambda: {}["x"], slow])
+    assert finished == [True, True]
+
+
+def test_matmul_in_slices_on_the_calls_threads(monkeypatch):
+    """threads.matmul: inside serial_blas, a product in row slices on the call's threads, the same values as one
+    product (a transposed operand too); outside, or small, one product on the caller."""
+    import numba
+
+    from numbarnn.cpu import threads
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((37, 300)), rng.standard_normal((37, 11))
+    pieces = []
+    team = threads.team
+    monkeypatch.setattr(threads, "team", lambda p: pieces.append(len(p)) or team(p))
+    monkeypatch.setattr(threads, "SPLIT_MIN_MACS", 0)
+    old = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        with threads.serial_blas():
+            out = threads.matmul(a.T, b, np.full((300, 11), np.nan))
+        np.testing.assert_allclose(out, a.T @ b, rtol=1e-13, atol=1e-13)
+        threads.matmul(a.T, b, out)
+    finally:
+        numba.set_num_threads(old)
+    monkeypatch.setattr(threads, "SPLIT_MIN_MACS", 1 << 40)
+    with threads.serial_blas():
+        threads.matmul(a.T, b, out)
+    assert pieces == [2, 1 if any(lib.num_threads > 1 for lib in threads._blas_libraries()) else 2, 1]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")

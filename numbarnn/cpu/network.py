@@ -278,11 +278,6 @@ def bias_sums(
             dbR[c] += gh[r, c]
 
 
-def _part(n: int, i: int, pieces: int) -> slice:
-    """Slice i of `pieces` near-equal slices of range(n)."""
-    return slice(n * i // pieces, n * (i + 1) // pieces)
-
-
 def _no_dv(B: int, H: int, ct) -> np.ndarray:
     """dv_acc [B, 0, H] of a cell without vectors (empty: never read or written)."""
     return np.zeros((B, 0, H), ct)
@@ -418,19 +413,17 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
         lp, dlp = layers[p], dlayers[p]
         I_l = x_l.shape[2]
         gx2, gh2 = dgx.reshape(T * B, G * H), dgh.reshape(T * B, G * H)
-        g, r = _part(G * H, i, pieces), _part(T * B, i, pieces)     # this piece's gate units, dx rows
+        g, r = threads.part(G * H, i, pieces), threads.part(T * B, i, pieces)   # its gate units, dx rows
         if lp.W is not None:
             np.matmul(gx2[:, g].T, x_l.reshape(T * B, I_l), out=dlp.W[g])
             np.matmul(gx2[r], lp.W, out=dx_part[r])
         else:                                                # skip_input: x reached every gate as it is
             np.sum(dgx.reshape(T * B, G, H)[r], axis=1, out=dx_part[r])
         if cfg.cell.modulated:                               # dR_1 = dgh_1^T h_prev, dR_2 = dgh_2^T (m ⊙ h_prev)
-            if i == 0:
-                dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)
-                dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)
-        elif cfg.cell.diagonal:                              # du_g = sum over t, b of dgh_g ⊙ h_prev
-            if i == 0:
-                diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
+            dlp.R[rows1] = modulated.columns(gh2, rows1).T @ hp.reshape(T * B, P)   # (never in slices: the BLAS
+            dlp.R[rows2] = modulated.columns(gh2, rows2).T @ qs.reshape(T * B, H)   # loops make one piece)
+        elif cfg.cell.diagonal:                              # du_g = sum over t, b of dgh_g ⊙ h_prev (likewise)
+            diagonal.gradient(gh2, hp.reshape(T * B, P), dlp.R)
         else:
             np.matmul(gh2[:, g].T, hp.reshape(T * B, P), out=dlp.R[g])
         if gx2.shape[1] > 1:                                # (one column: NumPy sums pairwise, not row by row)
@@ -439,7 +432,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
             np.sum(gx2, axis=0, out=dlp.bW)
             np.sum(gh2, axis=0, out=dlp.bR)
         if cfg.has_proj:
-            q = _part(P, i, pieces)
+            q = threads.part(P, i, pieces)
             np.matmul(dh_all.reshape(T * B, P)[:, q].T, saved[f"m{layer}"][d].reshape(T * B, H), out=dlp.W_proj[q])
         if lp.V is not None and i == 0:
             np.sum(dv_acc, axis=0, out=dlp.V)

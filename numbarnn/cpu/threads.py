@@ -98,7 +98,8 @@ def within_budget(fn):
 
 @contextlib.contextmanager
 def serial_blas():
-    """BLAS on one thread inside the block: for loops of small per-step products (a modulated cell's two per step,
+    """BLAS on one thread inside the block: where a call's threads are numbarnn's (`team`, `matmul`: each slice of
+    a product on one BLAS thread), and in loops of small per-step products (a modulated cell's two per step,
     cpu/modulated.py), where waking BLAS's other threads at every product cost more than they gave (measured on
     2 shared cores: a [256, 256] x [256, 32] float32 product 0.1-0.3 ms on one thread, several ms on two)."""
     lowered = [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > 1]
@@ -111,7 +112,7 @@ def serial_blas():
             lib.set_num_threads(old)
 
 
-_helper: list = []                                 # [the helpers' executor], made at first use, grown on demand
+_helper: list = []                                 # [(the helpers' executor, its threads)], made at first use
 _helper_lock = threading.Lock()
 _on_helper = threading.local()                     # .yes on numbarnn's helper threads
 
@@ -120,12 +121,12 @@ def _helper_executor(workers: int) -> ThreadPoolExecutor:
     """The helpers' executor, with at least `workers` threads (a larger thread count later makes a larger one:
     jobs already handed to the old one finish there)."""
     with _helper_lock:
-        if not _helper or _helper[0]._max_workers < workers:
+        if not _helper or _helper[0][1] < workers:
             if _helper:
-                _helper.pop().shutdown(wait=False)
-            _helper.append(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="numbarnn",
-                                              initializer=_mark_helper))
-    return _helper[0]
+                _helper.pop()[0].shutdown(wait=False)
+            _helper.append((ThreadPoolExecutor(max_workers=workers, thread_name_prefix="numbarnn",
+                                               initializer=_mark_helper), workers))
+        return _helper[0][0]
 
 
 def _mark_helper() -> None:
@@ -174,6 +175,11 @@ def team(pieces) -> list:
     return [here] + [f.result() for _, f in done]
 
 
+def part(n: int, i: int, pieces: int) -> slice:
+    """Slice i of `pieces` near-equal slices of range(n): a thread's share of rows or columns."""
+    return slice(n * i // pieces, n * (i + 1) // pieces)
+
+
 #: a product of fewer multiply-adds than this `matmul` makes on the caller alone (a hand-off costs ~0.1 ms)
 SPLIT_MIN_MACS = 1 << 24
 
@@ -187,7 +193,7 @@ def matmul(a, b, out):
     pieces = num_threads() if big and all(lib.num_threads == 1 for lib in _blas_libraries()) else 1
 
     def piece(i):
-        rows = slice(M * i // pieces, M * (i + 1) // pieces)
+        rows = part(M, i, pieces)
         np.matmul(a[rows], b, out=out[rows])
     team([functools.partial(piece, i) for i in range(pieces)])
     return out
