@@ -25,7 +25,7 @@ from numbarnn.config import RNNConfig
 import numbarnn.contrib.gru_v1, numbarnn.contrib.indrnn, numbarnn.contrib.mgu  # (register the contrib cells)
 import numbarnn.contrib.layer_norm_gru, numbarnn.contrib.layer_norm_lstm, numbarnn.contrib.peephole_lstm
 mode, dtype, order = sys.argv[1], np.dtype(sys.argv[2]).type, sys.argv[3]
-SHAPES = {"serial": (4, 3, 5), "parallel": (40, 16, 256)}     # (T, B, H): 40*16 rows x 4*256*512 MACs > 2^28
+SHAPES = {"serial": (4, 3, 5), "parallel": (40, 16, 256)}     # (T, B, H): 40*16 rows x 4*256*512 MACs > 2^24
 out = {}
 for kind in order.split(","):
     T, B, H = SHAPES[kind]

@@ -38,7 +38,7 @@ way in, results once on the way out; the reserve is stored in the call's dtype, 
 
 Threads: the fused loops split the batch rows over the caller's count of threads (``numba.set_num_threads(n)``
 at run time or NUMBA_NUM_THREADS before import; default: all cores; in numbarnn.torch torch's count), each
-thread its own time loop (`fused.row_groups`), for calls of 2^28 multiply-adds or more (smaller calls run on one
+thread its own time loop (`fused.row_groups`), for calls of 2^24 multiply-adds or more (smaller calls run on one
 thread).  The threads are numbarnn's own (`threads.team`: the caller's and helpers idle on a lock), not numba's
 parallel loops: libgomp's workers spin for milliseconds after a parallel region, OpenBLAS's ~0.1 s after a
 product, each on the core the next pool wants.  The fused backward's weight gradients run in slices on the same

@@ -272,7 +272,7 @@ def _groups_at(fn) -> int:
 
 
 #: a call (one layer and direction) of fewer multiply-adds than this runs serially (one row group)
-PARALLEL_MIN_MACS = 1 << 28
+PARALLEL_MIN_MACS = 1 << 24
 
 
 def row_groups(B: int, NR: int, macs: int) -> int:
