@@ -618,6 +618,28 @@ def test_team_runs_its_pieces_at_once_on_as_many_threads():
     assert finished == [True, True]
 
 
+def test_helpers_leave_blas_alone():
+    """budget and serial_blas change nothing on a helper thread: threadpoolctl lets only the first thread that sets
+    OpenBLAS's count change it while that thread lives, and a helper lives as long as the process."""
+    from numbarnn.cpu import threads
+    libs = threads._blas_libraries()
+    calls = []
+
+    def watch():
+        for lib in libs:
+            real = lib.set_num_threads
+            lib.set_num_threads = lambda n, real=real: calls.append(n) or real(n)
+        try:
+            with threads.serial_blas():
+                with threads.budget():
+                    pass
+        finally:
+            for lib in libs:
+                del lib.set_num_threads
+    threads.team([lambda: None, watch])
+    assert calls == []
+
+
 def test_matmul_in_slices_on_the_calls_threads(monkeypatch):
     """threads.matmul: inside serial_blas, a product in row slices on the call's threads, the same values as one
     product (a transposed operand too); outside, or small, one product on the caller."""

@@ -291,6 +291,44 @@ def test_backward_on_the_calls_threads(monkeypatch, mode, kw, dtype):
     assert any(name.startswith("numbarnn") for name, _ in matmuls)
 
 
+def test_two_callers_share_the_helpers(monkeypatch):
+    """Two threads of a program calling at once, each call in row groups (and product slices where the thread may
+    set BLAS to one thread: threadpoolctl lets one thread do so) on the helpers, which the two calls share, one
+    piece after another: each gets what it gets alone (to rounding: the products' slicing moves bits)."""
+    import numba
+    monkeypatch.setattr(threads, "SPLIT_MIN_MACS", 0)
+    _use_row_groups(monkeypatch, 2)
+    cases = [_wide_case("lstm", np.float32, num_proj=5), _wide_case("gru", np.float64, layers=3)]
+    old = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        def both(case):
+            fwd = run_forward(case, "cpu")
+            return named(fwd, run_backward(case, fwd, "cpu"))
+        alone = [both(case) for case in cases]
+        got, errors = [[], []], []
+
+        def caller(k):
+            try:
+                numba.set_num_threads(2)                 # (numba's count is per thread)
+                for _ in range(3):
+                    got[k].append(both(cases[k]))
+            except BaseException as e:                   # noqa: BLE001  (reported below)
+                errors.append(e)
+        workers = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+    finally:
+        numba.set_num_threads(old)
+    assert not errors and all(len(g) == 3 for g in got)
+    for k in range(2):
+        for run in got[k]:
+            for name, a in alone[k].items():
+                assert relative_error(run[name], a) < (1e-6 if a.dtype == np.float32 else 1e-13), (k, name)
+
+
 def _count_helpers(monkeypatch) -> list:
     """From now on every piece `threads.team` hands to a helper records the helper thread's name in the list."""
     team = threads.team

@@ -458,7 +458,8 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 # pass 1, the time loops of every direction (row groups on the call's threads); pass 2, their weight
                 # gradients and dx, each product in slices on the call's threads, one BLAS thread each
                 grads = [time_loop(layer, d, x_l, y, dy_l, True) for d in range(D)]
-                pieces = n_threads if use_fused and T * B * G * H * (2 * I_l + P) >= threads.SPLIT_MIN_MACS else 1
+                big = use_fused and T * B * G * H * (2 * I_l + P) >= threads.SPLIT_MIN_MACS
+                pieces = n_threads if big and threads.blas_serial() else 1
                 for d, grad in enumerate(grads):
                     threads.team([functools.partial(gradients, layer, d, x_l, grad, parts[d], i, pieces)
                                   for i in range(pieces)])

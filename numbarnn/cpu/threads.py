@@ -75,9 +75,11 @@ def set_num_threads(n: int) -> None:
 
 @contextlib.contextmanager
 def budget():
-    """BLAS at most at numba's thread count inside the block (~1 us a library when it already is)."""
+    """BLAS at most at numba's thread count inside the block (~1 us a library when it already is); nothing on a
+    helper thread (its caller set what the call uses: a helper that touched OpenBLAS's count would become the one
+    thread threadpoolctl lets change it, for the life of the process)."""
     n = num_threads()
-    lowered = [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > n]
+    lowered = [] if _helping() else [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > n]
     for lib, _ in lowered:
         lib.set_num_threads(n)
     try:
@@ -101,8 +103,10 @@ def serial_blas():
     """BLAS on one thread inside the block: where a call's threads are numbarnn's (`team`, `matmul`: each slice of
     a product on one BLAS thread), and in loops of small per-step products (a modulated cell's two per step,
     cpu/modulated.py), where waking BLAS's other threads at every product cost more than they gave (measured on
-    2 shared cores: a [256, 256] x [256, 32] float32 product 0.1-0.3 ms on one thread, several ms on two)."""
-    lowered = [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > 1]
+    2 shared cores: a [256, 256] x [256, 32] float32 product 0.1-0.3 ms on one thread, several ms on two).
+    OpenBLAS's count is the process's, and threadpoolctl lets only one thread change it (the first that did, while
+    it lives): elsewhere the block changes nothing, and `blas_serial` says so; on a helper thread, as `budget`."""
+    lowered = [] if _helping() else [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > 1]
     for lib, _ in lowered:
         lib.set_num_threads(1)
     try:
@@ -133,6 +137,11 @@ def _mark_helper() -> None:
     _on_helper.yes = True
 
 
+def _helping() -> bool:
+    """Whether this thread is one of numbarnn's helpers."""
+    return getattr(_on_helper, "yes", False)
+
+
 def _forget_helper() -> None:
     """In a forked child: its parent's helper threads do not exist there (a job handed to one would wait forever),
     and the lock may have been held by another thread at the fork; the child makes its own at first use."""
@@ -155,7 +164,7 @@ def team(pieces) -> list:
     wants; a helper waits on a lock and takes no core (bench/results/cpu.md).  A hand-off costs ~0.1 ms: the
     callers split only work far larger.  On a helper thread (a piece that asks for a team) the pieces run here,
     one after the other.  An exception of any piece is raised here once all have finished."""
-    if len(pieces) == 1 or getattr(_on_helper, "yes", False):
+    if len(pieces) == 1 or _helping():
         return [piece() for piece in pieces]
     scope = settings.current()
 
@@ -180,6 +189,12 @@ def part(n: int, i: int, pieces: int) -> slice:
     return slice(n * i // pieces, n * (i + 1) // pieces)
 
 
+def blas_serial() -> bool:
+    """Whether BLAS runs on one thread now (inside `serial_blas`, where this thread may change it), so that slices
+    of products on the call's threads do not multiply BLAS's threads."""
+    return all(lib.num_threads == 1 for lib in _blas_libraries())
+
+
 #: a product of fewer multiply-adds than this `matmul` makes on the caller alone (a hand-off costs ~0.1 ms)
 SPLIT_MIN_MACS = 1 << 24
 
@@ -189,8 +204,7 @@ def matmul(a, b, out):
     (`team`), each on one BLAS thread; elsewhere, or below SPLIT_MIN_MACS, one product on the caller (BLAS's own
     threads, within the budget)."""
     M = out.shape[0]
-    big = M * a.shape[1] * out.shape[1] >= SPLIT_MIN_MACS
-    pieces = num_threads() if big and all(lib.num_threads == 1 for lib in _blas_libraries()) else 1
+    pieces = num_threads() if M * a.shape[1] * out.shape[1] >= SPLIT_MIN_MACS and blas_serial() else 1
 
     def piece(i):
         rows = part(M, i, pieces)
