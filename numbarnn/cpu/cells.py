@@ -200,7 +200,7 @@ def cached_step(step, parallel: bool, pointwise_fn, G: int, S: int, VL: int, U: 
     Each variant gets its own qualified name (`variant_name`).  error_model="numpy": x / 0 gives inf/nan as in
     NumPy; numba's default ZeroDivisionError check would keep the pointwise loops from vectorizing.  fastmath:
     numba's flag (the row reductions' {"reassoc"}: sums that vectorize).  nogil: a loop releases the GIL, so two
-    pieces of one call can run on two Python threads (`threads.side_by_side`)."""
+    pieces of one call can run on several Python threads (`threads.team`)."""
     for name, value in zip(step.__code__.co_freevars, step.__closure__ or ()):
         if not _plain(value.cell_contents):
             raise TypeError(f"{step.__qualname__}: its closure value {name!r} is a "

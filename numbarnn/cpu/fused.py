@@ -58,7 +58,7 @@ lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = 
 
 def _forward_key(cell, compute: str, has_proj: bool) -> str:
     """The fingerprint of forward_group's variant: the cell's and library's code (cells.variant_key), the vector
-    width and the tiles (a parallel loop links the group's machine code: its key extends this one)."""
+    width and the tiles."""
     return (cells.variant_key(cell, compute, has_proj, False)
             + f"fused {lanes_for(compute)} {tile_shape(cell.G)} {COLUMN_VECTORS}")
 
@@ -77,7 +77,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     the projected h).  Each is a branch per row of a tile, never per lane, so one compiled loop serves training
     and inference, with or without skip input or zoneout (a cold compile takes seconds a variant).  The
     projection stays a compile-time choice: it brings a second micro-kernel (`tile_q`), whose machine code would
-    lengthen every parallel loop's first compile."""
+    lengthen every loop's first compile."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
@@ -485,7 +485,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
         dyo,      # [T, B, D*P]   zoneout: the gradient reaching the layer output (else dy)
         carry,    # [B, P]        zoneout: (1-mask)*(dy + dh) of the step, bypassing the cell (else empty)
     ):
-        KEY  # noqa: B018  (the variant's fingerprint, see forward_loop)
+        KEY  # noqa: B018  (the variant's fingerprint, see forward_group)
         B = dh.shape[0]
         P = dh.shape[1]
         K = RTp.shape[2]

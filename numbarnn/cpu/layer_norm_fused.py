@@ -358,7 +358,7 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, wx_raw, rh_ra
 # ---------------------------------------------------------------------------------------------------------------
 
 def _backward_key(cell, compute: str) -> str:
-    """The fingerprint of backward_group's variant (the parallel loop's extends it, as fused._backward_key's)."""
+    """The fingerprint of backward_group's variant (as fused._backward_key)."""
     return _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(fused.COLUMN_VECTORS)} " \
         f"{fused.COLUMN_VECTORS}"
 

@@ -317,8 +317,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
     if call.zoneout_active:                                  # zoneout.py: the cell step gets mask*(dy + dh) in dh
         _, no_dy = zoneout.backward_buffers(T, B, D, P, ct)   # [T, B, D*P] zeros: the step's dy
     # per layer: its two directions side by side, each its time loop and its products on one thread
-    n_threads = threads.num_threads()
-    sides = fused_plan.layer_sides(call, n_threads, bool(use_fused and settings.get("cpu_side_by_side")))
+    sides = fused_plan.layer_sides(call, threads.num_threads(), bool(use_fused and settings.get("cpu_side_by_side")))
 
     def time_loop(layer, d, x_l, y, dy_l, grouped):
         """Pass 1 of direction d: its time loop from the reserve -> the gradients its products read.  Scratch
@@ -458,8 +457,7 @@ def backward(call: RNNCall, x, h0, c0, params, dy, dhT, dcT, reserve, ct):
                 # pass 1, the time loops of every direction (row groups on the call's threads); pass 2, their weight
                 # gradients and dx, each product in slices on the call's threads, one BLAS thread each
                 grads = [time_loop(layer, d, x_l, y, dy_l, True) for d in range(D)]
-                big = use_fused and T * B * G * H * (2 * I_l + P) >= threads.SPLIT_MIN_MACS
-                pieces = n_threads if big and threads.blas_serial() else 1
+                pieces = threads.pieces_for(T * B * G * H * (2 * I_l + P)) if use_fused else 1
                 for d, grad in enumerate(grads):
                     threads.team([functools.partial(gradients, layer, d, x_l, grad, parts[d], i, pieces)
                                   for i in range(pieces)])

@@ -74,11 +74,10 @@ def set_num_threads(n: int) -> None:
 
 
 @contextlib.contextmanager
-def budget():
-    """BLAS at most at numba's thread count inside the block (~1 us a library when it already is); nothing on a
-    helper thread (its caller set what the call uses: a helper that touched OpenBLAS's count would become the one
+def _blas_at_most(n: int):
+    """BLAS at most at n threads inside the block, put back after (~1 us a library when it already is); nothing on
+    a helper thread (its caller set what the call uses: a helper that touched OpenBLAS's count would become the one
     thread threadpoolctl lets change it, for the life of the process)."""
-    n = num_threads()
     lowered = [] if _helping() else [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > n]
     for lib, _ in lowered:
         lib.set_num_threads(n)
@@ -87,6 +86,11 @@ def budget():
     finally:
         for lib, old in lowered:
             lib.set_num_threads(old)
+
+
+def budget():
+    """BLAS at most at numba's thread count inside the block (`_blas_at_most`)."""
+    return _blas_at_most(num_threads())
 
 
 def within_budget(fn):
@@ -98,22 +102,14 @@ def within_budget(fn):
     return call
 
 
-@contextlib.contextmanager
 def serial_blas():
     """BLAS on one thread inside the block: where a call's threads are numbarnn's (`team`, `matmul`: each slice of
     a product on one BLAS thread), and in loops of small per-step products (a modulated cell's two per step,
     cpu/modulated.py), where waking BLAS's other threads at every product cost more than they gave (measured on
     2 shared cores: a [256, 256] x [256, 32] float32 product 0.1-0.3 ms on one thread, several ms on two).
     OpenBLAS's count is the process's, and threadpoolctl lets only one thread change it (the first that did, while
-    it lives): elsewhere the block changes nothing, and `blas_serial` says so; on a helper thread, as `budget`."""
-    lowered = [] if _helping() else [(lib, lib.num_threads) for lib in _blas_libraries() if lib.num_threads > 1]
-    for lib, _ in lowered:
-        lib.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for lib, old in lowered:
-            lib.set_num_threads(old)
+    it lives): elsewhere the block changes nothing, and `blas_serial` says so; nor on a helper (`_blas_at_most`)."""
+    return _blas_at_most(1)
 
 
 _helper: list = []                                 # [(the helpers' executor, its threads)], made at first use
@@ -195,8 +191,14 @@ def blas_serial() -> bool:
     return all(lib.num_threads == 1 for lib in _blas_libraries())
 
 
-#: a product of fewer multiply-adds than this `matmul` makes on the caller alone (a hand-off costs ~0.1 ms)
+#: products of fewer multiply-adds than this are made on the caller alone (a hand-off costs ~0.1 ms)
 SPLIT_MIN_MACS = 1 << 24
+
+
+def pieces_for(macs: int) -> int:
+    """Into how many slices, one per thread of the call, to cut products of `macs` multiply-adds: the call's
+    threads where BLAS is at one thread now (`blas_serial`) and the products are big enough, else 1."""
+    return num_threads() if macs >= SPLIT_MIN_MACS and blas_serial() else 1
 
 
 def matmul(a, b, out):
@@ -204,7 +206,7 @@ def matmul(a, b, out):
     (`team`), each on one BLAS thread; elsewhere, or below SPLIT_MIN_MACS, one product on the caller (BLAS's own
     threads, within the budget)."""
     M = out.shape[0]
-    pieces = num_threads() if M * a.shape[1] * out.shape[1] >= SPLIT_MIN_MACS and blas_serial() else 1
+    pieces = pieces_for(M * a.shape[1] * out.shape[1])
 
     def piece(i):
         rows = part(M, i, pieces)
