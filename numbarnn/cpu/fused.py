@@ -179,7 +179,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                             for r in range(NR):
                                 q = r * LANES
                                 wx[g, q:q + LANES] = zero
-                                load(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu)
+                                load_lanes(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu, LANES)
                                 accumulate(wx[g, q:q + LANES], bW[jt, g], LANES)
                     else:
                         tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
@@ -195,16 +195,16 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        store_lanes(acts, cs, cbuf, saved, c_out, t, b, q, j0, nu, H, S, STATE, save)
+                        store_lanes(acts, cs, cbuf, saved, c_out, t, b, q, j0, nu, H, S, STATE, save, LANES)
                         if PROJ:
-                            load(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu)
+                            load_lanes(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
                             if save:
-                                load(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu)
+                                load_lanes(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
                         else:
                             if zone != ZONE_NONE:            # h' of zoneout, in place of h_new
                                 zone_lanes(zone, zp, zin, zmask, t, b, j0, nu, h_prev[q:q + nu], m_out[q:q + nu])
-                            load(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu)
-                            load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                            load_lanes(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                            load_lanes(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
             if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
                 for i0 in range(grp * NR, n, groups * NR):
                     for r in range(NR):
@@ -224,9 +224,9 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                                     if zone != ZONE_NONE:    # h' of zoneout: of the projected h
                                         zone_lanes(zone, zp, zin, zmask, t, b, c0, nc, hbuf[cur, b, c0:c0 + nc],
                                                    q_out[mq, r * LANES:r * LANES + nc])
-                                    load(hbuf[nxt, b, c0:c0 + nc], q_out[mq, r * LANES:r * LANES + nc], nc)
-                                    load(y[t, b, d * P + c0:d * P + c0 + nc], q_out[mq, r * LANES:r * LANES + nc],
-                                         nc)
+                                    qv = q_out[mq, r * LANES:r * LANES + nc]
+                                    load_lanes(hbuf[nxt, b, c0:c0 + nc], qv, nc, LANES)
+                                    load_lanes(y[t, b, d * P + c0:d * P + c0 + nc], qv, nc, LANES)
 
     tile = product_tile(compute, G, NR, LANES, bias=True)
     extra = {"tile_w": tile, "tile_r": tile, "lanes_w": cells.stack_buffer(G * L),
@@ -335,6 +335,31 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
 
 
 @njit(inline="always")
+def load_lanes(dst, src, n, LANES):
+    """dst[:n] = src[:n] for n <= LANES, a compile-time constant: the fused loops' copies of a unit tile's lanes.
+    A copy of n, unknown at compile time, LLVM makes a call of memcpy (8 calls of 32 bytes per row, tile and step in
+    the LSTM's forward; memcpy was ~5% of a training call's time); n == LANES, every tile but a partial last one,
+    is a copy of constant size, which it makes a few vector moves."""
+    if n == LANES:
+        for u in range(LANES):
+            dst[u] = src[u]
+    else:
+        for u in range(n):
+            dst[u] = src[u]
+
+
+@njit(inline="always")
+def accumulate_lanes(dst, src, n, LANES):
+    """dst[:n] += src[:n] for n <= LANES, a compile-time constant (as `load_lanes`: constant size when whole)."""
+    if n == LANES:
+        for u in range(LANES):
+            dst[u] += src[u]
+    else:
+        for u in range(n):
+            dst[u] += src[u]
+
+
+@njit(inline="always")
 def gather_lanes(v, h_prev, c_prev, vec, h, c, rb, j0, V, LANES, READ_H, STATE):
     """The pointwise loop's inputs besides the products, for unit tile j0 (lane r*LANES + u: row rb[r], unit
     j0 + u): the cell vectors from vec [VL, HP]; h from h [B, HP] (zeros unless READ_H); c from c [B, HP] (zeros
@@ -356,17 +381,17 @@ def gather_lanes(v, h_prev, c_prev, vec, h, c, rb, j0, V, LANES, READ_H, STATE):
 
 
 @njit(inline="always")
-def store_lanes(acts, cs, c, saved, c_out, t, b, q, j0, nu, H, S, STATE, save):
+def store_lanes(acts, cs, c, saved, c_out, t, b, q, j0, nu, H, S, STATE, save, LANES):
     """Row b's results of unit tile j0 from its lanes (q ..): the saved values to the reserve's acts [T, B, S*H] at
     [t, b] and c' to the state c [B, HP] and the reserve's cs [T, B, H] (reserve writes only with `save`).  h' and
     y are each loop's own (projection, zoneout, the normalised state)."""
     if save:
         for k in range(S):
-            load(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu)
+            load_lanes(acts[t, b, k * H + j0:k * H + j0 + nu], saved[k, q:q + nu], nu, LANES)
     if STATE:
-        load(c[b, j0:j0 + nu], c_out[q:q + nu], nu)
+        load_lanes(c[b, j0:j0 + nu], c_out[q:q + nu], nu, LANES)
         if save:
-            load(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu)
+            load_lanes(cs[t, b, j0:j0 + nu], c_out[q:q + nu], nu, LANES)
 
 
 @njit(inline="always")
@@ -399,9 +424,9 @@ def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
             nc = min(LANES, width - c0)
             if nc > 0:
                 if add:
-                    accumulate(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc)
+                    accumulate_lanes(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc, LANES)
                 else:
-                    load(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc)
+                    load_lanes(dst[b, c0:c0 + nc], out[m, r * LANES:r * LANES + nc], nc, LANES)
 
 
 @functools.cache

@@ -35,6 +35,7 @@ import numpy as np
 from . import cells, fused, microkernel
 from ..util import cdiv
 from .cells import accumulate, load
+from .fused import load_lanes
 from .workspace import scratch
 
 EPS = 1e-5
@@ -211,9 +212,11 @@ def forward_group(cell, compute: str):
                             nu = min(LANES, H - j0)
                             for g in range(G):
                                 if NWX:
-                                    load(wx_raw[t, b, g * H + j0:g * H + j0 + nu], rw[jt, g, q:q + nu], nu)
+                                    load_lanes(wx_raw[t, b, g * H + j0:g * H + j0 + nu], rw[jt, g, q:q + nu], nu,
+                                               LANES)
                                 if NRH:
-                                    load(rh_raw[t, b, g * H + j0:g * H + j0 + nu], rr[jt, g, q:q + nu], nu)
+                                    load_lanes(rh_raw[t, b, g * H + j0:g * H + j0 + nu], rr[jt, g, q:q + nu], nu,
+                                               LANES)
                 # the cell, unit tile by unit tile
                 for jt in range(NT):
                     j0 = jt * LANES
@@ -233,10 +236,10 @@ def forward_group(cell, compute: str):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        fused.store_lanes(acts, cs, cb, saved, c_out, t, b, q, j0, nu, H, S, STATE, save)
+                        fused.store_lanes(acts, cs, cb, saved, c_out, t, b, q, j0, nu, H, S, STATE, save, LANES)
                         if not NC:
-                            load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
-                            load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                            load_lanes(hb[b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                            load_lanes(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
                     if NC:                           # kept for the output pass (c' zeros past H: `moments`)
                         for r in range(NR):
                             for u in range(nu, LANES):
@@ -267,8 +270,8 @@ def forward_group(cell, compute: str):
                         for r in range(nr):
                             b = rb[r]
                             q = r * LANES
-                            load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
-                            load(y[rt[r], b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                            load_lanes(hb[b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                            load_lanes(y[rt[r], b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
 
     extra = {"tile": microkernel.product_tile(compute, G, NR, LANES),
              "out_fn": cells.njit_function(cell.output, compute) if NC else None,

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import cells, fused, microkernel
 from .cells import load
+from .fused import load_lanes
 from .modulated import gate_rows
 from .workspace import scratch
 
@@ -162,7 +163,7 @@ def forward_group(cell, compute: str):
                     for r in range(nr):
                         q = r * LANES
                         if save:
-                            load(mods[rt[r], rb[r], j0:j0 + nu], m_out[q:q + nu], nu)
+                            load_lanes(mods[rt[r], rb[r], j0:j0 + nu], m_out[q:q + nu], nu, LANES)
                         for u in range(nu):
                             qb[rb[r], j0 + u] = m_out[q + u] * h_prev[q + u]
                 # pass 2: rh_2 and the cell of every unit tile
@@ -185,9 +186,9 @@ def forward_group(cell, compute: str):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
-                        fused.store_lanes(acts, cs, cb, saved, c_out, t, b, q, j0, nu, H, S, STATE, save)
-                        load(hb[b, j0:j0 + nu], m_out[q:q + nu], nu)
-                        load(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu)
+                        fused.store_lanes(acts, cs, cb, saved, c_out, t, b, q, j0, nu, H, S, STATE, save, LANES)
+                        load_lanes(hb[b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                        load_lanes(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
 
     extra = {"tile_w": microkernel.product_tile(compute, G, NR, LANES, bias=True),
              "tile_1": microkernel.product_tile(compute, G1, NR, LANES, bias=True),

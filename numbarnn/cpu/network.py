@@ -267,15 +267,21 @@ def bias_sums(
 ):
     """The bias gradients of columns c0 .. c1 in one compiled call, bit for bit NumPy's `np.sum(g, axis=0)` of a
     C-contiguous [N, C], C > 1 (NumPy adds row after row onto zeros there; a single column it sums pairwise): two
-    NumPy reductions cost ~10 us a tiny call."""
-    dbW[c0:c1] = 0.0
-    dbR[c0:c1] = 0.0
+    NumPy reductions cost ~10 us a tiny call.  The sums and the rows as slices: LLVM vectorises the column loop
+    (indexing dbW[c] and gx[r, c] directly it did not, 9x slower)."""
+    n = c1 - c0
+    sW = dbW[c0:c1]                                          # [n] views of the outputs' columns
+    sR = dbR[c0:c1]
+    sW[:] = 0.0
+    sR[:] = 0.0
     for r in range(gx.shape[0]):
-        for c in range(c0, c1):
-            dbW[c] += gx[r, c]
+        row = gx[r, c0:c1]                                   # [n]
+        for c in range(n):
+            sW[c] += row[c]
     for r in range(gh.shape[0]):
-        for c in range(c0, c1):
-            dbR[c] += gh[r, c]
+        row = gh[r, c0:c1]
+        for c in range(n):
+            sR[c] += row[c]
 
 
 def _no_dv(B: int, H: int, ct) -> np.ndarray:
