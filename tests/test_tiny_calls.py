@@ -167,6 +167,11 @@ def test_bias_sums_bit_for_bit_numpys(ct):
             network.bias_sums(gx, gh, *part, c0, c1)
             for got, want in zip(part, (bW, bR)):
                 assert np.array_equal(got[c0:c1], want[c0:c1]) and np.isnan(np.delete(got, np.s_[c0:c1])).all()
+            # gh the same array as gx (the forward direction without split gates): the same sums in both
+            shared = np.full(C, np.nan, ct), np.full(C, np.nan, ct)
+            network.bias_sums(gx, gx, *shared, c0, c1)
+            for got in shared:
+                assert np.array_equal(got[c0:c1], bW[c0:c1]) and np.isnan(np.delete(got, np.s_[c0:c1])).all()
 
 
 def test_inference_outputs_written_whole_without_zeroing():

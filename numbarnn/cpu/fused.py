@@ -244,7 +244,13 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., save, zone, .., zmask)`` (the
     arguments of `forward_group` after grp) runs every row group of `forward_group`.  Serial: the group
     function itself for group 0 of 1.  Parallel: each group on one of the call's threads (`team_loop`)."""
-    group = forward_group(cell, compute, has_proj)
+    return group_loop(forward_group(cell, compute, has_proj), parallel)
+
+
+def group_loop(group, parallel: bool):
+    """The loop over `group`'s row groups: the group function itself for group 0 of 1, or with `parallel` each
+    group on one of the call's threads (`team_loop`).  Every fused loop family's (this module's,
+    layer_norm_fused's, modulated_fused's)."""
     return team_loop(group) if parallel else functools.partial(group, 0)
 
 
@@ -557,5 +563,4 @@ def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = 
     """The backward of one layer and direction: ``loop(d, lens, groups, ..., dh_all)`` (the arguments of
     `backward_group` after grp) runs every row group (line of `groups`) of `backward_group`: serially its
     function for the one group, in parallel each group on one of the call's threads (`team_loop`)."""
-    group = backward_group(cell, compute, MV, has_proj)
-    return team_loop(group) if parallel else functools.partial(group, 0)
+    return group_loop(backward_group(cell, compute, MV, has_proj), parallel)

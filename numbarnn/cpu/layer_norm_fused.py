@@ -291,8 +291,7 @@ def forward_loop(cell, compute: str, parallel: bool):
     """The fused forward of one layer and direction: ``loop(d, lens, ..., groups)`` (`forward_group`'s arguments
     after grp) runs every row group: serially the group function for group 0 of 1, in parallel each group on one
     of the call's threads (`fused.team_loop`)."""
-    group = forward_group(cell, compute)
-    return fused.team_loop(group) if parallel else functools.partial(group, 0)
+    return fused.group_loop(forward_group(cell, compute), parallel)
 
 
 def supported(call, lp) -> bool:
@@ -424,8 +423,7 @@ def backward_loop(cell, compute: str, parallel: bool, row_step):
     """The fused backward of one layer and direction: ``loop(d, lens, groups, ..., RTp)`` (`backward_group`'s
     arguments after grp) runs every row group, serially or each on one of the call's threads
     (`fused.team_loop`)."""
-    group = backward_group(cell, compute, row_step)
-    return fused.team_loop(group) if parallel else functools.partial(group, 0)
+    return fused.group_loop(backward_group(cell, compute, row_step), parallel)
 
 
 def backward_direction(call, lp, d, rows, row_step, args, dgh, hp, sums, ct):

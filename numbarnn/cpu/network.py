@@ -268,16 +268,20 @@ def bias_sums(
     """The bias gradients of columns c0 .. c1 in one compiled call, bit for bit NumPy's `np.sum(g, axis=0)` of a
     C-contiguous [N, C], C > 1 (NumPy adds row after row onto zeros there; a single column it sums pairwise): two
     NumPy reductions cost ~10 us a tiny call.  The sums and the rows as slices: LLVM vectorises the column loop
-    (indexing dbW[c] and gx[r, c] directly it did not, 9x slower)."""
+    (indexing dbW[c] and gx[r, c] directly it did not, 9x slower).  gh the same memory as gx (network.backward
+    shares them where the R side has no gradient of its own): summed once."""
     n = c1 - c0
     sW = dbW[c0:c1]                                          # [n] views of the outputs' columns
     sR = dbR[c0:c1]
     sW[:] = 0.0
-    sR[:] = 0.0
     for r in range(gx.shape[0]):
         row = gx[r, c0:c1]                                   # [n]
         for c in range(n):
             sW[c] += row[c]
+    if gh.ctypes.data == gx.ctypes.data and gh.shape == gx.shape and gh.strides == gx.strides:
+        sR[:] = sW
+        return
+    sR[:] = 0.0
     for r in range(gh.shape[0]):
         row = gh[r, c0:c1]
         for c in range(n):
