@@ -246,8 +246,9 @@ def cpu_status() -> tuple[bool, str]:
     import numba  # lazy: numba after the simulator switch
 
     from .cpu import microkernel, tuning  # lazy: the cpu backend imports numba
-    shapes = ", ".join(f"{name} {V}x{NR}" for name, G in (("LSTM", 4), ("GRU", 3), ("RNN", 1))
-                       for V, NR in [microkernel.tile_shape(G)])
+    shapes = ", ".join(f"{name} {V}x{NR}" + (f" (wide {V}x{NRW})" if NRW != NR else "")
+                       for name, G in (("LSTM", 4), ("GRU", 3), ("RNN", 1))
+                       for V, NR, NRW in [microkernel.tile_shape(G) + (microkernel.wide_rows(G),)])
     how = "measured here" if tuning.enabled() else "static rule, NUMBARNN_CPU_TUNE=0"
     return True, (f"numbarnn.cpu (numba {numba.__version__}, {numba.get_num_threads()} threads) on "
                   f"{tuning.cpu_model()}, {8 * microkernel.simd_bytes()}-bit vectors; tile shapes V x NR ({how}): {shapes}")

@@ -442,6 +442,66 @@ def _closure(dispatcher) -> dict:
     return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
 
 
+@pytest.mark.parametrize("NRW, NR", [(6, 4), (12, 8), (4, 4), (3, 2)])
+def test_wide_tiles_cover_a_group_with_the_fewest_rows(NRW, NR):
+    """A row group's n active rows as wide tiles then narrow ones: no cover of whole tiles computes fewer rows,
+    and of the covers that compute as few, it has the most wide tiles (the faster kernel)."""
+    for n in range(0, 60):
+        a = fused.wide_tiles(n, NRW, NR)
+        rows = a * NRW + -(-max(0, n - a * NRW) // NR) * NR
+        covers = [(w * NRW + m * NR, w) for w in range(n // NRW + 2) for m in range(n // NR + 2)
+                  if w * NRW + m * NR >= n]
+        fewest = min(r for r, _ in covers)
+        assert rows == fewest and a == max(w for r, w in covers if r == fewest), (n, a)
+        assert a * NRW < n + NRW or n == 0                   # no wide tile of spare rows only
+    assert [fused.wide_tiles(n, 6, 4) for n in (16, 8, 5, 32)] == [2, 0, 1, 4]     # 6+6+4, 4+4, 6, 4x6+2x4
+
+
+def test_product_tile_writes_into_a_wider_tiles_scratch():
+    """out_rows: a tile of NR rows writes rows 0 .. NR-1 of each gate's NRW rows (the wide tile's scratch), the
+    rest untouched."""
+    from numba import njit
+    compute, G, NR, NRW = "float32", 4, 2, 3
+    LANES = microkernel.lanes_for(compute)
+    V = microkernel.vectors_per_pass(G, NR)
+    tile = microkernel.product_tile(compute, G, NR, LANES, V, bias=True, out_rows=NRW)
+
+    @njit
+    def run(panel, rows, out, b):
+        tile(panel.ctypes.data, rows.ctypes.data, panel.shape[1], out.ctypes.data, b.ctypes.data)
+
+    rng = np.random.default_rng(5)
+    panel = rng.standard_normal((G // V, 11, V, LANES)).astype(compute)
+    source = rng.standard_normal((NR, 11)).astype(compute)
+    b = rng.standard_normal((G, LANES)).astype(compute)
+    out = np.full((G, NRW, LANES), np.nan, dtype=compute)
+    run(panel, np.array([r.ctypes.data for r in source], np.int64), out, b)
+    want = b[:, None, :] + np.einsum("pkvu,rk->pvru", panel, source).reshape(G, NR, LANES)
+    np.testing.assert_allclose(out[:, :NR], want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(out[:, NR:]).all()
+
+
+def test_wide_tiles_give_the_same_bits(monkeypatch):
+    """The LSTM's loops with a wide tile (NR + NR // 2 rows, forced where this host's rule has none) in two row
+    groups (rows dealt one by one) give the bits of the loops without one in one group: each row's products sum
+    k in the same order whatever its tile and group.  The loops' cache keys carry the wide rows."""
+    case = _wide_case("lstm", np.float32, num_proj=5)
+    G, MV = case.cfg.G, fused.COLUMN_VECTORS
+    runs = []
+    for groups, NRW in ((1, microkernel.rows_for), (2, lambda G: microkernel.rows_for(G) * 3 // 2)):
+        monkeypatch.setattr(microkernel, "wide_rows", NRW)
+        monkeypatch.setattr(fused, "wide_rows", NRW)
+        _clear_loops()
+        _use_row_groups(monkeypatch, groups)
+        fwd = run_forward(case, "cpu")
+        runs.append(named(fwd, run_backward(case, fwd, "cpu")) | {"reserve": reserve_contents(fwd[3])})
+        assert f" {NRW(G)} " in fused._forward_key(case.cfg.cell, "float32", True)
+        assert f" {NRW(MV)} " in fused._backward_key(case.cfg.cell, "float32", MV, True)
+    _clear_loops()
+    for name, a in runs[0].items():
+        assert a.tobytes() == runs[1][name].tobytes(), name
+
+
 def test_group_rows_interleave_row_tiles():
     order = np.array([7, 3, 0, 5, 1, 6, 2, 4, 8])
     got = fused.group_rows(order, 2, 2)          # tiles [7 3] [0 5] [1 6] [2 4] [8]
@@ -604,6 +664,35 @@ def test_tile_shapes_are_measured_once_per_machine_and_read_back(tuning_file, mo
     monkeypatch.setattr(tuning, "_measured", {})
     monkeypatch.setattr(tuning, "measure", lambda G, V, NR: fake[(V, NR)])
     assert tuning.chosen(4, regs, simd) == best and json.loads(tuning_file.read_text())
+
+
+def test_the_wide_tile_is_measured_against_the_tile_and_read_back(tuning_file, monkeypatch):
+    """`tuning.chosen_wide`: the tile shape's NR against NR + NR // 2 rows over the same rows (whole tiles of both),
+    in rounds; the rule's choice (wide where it fits) replaced only by one MARGIN faster (as shapes); written, and
+    read back by a later process; no measurement where no wider tile fits; the rule without tuning."""
+    import json
+
+    from numbarnn.cpu import tuning
+    regs, simd = 16, 32                                  # AVX2's LSTM: 2 x 4, wide 2 x 6
+    monkeypatch.setattr(microkernel, "tile_shape", lambda G: {4: (2, 4), 3: (3, 4)}[G])
+    timed = []
+    for ahead, rows in ((1.02, 6), (1.10, 4)):                     # the tile ahead of the rule's wide one
+        monkeypatch.setattr(tuning, "_measured", {})
+        tuning_file.unlink(missing_ok=True)
+        monkeypatch.setattr(tuning, "measure", lambda G, V, NR, B: timed.append((V, NR, B)) or
+                            (60.0 * ahead if NR == 4 else 60.0))
+        assert tuning.chosen_wide(4, regs, simd) == rows
+        entry = json.loads(tuning_file.read_text())[tuning.key(4, regs, simd) + " | wide rows of 2x4"]
+        assert entry["rows"] == rows and entry["static"] == 6
+    assert sorted(set(timed)) == [(2, 4, 24), (2, 6, 24)] and len(timed) == 4 * tuning.ROUNDS
+    monkeypatch.setattr(tuning, "_measured", {})                       # a new process: read, not measured
+    monkeypatch.setattr(tuning, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert tuning.chosen_wide(4, regs, simd) == 4
+    assert tuning.chosen_wide(3, regs, simd) == 4                      # 3 x 6 does not fit: nothing to measure
+    monkeypatch.setattr(tuning, "enabled", lambda: False)
+    assert tuning.chosen_wide(4, regs, simd) == microkernel.wide_rule(4, regs) == 6
+    assert microkernel.wide_candidate(1, 8, 16) == 8 and microkernel.wide_candidate(4, 4, 32) == 4
+    assert microkernel.wide_candidate(2, 4, 32) == 6
 
 
 def test_cpus_that_share_a_model_name_are_told_apart():

@@ -6,11 +6,12 @@ steps goes through DRAM between the GEMM and the pointwise loop, and the pointwi
 OpenBLAS's other thread spins (measured: bench/results/cpu.md).
 
 Forward (`forward_loop`).  W and R are packed once per call into unit tiles (`pack`: the G gates of LANES
-units side by side for every k, zeros past H).  Per step, per unit tile j0 and tile of NR batch rows:
+units side by side for every k, zeros past H).  Per step, per unit tile j0 and tile of nr batch rows (NRW or NR,
+below):
 
     acc_w[g, r, u] = sum_k W[g*H + j0+u, k] x[t_r, b_r, k]     `product_tile` (the micro-kernel below)
     acc_r[g, r, u] = sum_k R[g*H + j0+u, k] h[b_r, k]          the same over h (double-buffered)
-    the cell's own pointwise forward on the NR*LANES lanes (acc + biases); results to y, c, the reserve
+    the cell's own pointwise forward on the nr*LANES lanes (acc + biases); results to y, c, the reserve
 
 Backward (`backward_loop`).  Per step (s = steps-1 .. 0; with a projection first dm = W_proj^T (dy + dh) by
 the micro-kernel): the cell's pointwise backward of the rows
@@ -24,9 +25,12 @@ group its own time loop over its row tiles, on one of the call's threads: `team_
 step: see row_groups). A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
 loop runs it for the one group, the parallel loop on each thread for each. Rows are sorted by length once per
 call (longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active
-row tiles; a partial tile's spare lanes recompute the longest row and are not written. Units: a partial last
-tile computes on zeros (packed weights, biases and the padded columns of the h and c buffers are 0) and writes
-only its first H - j0 lanes.
+rows; the forward deals them to the groups one by one (group g: rows g, g + groups, ...), so each group's active
+rows are a prefix of its own too. A group's active rows run in wide tiles of NRW rows, then tiles of NR
+(`microkernel.wide_rows`, `wide_tiles`: 16 rows as 6 + 6 + 4 on AVX2; NRW = NR where there is no wider tile),
+the backward's products likewise (`row_products`); a partial tile's spare lanes recompute the group's longest row
+and are not written. Units: a partial last tile computes on zeros (packed weights, biases and the padded columns
+of the h and c buffers are 0) and writes only its first H - j0 lanes.
 
 Used for every call (network.py); the setting cpu_fused False selects the BLAS loops.
 
@@ -45,13 +49,13 @@ from ..util import cdiv
 from . import cells
 from .cells import accumulate, load
 from . import threads
-from .microkernel import lanes_for, product_tile, rows_for, tile_shape
+from .microkernel import lanes_for, product_tile, rows_for, tile_shape, vectors_per_pass, wide_rows
 from .zoneout import NONE as ZONE_NONE
 from .zoneout import split_row, zone_lanes
 
 # Set per compiled loop (`cells.cached_step` rebinds them in a copy of this module's globals): the cell's
 # pointwise function, the micro-kernels, the backward's step loop and the stack scratch of each loop's sizes.
-pointwise = tile = tile_w = tile_r = tile_q = step_fn = products = None
+pointwise = tile_w = tile_n = tile_q = step_fn = products = None
 rows_x = rows_h = rows_b = rows_t = rows_d = None
 lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = lanes_S = None
 
@@ -60,15 +64,15 @@ def _forward_key(cell, compute: str, has_proj: bool) -> str:
     """The fingerprint of forward_group's variant: the cell's and library's code (cells.variant_key), the vector
     width and the tiles."""
     return (cells.variant_key(cell, compute, has_proj, False)
-            + f"fused {lanes_for(compute)} {tile_shape(cell.G)} {COLUMN_VECTORS}")
+            + f"fused {lanes_for(compute)} {tile_shape(cell.G)} {wide_rows(cell.G)} {COLUMN_VECTORS}")
 
 
 @functools.cache
 def forward_group(cell, compute: str, has_proj: bool = False):
     """One row group's whole fused forward of one layer and direction for `cell` (see the module docstring):
-    ``group(grp, <forward_loop's arguments>)`` runs row tiles grp, grp + groups, ... through every step.  With
-    a projection the cell's m goes to `mbuf`, and after a step's unit tiles each row tile's h' = W_proj m by
-    the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
+    ``group(grp, <forward_loop's arguments>)`` runs the rows order[grp], order[grp + groups], ... through every
+    step.  With a projection the cell's m goes to `mbuf`, and after a step's unit tiles each tile of NR rows'
+    h' = W_proj m by the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
 
     Three run-time flags: `save` False (an inference call) writes no reserve (acts, cs: the largest writes of the
     loop); `skip`: skip input, x reaches the gates as it is; `zone`: haste's zoneout of h (SPEC 6.1, zoneout.py),
@@ -84,8 +88,9 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     G, S, V = cell.G, cell.S, cell.V
     VL = max(V, 1)
     LANES = lanes_for(compute)
-    NR = rows_for(G)
-    L = NR * LANES                              # lanes of the pointwise loop: NR rows x LANES units
+    NR = rows_for(G)                            # rows of a tile (the projection's, a row group's last tiles)
+    NRW = wide_rows(G)                          # rows of a wide tile (NR where there is none)
+    L = NRW * LANES                             # lanes of the pointwise loop: up to NRW rows x LANES units
     ITEM = np.dtype(compute).itemsize
     STATE = cell.cell_state
     PROJ = has_proj
@@ -138,14 +143,15 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         HP = mbuf.shape[1]
         P = Rp.shape[2]
         NQ = Wq.shape[0]
-        # row group grp: row tiles grp, grp + groups, ...
+        # row group grp: the rows order[grp], order[grp + groups], ... (longest first: those active at a step
+        # are a prefix); per step in wide tiles of NRW rows, then tiles of NR (`wide_tiles`)
         # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
         xrows_p = rows_x(i64)
-        xrows = numba.carray(xrows_p, NR)   # [NR] addresses of the rows' x_t
+        xrows = numba.carray(xrows_p, NRW)  # [NRW] addresses of the rows' x_t
         hrows_p = rows_h(i64)
-        hrows = numba.carray(hrows_p, NR)   # [NR] addresses of the rows' h
-        rb = numba.carray(rows_b(i64), NR)  # [NR] batch row of each lane group
-        rt = numba.carray(rows_t(i64), NR)  # [NR] its time index
+        hrows = numba.carray(hrows_p, NRW)  # [NRW] addresses of the rows' h
+        rb = numba.carray(rows_b(i64), NRW)  # [NRW] batch row of each lane group
+        rt = numba.carray(rows_t(i64), NRW)  # [NRW] its time index
         wx_p = lanes_w(acc)
         wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
         rh_p = lanes_r(acc)
@@ -157,41 +163,52 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         m_out = numba.carray(lanes_m(acc), L)        # [L] out: m = h'
         c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
         q_p = lanes_q(acc)
-        q_out = numba.carray(q_p, (MQ, L))           # [MQ, L] projection: W_proj m of a column tile
+        q_out = numba.carray(q_p, (MQ, NR * LANES))  # [MQ, NR*LANES] projection: W_proj m of a column tile
         for s in range(n_active.shape[0]):
             cur = s % 2
             nxt = 1 - cur
             n = n_active[s]
+            ng = (n - grp + groups - 1) // groups   # the group's rows active at s: order[grp + i*groups], i < ng
+            nw = wide_tiles(ng, NRW, NR)            # the first nw tiles wide
             for jt in range(NT):
                 j0 = jt * LANES
                 nu = min(LANES, H - j0)         # units of this tile that exist
-                for i0 in range(grp * NR, n, groups * NR):
-                    for r in range(NR):
-                        b = order[i0 + r] if i0 + r < n else order[0]   # spare lanes: the longest row
+                i0 = 0
+                k = 0
+                while i0 < ng:
+                    nr = NRW if k < nw else NR
+                    for r in range(nr):
+                        # spare lanes: the group's longest row
+                        b = order[grp + (i0 + r) * groups] if i0 + r < ng else order[grp]
                         t = s if d == 0 else lens[b] - 1 - s
                         rb[r] = b
                         rt[r] = t
                         xrows[r] = x_addr + ((t * B + b) * I) * ITEM
                         hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
-                    # the products with their biases: G x NR results, V*NR accumulators per pass over k
+                    # the products with their biases: G x nr results, V*nr accumulators per pass over k
                     if skip:                                 # x reaches every gate as it is (I == H)
                         for g in range(G):
-                            for r in range(NR):
+                            for r in range(nr):
                                 q = r * LANES
                                 wx[g, q:q + LANES] = zero
                                 load_lanes(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu, LANES)
                                 accumulate(wx[g, q:q + LANES], bW[jt, g], LANES)
-                    else:
+                    elif nr == NRW:
                         tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
-                    tile_r(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
+                    else:
+                        tile_n(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
+                    if nr == NRW:
+                        tile_w(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
+                    else:
+                        tile_n(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
                     # the lanes' other inputs (a cell allowing a projection reads no h)
-                    gather_lanes(v, h_prev, c_prev, vec, hbuf[cur], cbuf, rb, j0, V, LANES, not PROJ, STATE)
+                    gather_lanes(v, h_prev, c_prev, vec, hbuf[cur], cbuf, rb[:nr], j0, V, LANES, not PROJ, STATE)
                     # the cell, one lane per (row, unit): reads and writes only the scratch
-                    for q in range(L):
+                    for q in range(nr * LANES):
                         m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
                                                        saved[:, q])
                     # scatter the active rows' results
-                    for r in range(min(NR, n - i0)):
+                    for r in range(min(nr, ng - i0)):
                         b = rb[r]
                         t = rt[r]
                         q = r * LANES
@@ -205,16 +222,18 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                                 zone_lanes(zone, zp, zin, zmask, t, b, j0, nu, h_prev[q:q + nu], m_out[q:q + nu])
                             load_lanes(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
                             load_lanes(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
+                    i0 += nr
+                    k += 1
             if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
-                for i0 in range(grp * NR, n, groups * NR):
+                for i0 in range(0, ng, NR):
                     for r in range(NR):
-                        b = order[i0 + r] if i0 + r < n else order[0]
+                        b = order[grp + (i0 + r) * groups] if i0 + r < ng else order[grp]
                         rb[r] = b
                         rt[r] = s if d == 0 else lens[b] - 1 - s
                         hrows[r] = m_addr + (b * HP) * ITEM
                     for cq in range(NQ):
                         tile_q(q_addr + cq * (H * MQ * LANES * ITEM), hrows_p, H, q_p)
-                        for r in range(min(NR, n - i0)):
+                        for r in range(min(NR, ng - i0)):
                             b = rb[r]
                             t = rt[r]
                             for mq in range(MQ):
@@ -228,12 +247,14 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                                     load_lanes(hbuf[nxt, b, c0:c0 + nc], qv, nc, LANES)
                                     load_lanes(y[t, b, d * P + c0:d * P + c0 + nc], qv, nc, LANES)
 
-    tile = product_tile(compute, G, NR, LANES, bias=True)
-    extra = {"tile_w": tile, "tile_r": tile, "lanes_w": cells.stack_buffer(G * L),
+    V_G = vectors_per_pass(G, NR)               # the panels' vectors per pass: both tiles read the same panels
+    extra = {"tile_w": product_tile(compute, G, NRW, LANES, V_G, bias=True),
+             "tile_n": product_tile(compute, G, NR, LANES, V_G, bias=True, out_rows=NRW),
+             "lanes_w": cells.stack_buffer(G * L),
              "lanes_r": cells.stack_buffer(G * L), "tile_q": product_tile(compute, MQ, NR, LANES),
-             "lanes_q": cells.stack_buffer(MQ * L)}
+             "lanes_q": cells.stack_buffer(MQ * NR * LANES)}
     for name in ("rows_x", "rows_h", "rows_b", "rows_t"):
-        extra[name] = cells.stack_buffer(NR)
+        extra[name] = cells.stack_buffer(NRW)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_o"):
         extra[name] = cells.stack_buffer(L)
     return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
@@ -341,6 +362,19 @@ def group_rows(order, groups: int, NR: int) -> np.ndarray:
 
 
 @njit(inline="always")
+def wide_tiles(n: int, NRW: int, NR: int) -> int:
+    """How many of n rows' tiles are wide (NRW rows), the rest tiles of NR: the cover computing the fewest rows
+    (spare rows of a partial tile are computed too), then the most wide tiles.  16 rows in 6 + 6 + 4, 8 in
+    4 + 4, 5 in one 6."""
+    best, best_rows = 0, -1
+    for a in range(n // NRW + 2):
+        rows = a * NRW + max(0, -(-(n - a * NRW) // NR)) * NR
+        if best_rows < 0 or rows <= best_rows:
+            best, best_rows = a, rows
+    return best
+
+
+@njit(inline="always")
 def load_lanes(dst, src, n, LANES):
     """dst[:n] = src[:n] for n <= LANES, a compile-time constant: the fused loops' copies of a unit tile's lanes.
     A copy of n, unknown at compile time, LLVM makes a call of memcpy (8 calls of 32 bytes per row, tile and step in
@@ -436,23 +470,35 @@ def scatter_columns(dst, rows, i0, nr, out, ct, MV, LANES, width, add):
 
 
 @functools.cache
-def row_products(compute: str, MV: int, LANES: int, NR: int):
+def row_products(compute: str, MV: int, LANES: int, NR: int, NRW: int):
     """The backward's per-step products, inline: ``products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p,
     rows, out_p, out)``: dst[b, :width] = (add: +=) src_b @ M for the rows b = rows_g[:n], src_b the K values at
-    address src + b*K*itemsize, M's NC column tiles packed at `panels` (`microkernel.pack_columns`); rows_p/rows,
-    out_p/out: the caller's stack scratch (taken in a loop, the stack would grow every iteration)."""
+    address src + b*K*itemsize, M's NC column tiles packed at `panels` (`microkernel.pack_columns`), in wide tiles
+    of NRW rows, then tiles of NR (`wide_tiles`; NRW = NR: all of NR); rows_p/rows [NRW], out_p/out [MV,
+    NRW*LANES]: the caller's stack scratch (taken in a loop, the stack would grow every iteration)."""
     ITEM = np.dtype(compute).itemsize
-    tile = product_tile(compute, MV, NR, LANES)
+    V = vectors_per_pass(MV, NR)                # both tiles read the panels of NR's pass
+    wide = product_tile(compute, MV, NRW, LANES, V)
+    tile = product_tile(compute, MV, NR, LANES, V, out_rows=NRW)
 
     @njit(inline="always")
     def products(dst, rows_g, n, src, K, panels, NC, width, add, rows_p, rows, out_p, out):
+        nw = wide_tiles(n, NRW, NR)             # the first nw row tiles wide
         for ct in range(NC):                    # column tiles outer: a tile's panel, K*MV*LANES values (256 KB at
-            for i0 in range(0, n, NR):          # K = 2048 float32), is read from memory once per step, then from
-                for r in range(NR):             # the cache by every row tile
+            i0 = 0                              # K = 2048 float32), is read from memory once per step, then from
+            k = 0                               # the cache by every row tile
+            while i0 < n:
+                nr = NRW if k < nw else NR
+                for r in range(nr):
                     b = rows_g[i0 + r] if i0 + r < n else rows_g[0]
                     rows[r] = src + (b * K) * ITEM
-                tile(panels + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
-                scatter_columns(dst, rows_g, i0, min(NR, n - i0), out, ct, MV, LANES, width, add)
+                if nr == NRW:
+                    wide(panels + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                else:
+                    tile(panels + ct * (K * MV * LANES * ITEM), rows_p, K, out_p)
+                scatter_columns(dst, rows_g, i0, min(nr, n - i0), out, ct, MV, LANES, width, add)
+                i0 += nr
+                k += 1
 
     return products
 
@@ -460,7 +506,7 @@ def row_products(compute: str, MV: int, LANES: int, NR: int):
 def _backward_key(cell, compute: str, MV: int, has_proj: bool) -> str:
     """The fingerprint of backward_group's variant (see _forward_key)."""
     return (cells.variant_key(cell, compute, has_proj, False)
-            + f"fused backward {lanes_for(compute)} {tile_shape(MV)} {MV}")
+            + f"fused backward {lanes_for(compute)} {tile_shape(MV)} {wide_rows(MV)} {MV}")
 
 
 @functools.cache
@@ -471,7 +517,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
         (projection: dht = dy + dh -> dh_all[t];  dm = dht @ W_proj by the micro-kernel over W_proj's columns)
         cells.backward_step(...)            the pointwise backward of the group's rows: dgx[t], dgh[s], hp[s],
                                             dh (the part that bypasses R), dc, dv_acc (the BLAS loop's step)
-        dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NR rows per product_tile call,
+        dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NRW or NR rows per product_tile call,
                                             column tiles of MV*LANES columns
 
     With zoneout (`zon`, training: zoneout.py's split and carry, row by row) the step first splits dy + dh by
@@ -482,6 +528,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
     i64 = np.int64
     LANES = lanes_for(compute)
     NR = rows_for(MV)
+    NRW = wide_rows(MV)
     ITEM = np.dtype(compute).itemsize
     PROJ = has_proj
     step = cells.backward_step(cell, compute, has_proj, False)
@@ -529,9 +576,9 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
         r_addr = i64(RTp.ctypes.data)
         rows_g = group_line(groups, grp)
         rows_p = rows_d(i64)
-        rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
+        rows = numba.carray(rows_p, NRW)              # [NRW] addresses of the rows' dgh_s
         out_p = lanes_w(acc)
-        out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
+        out = numba.carray(out_p, (MV, NRW * LANES))  # [MV, NRW*LANES] dgh_s R for a column tile
         for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
             n = active_prefix(rows_g, lens, s)      # the group's rows active at s
             if zon:                                  # zoneout: dh = mask*(dy + dh), carry = the rest (dy: zeros)
@@ -553,8 +600,8 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
                     b = rows_g[i]
                     accumulate(dh[b], carry[b], P)
 
-    extra = {"step_fn": step, "products": row_products(compute, MV, LANES, NR), "rows_d": cells.stack_buffer(NR),
-             "lanes_w": cells.stack_buffer(MV * NR * LANES)}
+    extra = {"step_fn": step, "products": row_products(compute, MV, LANES, NR, NRW),
+             "rows_d": cells.stack_buffer(NRW), "lanes_w": cells.stack_buffer(MV * NRW * LANES)}
     return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
 
 

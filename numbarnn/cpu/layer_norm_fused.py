@@ -361,8 +361,8 @@ def forward_direction(call, lp, d, x_l, h, c, y, acts, cs, lnstat, wx_raw, rh_ra
 
 def _backward_key(cell, compute: str) -> str:
     """The fingerprint of backward_group's variant (as fused._backward_key)."""
-    return _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(fused.COLUMN_VECTORS)} " \
-        f"{fused.COLUMN_VECTORS}"
+    MV = fused.COLUMN_VECTORS
+    return _key(cell, compute) + f" ln fused backward {microkernel.tile_shape(MV)} {microkernel.wide_rows(MV)} {MV}"
 
 
 @functools.cache
@@ -373,7 +373,7 @@ def backward_group(cell, compute: str, row_step_fn):
         row_step(s, ..., rows_g, ...)       layer_norm.backward_loop over the group's rows: "c", the cell's
                                             backward, "rh" (dgx[t], dgh[s], hp[s], dh bypassing R, dc, the
                                             accumulated gradients of the group's rows)
-        dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NR rows per product_tile call
+        dh[b, :] += dgh[s, b] @ R           the group's active rows (a prefix), NRW or NR rows per product_tile call
 
     Each row's gradients are its own (the accumulators are by row): any grouping gives the same bits."""
     acc = np.dtype(compute).type
@@ -381,6 +381,7 @@ def backward_group(cell, compute: str, row_step_fn):
     LANES = microkernel.lanes_for(compute)
     MV = fused.COLUMN_VECTORS
     NR = microkernel.rows_for(MV)
+    NRW = microkernel.wide_rows(MV)             # the products' wide row tiles (`fused.row_products`)
     ITEM = np.dtype(compute).itemsize
     KEY = _backward_key(cell, compute)
 
@@ -404,17 +405,17 @@ def backward_group(cell, compute: str, row_step_fn):
         r_addr = i64(RTp.ctypes.data)
         rows_g = fused.group_line(groups, grp)
         rows_p = rows_x(i64)
-        rows = numba.carray(rows_p, NR)              # [NR] addresses of the rows' dgh_s
+        rows = numba.carray(rows_p, NRW)              # [NRW] addresses of the rows' dgh_s
         out_p = lanes_w(acc)
-        out = numba.carray(out_p, (MV, NR * LANES))  # [MV, NR*LANES] dgh_s R for a column tile
+        out = numba.carray(out_p, (MV, NRW * LANES))  # [MV, NRW*LANES] dgh_s R for a column tile
         for s in range(steps - 1, -1, -1):
             row_step(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh,
                      dc, dgx, dgh[s], hp[s], dbR, dgain_r, dgain_c, dbias_c, dv_acc)
             n = fused.active_prefix(rows_g, lens, s)     # the group's rows active at s
             products(dh, rows_g, n, dgh_addr + (s * B * K) * ITEM, K, r_addr, NC, H, True, rows_p, rows, out_p, out)
 
-    extra = {"products": fused.row_products(compute, MV, LANES, NR), "row_step": row_step_fn,   # a global of the copy
-             "rows_x": cells.stack_buffer(NR), "lanes_w": cells.stack_buffer(MV * NR * LANES)}
+    extra = {"products": fused.row_products(compute, MV, LANES, NR, NRW), "row_step": row_step_fn,   # a global of
+             "rows_x": cells.stack_buffer(NRW), "lanes_w": cells.stack_buffer(MV * NRW * LANES)}   # the copy
     return cells.cached_step(group, False, None, 1, 1, 1, 1, **extra)
 
 

@@ -8,8 +8,9 @@ passes of 2 gates x 4 rows).  It is written in LLVM IR through llvmlite (numba's
 LLVM does not find that register blocking in a scalar loop (numba loops ran at a few GFLOP/s); it runs at a
 core's FMA peak (`python bench/bench_cpu_fused.py`).
 
-`tile_shape` is measured on the machine at first use (tuning.py) with a static rule as the fallback; `geometry`
-is what a compiled loop and its panels depend on besides the call.  `pack` and `pack_columns` lay W, R (and
+`tile_shape` is measured on the machine at first use (tuning.py) with a static rule as the fallback, and so is
+`wide_rows`, a wider tile in the same passes for most of a row group (AVX2's LSTM: 2 x 6 and 2 x 4 for the rest);
+`geometry` is what a compiled loop and its panels depend on besides the call.  `pack` and `pack_columns` lay W, R (and
 R's columns for the backward) out as the panels `product_tile` reads (`panel_shape`).
 """
 from __future__ import annotations
@@ -88,11 +89,39 @@ def tile_shape(G: int) -> tuple[int, int]:
     return _chosen_shape(G, registers(), simd_bytes())
 
 
-def geometry(G: int) -> tuple[int, int, int]:
-    """(vector width in bytes, V, NR): what a fused loop's compiled code and its panels' shapes depend on besides
-    the call, for a product of G vectors.  The plans' caches key it (network.py): the tuner may change the tile,
-    and tests build the loops for another ISA's width in the same process."""
-    return (simd_bytes(),) + tile_shape(G)
+def geometry(G: int) -> tuple[int, int, int, int]:
+    """(vector width in bytes, V, NR, NRW): what a fused loop's compiled code and its panels' shapes depend on
+    besides the call, for a product of G vectors.  The plans' caches key it (network.py): the tuner may change the
+    tile, and tests build the loops for another ISA's width in the same process."""
+    return (simd_bytes(),) + tile_shape(G) + (wide_rows(G),)
+
+
+def wide_rows(G: int) -> int:
+    """NRW, the rows of the fused loops' wide tile for a product of G vectors: the tile (V, NR) of `tile_shape`
+    widened to NR + NR // 2 rows in the same V (the same panels), with tiles of NR rows for what is left of a row
+    group; NR where there is no wider tile.  Why: one k of a V x NR pass loads V panel vectors and broadcasts NR
+    row values for V*NR multiply-adds; AVX2's LSTM at 2 x 4 has 8 accumulators, just the FMA units' latency
+    times their count, and 2 x 6 has 12 and loads 0.67 values per multiply-add instead of 0.75 (measured at first
+    use like the tile, `tuning.chosen_wide`; with NUMBARNN_CPU_TUNE=0 the rule `wide_rule`)."""
+    return _chosen_wide(G, registers(), simd_bytes())
+
+
+@functools.cache
+def _chosen_wide(G: int, regs: int, simd: int) -> int:
+    from . import tuning  # lazy: cycle: tuning imports microkernel
+    return tuning.chosen_wide(G, regs, simd)
+
+
+def wide_candidate(V: int, NR: int, regs: int) -> int:
+    """NR + NR // 2 where that tile fits the registers (`fits`) and has V >= 2 (one vector a pass broadcasts a row
+    value per multiply-add however wide the tile: 1 x 12 ran slower than 1 x 8 on Zen 4); else NR."""
+    NRW = NR + NR // 2
+    return NRW if V >= 2 and NR >= 2 and fits(V, NRW, regs) else NR
+
+
+def wide_rule(G: int, regs: int) -> int:
+    """`wide_rows` without measuring: the wide candidate of G's tile shape."""
+    return wide_candidate(*tile_shape(G), regs)
 
 
 @functools.cache
@@ -118,13 +147,14 @@ def rows_for(G: int) -> int:
 
 
 @functools.cache
-def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None, bias: bool = False):
+def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None, bias: bool = False,
+                 out_rows: int | None = None):
     """The micro-kernel, an njit intrinsic:
 
         product_tile(panel,   # int     address of a packed panel [G // V, K, V, LANES] (`pack`, `panel_shape`)
                      rows,    # [NR]    int64 addresses of NR rows of K values (x or h rows, contiguous)
                      K,       # int
-                     out,     # [G, NR, LANES] pointer to the results (overwritten)
+                     out,     # [G, OR, LANES] pointer to the results: rows 0 .. NR-1 of each g overwritten
                      b)       # int     (only with `bias`) address of [G, LANES] values every row starts from
 
     out[g, r, u] = b[g, u] + sum_k panel[g // V, k, g % V, u] * row_r[k] (b = 0 without `bias`), k in order
@@ -133,9 +163,11 @@ def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None
     G // V passes over k, each V vectors x NR rows of accumulators (V: `vectors_per_pass` unless given), each
     over its own contiguous part of the panel (passes over one [K, G, LANES] panel would each pull both halves
     of every k's cache lines).  The bias as the accumulators' start, not added by the fused forward's gather
-    (2*G*NR slice loops of LANES per tile).
+    (2*G*NR slice loops of LANES per tile).  OR (`out_rows`, NR unless given): the rows per g of `out`, so that
+    a tile of fewer rows writes into the scratch of a wider one (the fused loops' last tiles, `wide_rows`).
     """
     V = vectors_per_pass(G, NR) if V is None else V
+    OR = NR if out_rows is None else out_rows
     if G % V:
         raise ValueError(f"product_tile: V={V} must divide G={G}")
     flt = ir.FloatType() if np.dtype(compute) == np.float32 else ir.DoubleType()
@@ -213,7 +245,7 @@ def product_tile(compute: str, G: int, NR: int, LANES: int, V: int | None = None
                 builder.position_at_end(done)
                 for g in range(V):
                     for r in range(NR):
-                        at = ir.Constant(i64, ((g0 + g) * NR + r) * LANES)
+                        at = ir.Constant(i64, ((g0 + g) * OR + r) * LANES)
                         builder.store(acc[g][r], vector_at(out, at), align=item)
             return context.get_dummy_value()
 

@@ -10,6 +10,9 @@ shape's best kept), keeps the fastest where it beats the static rule's by MARGIN
 file beside numba's on-disk cache, keyed by the CPU (`cpu_model`) and vector width: later processes on that
 machine read it.  Float64 uses float32's choice (the same registers, half the lanes).
 
+The fused loops' wide tile (`microkernel.wide_rows`: NR + NR // 2 rows where the registers allow) is measured
+the same way against the chosen tile (`chosen_wide`).
+
     NUMBARNN_CPU_TUNE=0      the static rule everywhere (no measurement, no file read)
     numbarnn.cpu.tuning.table()      what this machine chose (numbarnn bench prints it)
 
@@ -148,6 +151,42 @@ def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
     return best
 
 
+def chosen_wide(G: int, regs: int, simd: int) -> int:
+    """The fused loops' wide tile rows for G vectors on this machine (`microkernel.wide_rows`): the file's entry,
+    else measured now (the tile (V, NR) against (V, NRW) over the same rows, in rounds, as `chosen`) and written,
+    else the rule (`microkernel.wide_rule`)."""
+    V, NR = microkernel.tile_shape(G)
+    static = microkernel.wide_rule(G, regs)
+    wide = microkernel.wide_candidate(V, NR, regs)
+    if not enabled() or wide == NR:
+        return static
+    k = key(G, regs, simd) + f" | wide rows of {V}x{NR}"
+    if k in _measured:
+        return _measured[k]
+    entry = _read().get(k)
+    if entry is not None and entry.get("rows") in (NR, wide):
+        _measured[k] = entry["rows"]
+        return _measured[k]
+    gflops = {NR: 0.0, wide: 0.0}
+    rows = NR * wide                    # whole tiles of either
+    try:
+        for _ in range(ROUNDS):
+            for nr in gflops:
+                gflops[nr] = max(gflops[nr], measure(G, V, nr, B=rows))
+    except Exception:         # pragma: no cover - as in `chosen`
+        warnings.warn(f"numbarnn: measuring the micro-kernel's wide tile failed; using {static} rows for G={G}",
+                      stacklevel=2)
+        _measured[k] = static
+        return static
+    finally:
+        _timed_product.cache_clear()
+    best = pick(gflops, static)
+    _measured[k] = best
+    _update(k, {"rows": best, "static": static, "gflops": {f"{V}x{nr}": round(g, 1) for nr, g in gflops.items()},
+                "measured": time.strftime("%Y-%m-%d")})
+    return best
+
+
 def pick(gflops: dict, static: tuple) -> tuple:
     """The fastest shape of {shape: GFLOP/s}, if it beats the static rule's by MARGIN; else the static rule's."""
     best = max(gflops, key=gflops.get)
@@ -217,7 +256,8 @@ def steps_runner(tile, parallel: bool = False):
 def table() -> dict:
     """This machine's entries in the file (key -> entry), and this process's choices not yet written."""
     mine = {k: v for k, v in _read().items() if k.startswith(cpu_model() + " |")}
-    mine.update({k: {"shape": list(v)} for k, v in _measured.items() if k not in mine})
+    mine.update({k: {"shape": list(v)} if isinstance(v, tuple) else {"rows": v}
+                 for k, v in _measured.items() if k not in mine})
     return mine
 
 
