@@ -691,8 +691,10 @@ def test_the_wide_tile_is_measured_against_the_tile_and_read_back(tuning_file, m
     assert tuning.chosen_wide(3, regs, simd) == 4                      # 3 x 6 does not fit: nothing to measure
     monkeypatch.setattr(tuning, "enabled", lambda: False)
     assert tuning.chosen_wide(4, regs, simd) == microkernel.wide_rule(4, regs) == 6
-    assert microkernel.wide_candidate(1, 8, 16) == 8 and microkernel.wide_candidate(4, 4, 32) == 4
-    assert microkernel.wide_candidate(2, 4, 32) == 6
+    assert microkernel.wide_candidate(1, 8, 16) == 8 and microkernel.wide_candidate(3, 4, 16) == 4
+    assert microkernel.wide_candidate(4, 4, 32) == 6                   # AVX-512: measured, never the rule
+    monkeypatch.setattr(microkernel, "tile_shape", lambda G: (4, 4))
+    assert microkernel.wide_rule(4, 32) == 4
 
 
 def test_cpus_that_share_a_model_name_are_told_apart():

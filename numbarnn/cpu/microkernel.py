@@ -113,15 +113,20 @@ def _chosen_wide(G: int, regs: int, simd: int) -> int:
 
 
 def wide_candidate(V: int, NR: int, regs: int) -> int:
-    """NR + NR // 2 where that tile fits the registers (`fits`) and has V >= 2 (one vector a pass broadcasts a row
-    value per multiply-add however wide the tile: 1 x 12 ran slower than 1 x 8 on Zen 4); else NR."""
+    """The wide tile worth measuring for the tile (V, NR): NR + NR // 2 rows where its accumulators, V panel
+    vectors and a broadcast fit the registers and V >= 2 (one vector a pass broadcasts a row value per
+    multiply-add however wide the tile: 1 x 12 ran slower than 1 x 8 on Zen 4); else NR.  AVX-512's LSTM: 4 x 6,
+    24 accumulators, more than `fits` allows the tile itself (not measured on such a core yet: the tuner decides)."""
     NRW = NR + NR // 2
-    return NRW if V >= 2 and NR >= 2 and fits(V, NRW, regs) else NR
+    return NRW if V >= 2 and NR >= 2 and V * NRW + V + 1 <= regs else NR
 
 
 def wide_rule(G: int, regs: int) -> int:
-    """`wide_rows` without measuring: the wide candidate of G's tile shape."""
-    return wide_candidate(*tile_shape(G), regs)
+    """`wide_rows` without measuring: the wide candidate of G's tile shape where it also `fits` (AVX2's 2 x 6, as
+    measured on Zen 4; not AVX-512's 4 x 6)."""
+    V, NR = tile_shape(G)
+    NRW = wide_candidate(V, NR, regs)
+    return NRW if fits(V, NRW, regs) else NR
 
 
 @functools.cache
