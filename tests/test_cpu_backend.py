@@ -618,6 +618,61 @@ def test_team_runs_its_pieces_at_once_on_as_many_threads():
     assert finished == [True, True]
 
 
+def test_relay_runs_each_chain_in_order_and_moves_chains_to_a_free_thread():
+    """threads.relay: every (chain, link) once, a chain's links in order and never two at once; a thread that is
+    late leaves its chain to the others (here the helper sleeps before it takes anything: the caller runs both
+    chains' first links meanwhile); each thread keeps its own chain when none is late; an error stops every
+    chain and is raised."""
+    from numbarnn.cpu import threads
+    log, lock = [], threading.Lock()
+    running = set()
+
+    def run(c, k):
+        with lock:
+            assert c not in running                     # one link of a chain at a time
+            running.add(c)
+            log.append((c, k, threading.current_thread().name))
+        time.sleep(0.002)
+        with lock:
+            running.discard(c)
+
+    team = threads.team
+
+    def late_helper(pieces):                            # the helper starts 20 ms after the caller
+        def late(piece):
+            def go():
+                time.sleep(0.02)
+                return piece()
+            return go
+        return team([pieces[0]] + [late(p) for p in pieces[1:]])
+
+    for teams, links in ((team, 6), (late_helper, 12), (team, 1)):
+        log.clear()
+        threads.team = teams
+        try:
+            threads.relay(run, 2, links)
+        finally:
+            threads.team = team
+        assert sorted((c, k) for c, k, _ in log) == [(c, k) for c in range(2) for k in range(links)]
+        for c in range(2):
+            assert [k for c2, k, _ in log if c2 == c] == list(range(links))
+        me = threading.current_thread().name
+        if teams is late_helper:                        # the caller ran both chains' first links alone
+            assert [(c, name) for c, _, name in log[:2]] == [(0, me), (1, me)]
+            assert any(name != me for _, _, name in log)
+    failed = []
+
+    def fails(c, k):
+        failed.append((c, k))
+        if (c, k) == (1, 0):
+            raise KeyError("x")
+        time.sleep(0.01)
+
+    with pytest.raises(KeyError):
+        threads.relay(fails, 2, 50)
+    assert len(failed) < 10                             # no new link after the error
+
+
 def test_helpers_leave_blas_alone():
     """budget and serial_blas change nothing on a helper thread: threadpoolctl lets only the first thread that sets
     OpenBLAS's count change it while that thread lives, and a helper lives as long as the process."""

@@ -21,9 +21,11 @@ columns (`pack_columns`).  The weight gradients and dx stay single big BLAS prod
 The micro-kernel, its tile shapes and the weight packing are in microkernel.py.
 
 Rows are independent through a layer and direction, so threads split the rows, not the steps: `row_groups` (each
-group its own time loop over its row tiles, on one of the call's threads: `team_loop`; why not a hand-off per
-step: see row_groups). A group's whole time loop is one function (`forward_group`, `backward_group`): the serial
-loop runs it for the one group, the parallel loop on each thread for each. Rows are sorted by length once per
+group its own time loop over its rows; why not a hand-off per step: see row_groups). A group's time loop is one
+function over a range of steps (`forward_group`, `backward_group`): the serial loop runs it for the one group over
+every step, the parallel loop (`relay_loop`) runs each group's steps in a few ranges, relayed between the call's
+threads, so that a thread that starts late or runs slowed (another pool's spinning worker on its core) does not
+hold the call up. Rows are sorted by length once per
 call (longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active
 rows; the forward deals them to the groups one by one (group g: rows g, g + groups, ...), so each group's active
 rows are a prefix of its own too. A group's active rows run in wide tiles of NRW rows, then tiles of NR
@@ -99,6 +101,8 @@ def forward_group(cell, compute: str, has_proj: bool = False):
 
     def group(
         grp,      # int     the row group this call runs (of `groups`)
+        lo,       # int     the steps this call runs: lo .. hi-1
+        hi,       # int
         d,        # int     direction (0 forward, 1 reverse)
         H,        # int     hidden units
         lens,     # [B]     int32 sequence lengths
@@ -164,7 +168,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         c_out = numba.carray(lanes_o(acc), L)        # [L] out: c'
         q_p = lanes_q(acc)
         q_out = numba.carray(q_p, (MQ, NR * LANES))  # [MQ, NR*LANES] projection: W_proj m of a column tile
-        for s in range(n_active.shape[0]):
+        for s in range(lo, hi):
             cur = s % 2
             nxt = 1 - cur
             n = n_active[s]
@@ -263,15 +267,49 @@ def forward_group(cell, compute: str, has_proj: bool = False):
 @functools.cache
 def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., save, zone, .., zmask)`` (the
-    arguments of `forward_group` after grp) runs every row group of `forward_group`.  Serial: the group
-    function itself for group 0 of 1.  Parallel: each group on one of the call's threads (`team_loop`)."""
-    return group_loop(forward_group(cell, compute, has_proj), parallel)
+    arguments of `forward_group` after grp, lo, hi) runs every row group of `forward_group` over every step.
+    Serial: group 0 of 1.  Parallel: each group's step ranges relayed between the call's threads (`relay_loop`)."""
+    return relay_loop(forward_group(cell, compute, has_proj), parallel, "n_active", False)
+
+
+def relay_loop(group, parallel: bool, steps: str, reverse: bool):
+    """The loop over the row groups of a group function that runs a range of steps, ``group(g, lo, hi, *args)``
+    (steps lo .. hi-1; `reverse`: from hi-1 down), the steps' count the argument named `steps` (an int, or an
+    array of that length), the group count the one named ``groups``.  Serial: group 0 over every step.  Parallel:
+    each group's steps in RELAY_LINKS ranges, in order (backward from the last with `reverse`), relayed between
+    the call's threads (`threads.relay`: a thread that is late or slowed does not hold the call up)."""
+    code = group.py_func.__code__
+    names = code.co_varnames[3:code.co_argcount]                # after grp, lo, hi
+    at_groups, at_steps = names.index("groups"), names.index(steps)
+
+    def count(value) -> int:
+        return int(value) if np.ndim(value) == 0 else value.shape[0]
+
+    if not parallel:
+        def loop(*args):
+            return group(np.int64(0), np.int64(0), np.int64(count(args[at_steps])), *args)
+    else:
+        def loop(*args):
+            T = count(args[at_steps])
+            size = cdiv(T, RELAY_LINKS) if T else 1
+            bounds = [(np.int64(lo), np.int64(min(lo + size, T))) for lo in range(0, T, size)]
+            if reverse:
+                bounds.reverse()
+            threads.relay(lambda g, k: group(np.int64(g), *bounds[k], *args), count(args[at_groups]), len(bounds))
+    loop.group = group
+    return loop
+
+
+#: step ranges per row group in the parallel loops (`relay_loop`): a group moves between threads only at a range's
+#: end, and each range is a call of the compiled loop and a hand-off (a few us: 64 ranges instead of 1 added ~0.3 ms
+#: to an LSTM forward of T=64 B=32 I=H=256, bench/results/cpu.md)
+RELAY_LINKS = 8
 
 
 def group_loop(group, parallel: bool):
     """The loop over `group`'s row groups: the group function itself for group 0 of 1, or with `parallel` each
-    group on one of the call's threads (`team_loop`).  Every fused loop family's (this module's,
-    layer_norm_fused's, modulated_fused's)."""
+    group on one of the call's threads (`team_loop`): the layer-normalised and the modulated cells' loops (this
+    module's run step ranges, `relay_loop`)."""
     return team_loop(group) if parallel else functools.partial(group, 0)
 
 
@@ -306,9 +344,9 @@ def row_groups(B: int, NR: int, macs: int) -> int:
     """Row groups for a call of B rows and `macs` multiply-adds: one per thread, at most one per tile of NR rows;
     1 (the serial loop) below PARALLEL_MIN_MACS.
 
-    Rows are independent through a layer and direction: each group runs its own time loop on its own thread
-    (`team_loop`), one hand-off per call.  Not a hand-off per step: a step of a few tens of microseconds would
-    wait on the other thread every time.  The threshold: below it a group's share of the call is too short to
+    Rows are independent through a layer and direction: each group runs its own time loop, on the call's threads
+    (`relay_loop`: a hand-off per range of steps).  Not a hand-off per step: a step of a few tens of microseconds
+    would wait on the other thread every time.  The threshold: below it a group's share of the call is too short to
     pay for the hand-off and each thread's reading every weight panel (bench/results/cpu.md)."""
     if macs < PARALLEL_MIN_MACS:
         return 1
@@ -536,6 +574,8 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
 
     def group(
         grp,      # int     the row group this call runs (a line of `groups`)
+        lo,       # int     the steps this call runs: hi-1 down to lo
+        hi,       # int
         d,        # int     direction
         lens,     # [B]     int32
         groups,   # [NG, n] int64 each row group's rows, longest first (-1 pads), `group_rows`
@@ -579,7 +619,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
         rows = numba.carray(rows_p, NRW)              # [NRW] addresses of the rows' dgh_s
         out_p = lanes_w(acc)
         out = numba.carray(out_p, (MV, NRW * LANES))  # [MV, NRW*LANES] dgh_s R for a column tile
-        for s in range(steps - 1, -1, -1):      # every step: the step zeroes dgh[s], hp[s] of inactive rows
+        for s in range(hi - 1, lo - 1, -1):     # every step: the step zeroes dgh[s], hp[s] of inactive rows
             n = active_prefix(rows_g, lens, s)      # the group's rows active at s
             if zon:                                  # zoneout: dh = mask*(dy + dh), carry = the rest (dy: zeros)
                 for i in range(n):
@@ -608,6 +648,7 @@ def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
 @functools.cache
 def backward_loop(cell, compute: str, parallel: bool, MV: int, has_proj: bool = False):
     """The backward of one layer and direction: ``loop(d, lens, groups, ..., dh_all)`` (the arguments of
-    `backward_group` after grp) runs every row group (line of `groups`) of `backward_group`: serially its
-    function for the one group, in parallel each group on one of the call's threads (`team_loop`)."""
-    return group_loop(backward_group(cell, compute, MV, has_proj), parallel)
+    `backward_group` after grp, lo, hi) runs every row group (line of `groups`) of `backward_group`: serially its
+    function for the one group, in parallel each group's step ranges relayed between the call's threads
+    (`relay_loop`)."""
+    return relay_loop(backward_group(cell, compute, MV, has_proj), parallel, "steps", True)

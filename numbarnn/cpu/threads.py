@@ -180,6 +180,57 @@ def team(pieces) -> list:
     return [here] + [f.result() for _, f in done]
 
 
+def relay(run, chains: int, links: int) -> None:
+    """run(c, k) for every chain c < `chains` and link k < `links`, a chain's links in order and one at a time, on
+    `chains` of the call's threads (`team`); a thread that ends a link takes the next link of the chain that no
+    thread runs and has the most links left (its own on a tie).  An exception of any link stops every chain
+    (no new link starts) and is raised here.
+
+    Why: the row groups of a time loop are chains of step ranges (rows independent, a group's state in shared
+    arrays), and a thread may run slower than the others for a while: a helper that waits for a core where
+    another pool's worker spins (torch's OpenMP worker after torch's own operation: a layer's helper piece began
+    ~3 ms late and ran ~25% slower than the caller's, bench/results/cpu.md), a noisy neighbour.  With each group on
+    its own thread the call waits for the slowest; relayed, the caller runs both groups' links while the helper
+    is away, and each thread keeps its own group otherwise."""
+    done = [0] * chains                            # links finished, per chain
+    busy = [False] * chains
+    cond = threading.Condition()
+    failed = []
+
+    def take(me):
+        """The next (chain, link) for thread `me`, or None when every chain is finished (or a link failed)."""
+        with cond:
+            while True:
+                if failed:
+                    return None
+                free = [c for c in range(chains) if not busy[c] and done[c] < links]
+                if free:
+                    c = max(free, key=lambda c: (links - done[c], c == me))
+                    busy[c] = True
+                    return c, done[c]
+                if all(d == links for d in done):
+                    return None
+                cond.wait()
+
+    def worker(me):
+        def go():
+            while (job := take(me)) is not None:
+                try:
+                    run(*job)
+                except BaseException:
+                    with cond:
+                        failed.append(True)
+                        cond.notify_all()
+                    raise
+                with cond:
+                    done[job[0]] += 1
+                    busy[job[0]] = False
+                    cond.notify_all()
+        return go
+
+    team([worker(me) for me in range(chains)])
+
+
 def part(n: int, i: int, pieces: int) -> slice:
     """Slice i of `pieces` near-equal slices of range(n): a thread's share of rows or columns."""
     return slice(n * i // pieces, n * (i + 1) // pieces)
