@@ -27,8 +27,8 @@ every step, the parallel loop (`relay_loop`) runs each group's steps in a few ra
 threads, so that a thread that starts late or runs slowed (another pool's spinning worker on its core) does not
 hold the call up. Rows are sorted by length once per
 call (longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active
-rows; the forward deals them to the groups one by one (group g: rows g, g + groups, ...), so each group's active
-rows are a prefix of its own too. A group's active rows run in wide tiles of NRW rows, then tiles of NR
+rows; the groups take tiles of NR of them in turn (`group_rows`), so each group's active rows are a prefix of its
+own too. A group's active rows run in wide tiles of NRW rows, then tiles of NR
 (`microkernel.wide_rows`, `wide_tiles`: 16 rows as 6 + 6 + 4 on AVX2; NRW = NR where there is no wider tile),
 the backward's products likewise (`row_products`); a partial tile's spare lanes recompute the group's longest row
 and are not written. Units: a partial last tile computes on zeros (packed weights, biases and the padded columns
@@ -72,8 +72,8 @@ def _forward_key(cell, compute: str, has_proj: bool) -> str:
 @functools.cache
 def forward_group(cell, compute: str, has_proj: bool = False):
     """One row group's whole fused forward of one layer and direction for `cell` (see the module docstring):
-    ``group(grp, <forward_loop's arguments>)`` runs the rows order[grp], order[grp + groups], ... through every
-    step.  With a projection the cell's m goes to `mbuf`, and after a step's unit tiles each tile of NR rows'
+    ``group(grp, lo, hi, <forward_loop's arguments>)`` runs the rows of line grp of `groups` (`group_rows`) through
+    steps lo .. hi-1.  With a projection the cell's m goes to `mbuf`, and after a step's unit tiles each tile of NR rows'
     h' = W_proj m by the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
 
     Three run-time flags: `save` False (an inference call) writes no reserve (acts, cs: the largest writes of the
@@ -106,8 +106,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         d,        # int     direction (0 forward, 1 reverse)
         H,        # int     hidden units
         lens,     # [B]     int32 sequence lengths
-        order,    # [B]     int64 rows by length, longest first
-        n_active, # [steps] int64 rows active at step s (a prefix of order)
+        n_active, # [steps] int64 rows active at step s (their count: a prefix of the rows by length)
         x,        # [T, B, I]      layer input, C-contiguous
         Wp,       # [NT, G//V, I, V, LANES] W packed (`pack`; unused with skip input)
         Rp,       # [NT, G//V, P, V, LANES] R packed (P = H without a projection)
@@ -119,7 +118,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         y,        # [T, B, D*P]    layer output
         acts,     # [T, B, S*H]    reserve: saved values (not written without `save`)
         cs,       # [T, B, H]      reserve: c' (not written without `save`)
-        groups,   # int     row groups run in parallel, each its own time loop (rows are independent)
+        groups,   # [NG, n] int64 each row group's rows, longest first (-1 pads), `group_rows`
         Wq,       # [NQ, MQ//V, H, V, LANES] projection: W_proj^T packed by columns (`pack_columns`)
         mbuf,     # [B, HP]        projection: m of the step
         ms,       # [T, B, H]      projection: reserve m (not written without `save`)
@@ -147,8 +146,9 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         HP = mbuf.shape[1]
         P = Rp.shape[2]
         NQ = Wq.shape[0]
-        # row group grp: the rows order[grp], order[grp + groups], ... (longest first: those active at a step
-        # are a prefix); per step in wide tiles of NRW rows, then tiles of NR (`wide_tiles`)
+        # row group grp: the rows of line grp of `groups` (longest first: those active at a step are a prefix);
+        # per step in wide tiles of NRW rows, then tiles of NR (`wide_tiles`)
+        rows_g = group_line(groups, grp)
         # scratch of one tile (stack memory, see cells.stack_buffer): lane r*LANES + u = row r, unit j0+u
         xrows_p = rows_x(i64)
         xrows = numba.carray(xrows_p, NRW)  # [NRW] addresses of the rows' x_t
@@ -171,8 +171,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         for s in range(lo, hi):
             cur = s % 2
             nxt = 1 - cur
-            n = n_active[s]
-            ng = (n - grp + groups - 1) // groups   # the group's rows active at s: order[grp + i*groups], i < ng
+            ng = active_prefix(rows_g, lens, s)     # the group's rows active at s: rows_g[:ng]
             nw = wide_tiles(ng, NRW, NR)            # the first nw tiles wide
             for jt in range(NT):
                 j0 = jt * LANES
@@ -183,7 +182,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                     nr = NRW if k < nw else NR
                     for r in range(nr):
                         # spare lanes: the group's longest row
-                        b = order[grp + (i0 + r) * groups] if i0 + r < ng else order[grp]
+                        b = rows_g[i0 + r] if i0 + r < ng else rows_g[0]
                         t = s if d == 0 else lens[b] - 1 - s
                         rb[r] = b
                         rt[r] = t
@@ -231,7 +230,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
             if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
                 for i0 in range(0, ng, NR):
                     for r in range(NR):
-                        b = order[grp + (i0 + r) * groups] if i0 + r < ng else order[grp]
+                        b = rows_g[i0 + r] if i0 + r < ng else rows_g[0]
                         rb[r] = b
                         rt[r] = s if d == 0 else lens[b] - 1 - s
                         hrows[r] = m_addr + (b * HP) * ITEM

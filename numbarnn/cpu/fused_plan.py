@@ -148,6 +148,7 @@ class FusedLayer:
     z: FusedSizes
     loop: object            # fused.forward_loop's loop
     groups: int             # row groups
+    rows: np.ndarray        # [groups, n] int64 each group's rows, longest first (-1 pads): `fused.group_rows`
     spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
     skip: bool              # skip input: no W
     small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `small_buffers`
@@ -173,18 +174,19 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: b
     cpu_side_by_side) (all in the key: the tuner changes the tile, tests the width, row groups follow the threads,
     a cell may be registered again under its name)."""
     cfg, B = call.config, call.B
-    _, _, _, n_active, padded, ran, _ = call_rows(call)
+    _, _, order, n_active, padded, ran, _ = call_rows(call)
     layers = []
     sides = layer_sides(call, threads, side)
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
         z = fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
-        groups = 1 if sides[layer] else fused.row_groups(B, microkernel.rows_for(cfg.G), int(n_active.sum()) * z.macs)
+        NR = microkernel.rows_for(cfg.G)
+        groups = 1 if sides[layer] else fused.row_groups(B, NR, int(n_active.sum()) * z.macs)
         loop = fused.forward_loop(cell, dtype_name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, groups, offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
+        layers.append(FusedLayer(z, loop, groups, fused.group_rows(order, groups, NR), offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
                                  np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)
