@@ -24,14 +24,13 @@ Rows are independent through a layer and direction, so threads split the rows, n
 group its own time loop over its rows; why not a hand-off per step: see row_groups). A group's time loop is one
 function over a range of steps (`forward_group`, `backward_group`): the serial loop runs it for the one group over
 every step, the parallel loop (`relay_loop`) runs each group's steps in a few ranges, relayed between the call's
-threads, so that a thread that starts late or runs slowed (another pool's spinning worker on its core) does not
-hold the call up. Rows are sorted by length once per
-call (longest first), so the rows active at step s are a prefix (`n_active[s]`) and a step runs only the active
-rows; the groups take tiles of NR of them in turn (`group_rows`), so each group's active rows are a prefix of its
-own too. A group's active rows run in wide tiles of NRW rows, then tiles of NR
-(`microkernel.wide_rows`, `wide_tiles`: 16 rows as 6 + 6 + 4 on AVX2; NRW = NR where there is no wider tile),
-the backward's products likewise (`row_products`); a partial tile's spare lanes recompute the group's longest row
-and are not written. Units: a partial last tile computes on zeros (packed weights, biases and the padded columns
+threads, so that a thread that starts late or runs slowed (another pool's spinning worker on its core) does not hold
+the call up. Rows are sorted by length once per call (longest first), so the rows active at step s are a prefix
+(`n_active[s]`) and a step runs only the active rows; the groups take tiles of NR of them in turn (`group_rows`), so
+each group's active rows are a prefix of its own too. A group's active rows run in wide tiles of NRW rows, then
+tiles of NR (`microkernel.wide_rows`, `wide_tiles`: 16 rows as 6 + 6 + 4 on AVX2; NRW = NR where there is no wider
+tile), the backward's products likewise (`row_products`); a partial tile's spare lanes recompute the group's longest
+row and are not written. Units: a partial last tile computes on zeros (packed weights, biases and the padded columns
 of the h and c buffers are 0) and writes only its first H - j0 lanes.
 
 Used for every call (network.py); the setting cpu_fused False selects the BLAS loops.
@@ -72,9 +71,10 @@ def _forward_key(cell, compute: str, has_proj: bool) -> str:
 @functools.cache
 def forward_group(cell, compute: str, has_proj: bool = False):
     """One row group's whole fused forward of one layer and direction for `cell` (see the module docstring):
-    ``group(grp, lo, hi, <forward_loop's arguments>)`` runs the rows of line grp of `groups` (`group_rows`) through
-    steps lo .. hi-1.  With a projection the cell's m goes to `mbuf`, and after a step's unit tiles each tile of NR rows'
-    h' = W_proj m by the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to y and h.
+    ``group(grp, lo, hi, <forward_loop's arguments>)`` runs the rows of line grp of `groups` (`group_rows`)
+    through steps lo .. hi-1.  With a projection the cell's m goes to `mbuf`, and after a step's unit tiles each
+    tile of NR rows' h' = W_proj m by the micro-kernel over W_proj's rows (`pack_columns` of W_proj^T), written to
+    y and h.
 
     Three run-time flags: `save` False (an inference call) writes no reserve (acts, cs: the largest writes of the
     loop); `skip`: skip input, x reaches the gates as it is; `zone`: haste's zoneout of h (SPEC 6.1, zoneout.py),

@@ -186,8 +186,8 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: b
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, groups, fused.group_rows(order, groups, NR), offsets, spans[0] is None, small, np.zeros(z.Wq_panels, ct),
-                                 np.zeros((0, z.HP), ct)))
+        layers.append(FusedLayer(z, loop, groups, fused.group_rows(order, groups, NR), offsets, spans[0] is None,
+                                 small, np.zeros(z.Wq_panels, ct), np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)
     return FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),
