@@ -276,7 +276,13 @@ def relay_loop(group, parallel: bool, steps: str, reverse: bool):
     (steps lo .. hi-1; `reverse`: from hi-1 down), the steps' count the argument named `steps` (an int, or an
     array of that length), the group count the one named ``groups``.  Serial: group 0 over every step.  Parallel:
     each group's steps in RELAY_LINKS ranges, in order (backward from the last with `reverse`), relayed between
-    the call's threads (`threads.relay`: a thread that is late or slowed does not hold the call up)."""
+    the call's threads (`threads.relay`: a thread that is late or slowed does not hold the call up).  Every fused
+    loop family's (this module's, layer_norm_fused's, modulated_fused's).
+
+    Why not an njit prange over the groups: its workers (libgomp's) spin after the region for ~3-17 ms on the
+    core the next BLAS product or loop wants, and the pool numba's loops and BLAS would take turns on slowed
+    both (a backward's weight gradients after a parallel loop, its lower layers' loops after the products:
+    bench/results/cpu.md); the prange loop was also a second compile of every cell's loop."""
     code = group.py_func.__code__
     names = code.co_varnames[3:code.co_argcount]                # after grp, lo, hi
     at_groups, at_steps = names.index("groups"), names.index(steps)
@@ -303,36 +309,6 @@ def relay_loop(group, parallel: bool, steps: str, reverse: bool):
 #: end, and each range is a call of the compiled loop and a hand-off (a few us: 64 ranges instead of 1 added ~0.3 ms
 #: to an LSTM forward of T=64 B=32 I=H=256, bench/results/cpu.md)
 RELAY_LINKS = 8
-
-
-def group_loop(group, parallel: bool):
-    """The loop over `group`'s row groups: the group function itself for group 0 of 1, or with `parallel` each
-    group on one of the call's threads (`team_loop`): the layer-normalised and the modulated cells' loops (this
-    module's run step ranges, `relay_loop`)."""
-    return team_loop(group) if parallel else functools.partial(group, 0)
-
-
-def team_loop(group):
-    """``loop(*args)`` running ``group(g, *args)`` for every row group g, each on one of the call's threads
-    (`threads.team`); the group count is the argument named ``groups`` (an int, or the [groups, n] rows).
-
-    Why not an njit prange over the groups: its workers (libgomp's) spin after the region for ~3-17 ms on the
-    core the next BLAS product or loop wants, and the pool numba's loops and BLAS would take turns on slowed
-    both (a backward's weight gradients after a parallel loop, its lower layers' loops after the products:
-    bench/results/cpu.md); the prange loop was also a second compile of every cell's loop."""
-    at = _groups_at(group.py_func)
-
-    def loop(*args):
-        groups = args[at]
-        count = int(groups) if np.ndim(groups) == 0 else groups.shape[0]
-        threads.team([functools.partial(group, np.int64(g), *args) for g in range(count)])
-    loop.group = group
-    return loop
-
-
-def _groups_at(fn) -> int:
-    """The position of `fn`'s argument ``groups`` after its first (grp)."""
-    return fn.__code__.co_varnames[:fn.__code__.co_argcount].index("groups") - 1
 
 
 #: a call (one layer and direction) of fewer multiply-adds than this runs serially (one row group)
@@ -548,8 +524,8 @@ def _backward_key(cell, compute: str, MV: int, has_proj: bool) -> str:
 
 @functools.cache
 def backward_group(cell, compute: str, MV: int, has_proj: bool = False):
-    """One row group's whole backward of one layer and direction: ``group(grp, <backward_loop's arguments>)``
-    runs the rows of line grp of `groups` (`group_rows`), per step s = steps-1 .. 0:
+    """One row group's backward of one layer and direction: ``group(grp, lo, hi, <backward_loop's arguments>)``
+    runs the rows of line grp of `groups` (`group_rows`), per step s = hi-1 .. lo:
 
         (projection: dht = dy + dh -> dh_all[t];  dm = dht @ W_proj by the micro-kernel over W_proj's columns)
         cells.backward_step(...)            the pointwise backward of the group's rows: dgx[t], dgh[s], hp[s],

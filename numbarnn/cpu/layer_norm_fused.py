@@ -72,7 +72,8 @@ def _normalise(dst, raw, gain, bias, mean, rstd, n):
 @functools.cache
 def forward_group(cell, compute: str):
     """One row group's whole forward of one layer and direction for a layer-normalised `cell` (see the module
-    docstring): ``group(grp, <forward_loop's arguments>)`` runs row tiles grp, grp + groups, ... every step."""
+    docstring): ``group(grp, lo, hi, <forward_loop's arguments>)`` runs row tiles grp, grp + groups, ... through
+    steps lo .. hi-1."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     one = acc(1.0)
@@ -118,6 +119,8 @@ def forward_group(cell, compute: str):
 
     def group(
         grp,      # int     the row group this call runs (of `groups`)
+        lo,       # int     the steps this call runs: lo .. hi-1
+        hi,       # int
         d,        # int     direction (0 forward, 1 reverse)
         lens,     # [B]     int32 sequence lengths
         order,    # [B]     int64 rows by length, longest first
@@ -177,7 +180,7 @@ def forward_group(cell, compute: str):
         c_prev = numba.carray(lanes_c(acc), L)       # [L] c (0 without a state)
         m_out = numba.carray(lanes_m(acc), L)        # [L] out: m (with "c": unused until the output pass)
         c_out = numba.carray(lanes_n(acc), L)        # [L] out: c' ; with "c" then n = LN(c') γ_c + β_c
-        for s in range(n_active.shape[0]):
+        for s in range(lo, hi):
             n = n_active[s]
             for i0 in range(grp * NR, n, groups * NR):
                 nr = min(NR, n - i0)                 # the tile's active rows; spare lanes: its first row
@@ -289,9 +292,9 @@ def forward_group(cell, compute: str):
 @functools.cache
 def forward_loop(cell, compute: str, parallel: bool):
     """The fused forward of one layer and direction: ``loop(d, lens, ..., groups)`` (`forward_group`'s arguments
-    after grp) runs every row group: serially the group function for group 0 of 1, in parallel each group on one
-    of the call's threads (`fused.team_loop`)."""
-    return fused.group_loop(forward_group(cell, compute), parallel)
+    after grp, lo, hi) runs every row group over every step: serially group 0 of 1, in parallel each group's step
+    ranges relayed between the call's threads (`fused.relay_loop`)."""
+    return fused.relay_loop(forward_group(cell, compute), parallel, "n_active", False)
 
 
 def supported(call, lp) -> bool:
@@ -367,8 +370,8 @@ def _backward_key(cell, compute: str) -> str:
 
 @functools.cache
 def backward_group(cell, compute: str, row_step_fn):
-    """One row group's whole backward of one layer and direction: ``group(grp, <backward_loop's arguments>)`` runs
-    the rows of line grp of `groups` (`fused.group_rows`), per step s = steps-1 .. 0:
+    """One row group's backward of one layer and direction: ``group(grp, lo, hi, <backward_loop's arguments>)`` runs
+    the rows of line grp of `groups` (`fused.group_rows`), per step s = hi-1 .. lo:
 
         row_step(s, ..., rows_g, ...)       layer_norm.backward_loop over the group's rows: "c", the cell's
                                             backward, "rh" (dgx[t], dgh[s], hp[s], dh bypassing R, dc, the
@@ -387,6 +390,8 @@ def backward_group(cell, compute: str, row_step_fn):
 
     def group(
         grp,      # int     the row group this call runs (a line of `groups`)
+        lo,       # int     the steps this call runs: hi-1 down to lo
+        hi,       # int
         d,        # int     direction
         lens,     # [B]     int32
         groups,   # [NG, n] int64 each row group's rows, longest first (-1 pads), `fused.group_rows`
@@ -408,7 +413,7 @@ def backward_group(cell, compute: str, row_step_fn):
         rows = numba.carray(rows_p, NRW)              # [NRW] addresses of the rows' dgh_s
         out_p = lanes_w(acc)
         out = numba.carray(out_p, (MV, NRW * LANES))  # [MV, NRW*LANES] dgh_s R for a column tile
-        for s in range(steps - 1, -1, -1):
+        for s in range(hi - 1, lo - 1, -1):
             row_step(s, d, lens, rows_g, dy, y, h0, c0, acts, cs, lnstat, rh_raw, gain_r, gain_c, bias_c, vec, dh,
                      dc, dgx, dgh[s], hp[s], dbR, dgain_r, dgain_c, dbias_c, dv_acc)
             n = fused.active_prefix(rows_g, lens, s)     # the group's rows active at s
@@ -422,9 +427,9 @@ def backward_group(cell, compute: str, row_step_fn):
 @functools.cache
 def backward_loop(cell, compute: str, parallel: bool, row_step):
     """The fused backward of one layer and direction: ``loop(d, lens, groups, ..., RTp)`` (`backward_group`'s
-    arguments after grp) runs every row group, serially or each on one of the call's threads
-    (`fused.team_loop`)."""
-    return fused.group_loop(backward_group(cell, compute, row_step), parallel)
+    arguments after grp, lo, hi) runs every row group over every step, serially or its step ranges relayed between
+    the call's threads (`fused.relay_loop`)."""
+    return fused.relay_loop(backward_group(cell, compute, row_step), parallel, "steps", True)
 
 
 def backward_direction(call, lp, d, rows, row_step, args, dgh, hp, sums, ct):

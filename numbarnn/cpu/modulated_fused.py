@@ -46,7 +46,8 @@ def _key(cell, compute: str) -> str:
 @functools.cache
 def forward_group(cell, compute: str):
     """One row group's whole forward of one layer and direction for a modulated `cell` (see the module
-    docstring): ``group(grp, <forward_loop's arguments>)`` runs row tiles grp, grp + groups, ... every step."""
+    docstring): ``group(grp, lo, hi, <forward_loop's arguments>)`` runs row tiles grp, grp + groups, ... through
+    steps lo .. hi-1."""
     acc = np.dtype(compute).type
     zero = acc(0.0)
     i64 = np.int64
@@ -64,6 +65,8 @@ def forward_group(cell, compute: str):
 
     def group(
         grp,      # int     the row group this call runs (of `groups`)
+        lo,       # int     the steps this call runs: lo .. hi-1
+        hi,       # int
         d,        # int     direction (0 forward, 1 reverse)
         lens,     # [B]     int32 sequence lengths
         order,    # [B]     int64 rows by length, longest first
@@ -127,7 +130,7 @@ def forward_group(cell, compute: str):
         m_out = numba.carray(lanes_m(acc), L)        # [L] out: m (pass 1), h' (pass 2)
         c_out = numba.carray(lanes_n(acc), L)        # [L] out: c'
         GL = G * L * ITEM                            # bytes of a unit tile's wx scratch
-        for s in range(n_active.shape[0]):
+        for s in range(lo, hi):
             n = n_active[s]
             for i0 in range(grp * NR, n, groups * NR):
                 nr = min(NR, n - i0)                 # the tile's active rows; spare lanes: its first row
@@ -206,9 +209,9 @@ def forward_group(cell, compute: str):
 @functools.cache
 def forward_loop(cell, compute: str, parallel: bool):
     """The fused forward of one layer and direction: ``loop(d, lens, ..., groups)`` (`forward_group`'s arguments
-    after grp) runs every row group: serially the group function for group 0 of 1, in parallel each group on one
-    of the call's threads (`fused.team_loop`)."""
-    return fused.group_loop(forward_group(cell, compute), parallel)
+    after grp, lo, hi) runs every row group over every step: serially group 0 of 1, in parallel each group's step
+    ranges relayed between the call's threads (`fused.relay_loop`)."""
+    return fused.relay_loop(forward_group(cell, compute), parallel, "n_active", False)
 
 
 def supported(call, lp) -> bool:
