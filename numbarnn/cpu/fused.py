@@ -106,7 +106,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         d,        # int     direction (0 forward, 1 reverse)
         H,        # int     hidden units
         lens,     # [B]     int32 sequence lengths
-        n_active, # [steps] int64 rows active at step s (their count: a prefix of the rows by length)
+        steps,    # int     the longest length
         x,        # [T, B, I]      layer input, C-contiguous
         Wp,       # [NT, G//V, I, V, LANES] W packed (`pack`; unused with skip input)
         Rp,       # [NT, G//V, P, V, LANES] R packed (P = H without a projection)
@@ -268,7 +268,7 @@ def forward_loop(cell, compute: str, parallel: bool, has_proj: bool = False):
     """The fused forward of one layer and direction for `cell`: ``loop(d, H, lens, ..., save, zone, .., zmask)`` (the
     arguments of `forward_group` after grp, lo, hi) runs every row group of `forward_group` over every step.
     Serial: group 0 of 1.  Parallel: each group's step ranges relayed between the call's threads (`relay_loop`)."""
-    return relay_loop(forward_group(cell, compute, has_proj), parallel, "n_active", False)
+    return relay_loop(forward_group(cell, compute, has_proj), parallel, "steps", False)
 
 
 def relay_loop(group, parallel: bool, steps: str, reverse: bool):

@@ -147,13 +147,17 @@ class FusedLayer:
     """What `fused_forward` needs of one pseudo-layer besides its arrays (shared: never written)."""
     z: FusedSizes
     loop: object            # fused.forward_loop's loop
-    groups: int             # row groups
-    rows: np.ndarray        # [groups, n] int64 each group's rows, longest first (-1 pads): `fused.group_rows`
+    rows: np.ndarray        # [groups, n] int64 each row group's rows, longest first (-1 pads): `fused.group_rows`
     spans: np.ndarray       # [6] int64 offsets of W, R, W_proj, bW, bR, V in the opaque buffer (-1: absent)
     skip: bool              # skip input: no W
     small: tuple            # (the shapes of bW, bR, vec, hbuf, cbuf, their total size): `small_buffers`
     no_Wq: np.ndarray       # the empty Wq panels without a projection (never written)
     no_m: np.ndarray        # [0, HP]: mbuf without a projection (never written)
+
+    @property
+    def groups(self) -> int:
+        """Row groups: the lines of `rows`."""
+        return self.rows.shape[0]
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,8 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: b
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, groups, fused.group_rows(order, groups, NR), offsets, spans[0] is None,
-                                 small, np.zeros(z.Wq_panels, ct), np.zeros((0, z.HP), ct)))
+        layers.append(FusedLayer(z, loop, fused.group_rows(order, groups, NR), offsets, spans[0] is None, small,
+                                 np.zeros(z.Wq_panels, ct), np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)
     return FusedPlan(tuple(layers), not padded and len(ran) == B and call.T > 0, np.zeros((0, 0), ct),

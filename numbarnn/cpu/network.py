@@ -106,7 +106,7 @@ def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, 
     (empty, empty) at inference (the expectation), or None: no zoneout."""
     cfg, B = call.config, call.B
     H, P = cfg.H, cfg.P
-    lens, _, _, n_active, _, ran, t_last = rows
+    lens, steps, _, _, _, ran, t_last = rows
     lay = plan.layers[p]
     z = lay.z
     HP = z.HP
@@ -125,7 +125,7 @@ def fused_forward(call: RNNCall, plan: fused_plan.FusedPlan, p: int, params, d, 
     fused_plan.fused_prepare(params, lay.spans, x_l.shape[2], H, cfg.V, h, plan.no_c if c is None else c, Wp, Rp,
                              Wq, bW, bR, vec, hbuf, cbuf, not packed)
     zin, zmask = zone if zone is not None else (zoneout.NO_MASK, plan.none3)
-    lay.loop(d, H, lens, n_active, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
+    lay.loop(d, H, lens, steps, np.ascontiguousarray(x_l), Wp, Rp, bW, bR, vec, hbuf, cbuf, y, acts,
              cs, lay.rows, Wq, mbuf, ms, lay.skip, call.is_training, zoneout.fused_mode(call), cfg.zoneout, zin,
              zmask)
     if plan.full:                            # every row's last step: t = T-1 (reverse: 0)

@@ -123,32 +123,9 @@ def chosen(G: int, regs: int, simd: int) -> tuple[int, int]:
     static = microkernel._tile_shape(G, regs)
     if not enabled():
         return static
-    k = key(G, regs, simd)
-    if k in _measured:
-        return _measured[k]
-    entry = _read().get(k)
-    if entry is not None and tuple(entry.get("shape", ())) in candidates(G, regs) + [static]:
-        _measured[k] = tuple(entry["shape"])
-        return _measured[k]
-    shapes = candidates(G, regs) or [static]
-    gflops = dict.fromkeys(shapes, 0.0)
-    try:
-        for _ in range(ROUNDS):
-            for shape in shapes:
-                gflops[shape] = max(gflops[shape], measure(G, *shape))
-    except Exception:         # pragma: no cover - a compile or run failure: the static rule, said once
-        warnings.warn(f"numbarnn: measuring the micro-kernel's tile shapes failed; using {static} for G={G}",
-                      stacklevel=2)
-        _measured[k] = static
-        return static
-    finally:
-        _timed_product.cache_clear()            # (each shape's panels and rows: a few MB, not kept past the rounds)
-    best = pick(gflops, static)
-    _measured[k] = best
-    _update(k, {"shape": list(best), "static": list(static), "gflops": {f"{V}x{NR}": round(g, 1)
-                                                                          for (V, NR), g in gflops.items()},
-                "measured": time.strftime("%Y-%m-%d")})
-    return best
+    return _choose(key(G, regs, simd), "shape", candidates(G, regs) or [static], static,
+                   lambda shape: measure(G, *shape), lambda shape: "{}x{}".format(*shape),
+                   f"the micro-kernel's tile shapes failed; using {static} for G={G}")
 
 
 def chosen_wide(G: int, regs: int, simd: int) -> int:
@@ -160,29 +137,43 @@ def chosen_wide(G: int, regs: int, simd: int) -> int:
     wide = microkernel.wide_candidate(V, NR, regs)
     if not enabled() or wide == NR:
         return static
-    k = key(G, regs, simd) + f" | wide rows of {V}x{NR}"
+    rows = NR * wide                    # whole tiles of either
+    return _choose(key(G, regs, simd) + f" | wide rows of {V}x{NR}", "rows", [NR, wide], static,
+                   lambda nr: measure(G, V, nr, B=rows), lambda nr: f"{V}x{nr}",
+                   f"the micro-kernel's wide tile failed; using {static} rows for G={G}")
+
+
+def _choose(k: str, field: str, options: list, static, timed, label, failed: str):
+    """This machine's choice under key k among `options` (the static rule's `static` kept unless another is MARGIN
+    faster, `pick`): this process's, else the file's entry `field` (if still an option or the rule's), else timed
+    now, `timed(option)` -> GFLOP/s, in ROUNDS interleaved rounds, each option's best kept, and written with every
+    option's figure (`label(option)`); the rule where timing fails (warned: "numbarnn: measuring " + `failed`)."""
     if k in _measured:
         return _measured[k]
     entry = _read().get(k)
-    if entry is not None and entry.get("rows") in (NR, wide):
-        _measured[k] = entry["rows"]
-        return _measured[k]
-    gflops = {NR: 0.0, wide: 0.0}
-    rows = NR * wide                    # whole tiles of either
+    kept = entry.get(field) if entry is not None else None
+    kept = tuple(kept) if isinstance(kept, list) else kept
+    if kept is not None and kept in options + [static]:
+        _measured[k] = kept
+        return kept
+    gflops = dict.fromkeys(options, 0.0)
     try:
         for _ in range(ROUNDS):
-            for nr in gflops:
-                gflops[nr] = max(gflops[nr], measure(G, V, nr, B=rows))
-    except Exception:         # pragma: no cover - as in `chosen`
-        warnings.warn(f"numbarnn: measuring the micro-kernel's wide tile failed; using {static} rows for G={G}",
-                      stacklevel=2)
+            for option in options:
+                gflops[option] = max(gflops[option], timed(option))
+    except Exception:         # pragma: no cover - a compile or run failure: the static rule, said once
+        warnings.warn("numbarnn: measuring " + failed, stacklevel=3)
         _measured[k] = static
         return static
     finally:
-        _timed_product.cache_clear()
+        _timed_product.cache_clear()            # (each option's panels and rows: a few MB, not kept past the rounds)
     best = pick(gflops, static)
     _measured[k] = best
-    _update(k, {"rows": best, "static": static, "gflops": {f"{V}x{nr}": round(g, 1) for nr, g in gflops.items()},
+
+    def stored(option):
+        return list(option) if isinstance(option, tuple) else option
+    _update(k, {field: stored(best), "static": stored(static),
+                "gflops": {label(option): round(g, 1) for option, g in gflops.items()},
                 "measured": time.strftime("%Y-%m-%d")})
     return best
 
