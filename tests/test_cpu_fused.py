@@ -79,6 +79,36 @@ def test_product_tile_with_a_bias_starts_every_row_from_it(G):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_copy_values_copies_n_values_and_rejects_strided_arrays(dtype):
+    """The fused loops' constant-size copies (`fused.copy_values`, LLVM's memcpy): n values of a contiguous row,
+    the rest untouched; a strided or 2-d array or mixed dtypes are a TypeError when the loop compiles."""
+    from numba import njit
+
+    @njit
+    def copy(dst, src, n):
+        fused.copy_values(dst[1:], src[2:], n)
+
+    src = np.arange(20, dtype=dtype)
+    for n in (0, 3, 8, 16):
+        dst = np.full(20, -1, dtype)
+        copy(dst, src, n)
+        assert dst[0] == -1 and np.array_equal(dst[1:1 + n], src[2:2 + n]) and (dst[1 + n:] == -1).all()
+
+    @njit
+    def strided(dst, src):
+        fused.copy_values(dst[::2], src, 4)
+
+    @njit
+    def flat(dst, src):
+        fused.copy_values(dst, src, 4)
+
+    for fn, args in ((strided, (np.zeros(8, dtype), src)), (flat, (np.zeros((2, 4), dtype), src)),
+                     (flat, (np.zeros(8, np.int64), src))):
+        with pytest.raises(Exception, match="copy_values"):
+            fn(*args)
+
+
 def test_bias_tiles_lay_out_unit_tiles_with_zeros_past_H():
     G, H, NT, LANES = 3, 5, 2, 4
     b = np.arange(G * H, dtype=np.float32) + 1

@@ -44,11 +44,13 @@ import functools
 
 import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..util import cdiv
 from . import cells
-from .cells import accumulate, load
+from .cells import accumulate
 from . import threads
 from .microkernel import lanes_for, product_tile, rows_for, tile_shape, vectors_per_pass, wide_rows
 from .zoneout import NONE as ZONE_NONE
@@ -260,7 +262,8 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         extra[name] = cells.stack_buffer(NRW)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_o"):
         extra[name] = cells.stack_buffer(L)
-    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
+    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L,
+                             fastmath={"contract"}, **extra)
 
 
 @functools.cache
@@ -387,15 +390,36 @@ def wide_tiles(n: int, NRW: int, NR: int) -> int:
     return best
 
 
+@intrinsic
+def copy_values(typingctx, dst, src, n):
+    """dst[:n] = src[:n] as LLVM's memcpy, for contiguous 1-d arrays of one dtype: with n a compile-time constant,
+    a few vector moves.  Why not a loop: LLVM unrolls a loop of constant count into scalar moves, one value at a
+    time, where it cannot prove the two arrays apart (the fused loops' stack scratch, whose address the
+    micro-kernel takes): 8 loads and 8 stores per LANES values, ~6-9% of an LSTM forward (bench/results/cpu.md);
+    memcpy's operands never overlap."""
+    for name, arg in (("dst", dst), ("src", src)):
+        if not isinstance(arg, types.Array) or arg.ndim != 1 or arg.layout not in "CF":
+            raise TypeError(f"copy_values: {name} must be a contiguous 1-d array, got {arg}")
+    if dst.dtype != src.dtype or not isinstance(n, types.Integer):
+        raise TypeError(f"copy_values: arrays of one dtype and an integer count, got {dst}, {src}, {n}")
+
+    def codegen(context, builder, signature, args):
+        d = context.make_array(signature.args[0])(context, builder, args[0])
+        s = context.make_array(signature.args[1])(context, builder, args[1])
+        count = context.cast(builder, args[2], signature.args[2], types.intp)
+        cgutils.raw_memcpy(builder, d.data, s.data, count, context.get_abi_sizeof(d.data.type.pointee))
+        return context.get_dummy_value()
+    return types.void(dst, src, n), codegen
+
+
 @njit(inline="always")
 def load_lanes(dst, src, n, LANES):
     """dst[:n] = src[:n] for n <= LANES, a compile-time constant: the fused loops' copies of a unit tile's lanes.
-    A copy of n, unknown at compile time, LLVM makes a call of memcpy (8 calls of 32 bytes per row, tile and step in
-    the LSTM's forward; memcpy was ~5% of a training call's time); n == LANES, every tile but a partial last one,
-    is a copy of constant size, which it makes a few vector moves."""
+    n == LANES, every tile but a partial last one, is a copy of constant size (`copy_values`: a vector move or
+    two); a copy of n, unknown at compile time, a loop (LLVM would make it a call of memcpy: 8 calls of 32 bytes
+    per row, tile and step in the LSTM's forward, ~5% of a training call's time)."""
     if n == LANES:
-        for u in range(LANES):
-            dst[u] = src[u]
+        copy_values(dst, src, LANES)
     else:
         for u in range(n):
             dst[u] = src[u]
@@ -422,13 +446,13 @@ def gather_lanes(v, h_prev, c_prev, vec, h, c, rb, j0, V, LANES, READ_H, STATE):
         q = r * LANES
         b = rb[r]
         for k in range(V):
-            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+            copy_values(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
         if READ_H:
-            load(h_prev[q:q + LANES], h[b, j0:j0 + LANES], LANES)
+            copy_values(h_prev[q:q + LANES], h[b, j0:j0 + LANES], LANES)
         else:
             h_prev[q:q + LANES] = 0
         if STATE:
-            load(c_prev[q:q + LANES], c[b, j0:j0 + LANES], LANES)
+            copy_values(c_prev[q:q + LANES], c[b, j0:j0 + LANES], LANES)
         else:
             c_prev[q:q + LANES] = 0
 

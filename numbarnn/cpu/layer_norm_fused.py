@@ -34,8 +34,8 @@ import numpy as np
 
 from . import cells, fused, microkernel
 from ..util import cdiv
-from .cells import accumulate, load
-from .fused import load_lanes
+from .cells import accumulate
+from .fused import copy_values, load_lanes
 from .workspace import scratch
 
 EPS = 1e-5
@@ -247,9 +247,9 @@ def forward_group(cell, compute: str):
                         for r in range(NR):
                             for u in range(nu, LANES):
                                 c_out[r * LANES + u] = zero
-                        load(ct[jt, 0], c_out, L)
+                        copy_values(ct[jt, 0], c_out, L)
                         for k in range(S):
-                            load(st[jt, k], saved[k], L)
+                            copy_values(st[jt, k], saved[k], L)
                 if NC:                               # n = LN(c') γ_c + β_c, m = output(n) of the active rows
                     for r in range(NR):
                         stat[2, 0, r], stat[2, 1, r] = moments(ct, r, H, part)
@@ -265,9 +265,9 @@ def forward_group(cell, compute: str):
                             _normalise(c_out[q:q + LANES], ct[jt, 0, q:q + LANES], norm[4, 0, j0:j0 + LANES],
                                        norm[5, 0, j0:j0 + LANES], stat[2, 0, r], stat[2, 1, r], LANES)
                             for k in range(V):
-                                load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+                                copy_values(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
                         for k in range(S):
-                            load(saved[k], st[jt, k], L)
+                            copy_values(saved[k], st[jt, k], L)
                         for q in range(L):
                             m_out[q] = out_fn(c_out[q], saved[:, q], v[:, q])
                         for r in range(nr):
@@ -286,7 +286,8 @@ def forward_group(cell, compute: str):
     extra["moments"] = row_moments               # a global of the compiled copy, not a closure value (cached_step)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_n"):
         extra[name] = cells.stack_buffer(L)
-    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
+    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L,
+                             fastmath={"contract"}, **extra)
 
 
 @functools.cache

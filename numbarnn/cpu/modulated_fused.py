@@ -24,8 +24,7 @@ import numba
 import numpy as np
 
 from . import cells, fused, microkernel
-from .cells import load
-from .fused import load_lanes
+from .fused import copy_values, load_lanes
 from .modulated import gate_rows
 from .workspace import scratch
 
@@ -151,16 +150,16 @@ def forward_group(cell, compute: str):
                     tile_1(r1_addr + jt * (H * G1 * LANES * ITEM), hrows_p, H, rhs_addr + jt * (G1 * L * ITEM),
                            b1_addr + jt * (G1 * LANES * ITEM))
                     for g in range(G):
-                        load(wx[g], wxs[jt, g], L)
+                        copy_values(wx[g], wxs[jt, g], L)
                         if FREE[g]:
-                            load(rh[g], rhs[jt, SLOT[g]], L)
+                            copy_values(rh[g], rhs[jt, SLOT[g]], L)
                         else:
                             rh[g, :] = zero
                     for r in range(NR):
                         q = r * LANES
                         for k in range(V):
-                            load(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
-                        load(h_prev[q:q + LANES], hb[rb[r], j0:j0 + LANES], LANES)
+                            copy_values(v[k, q:q + LANES], vec[k, j0:j0 + LANES], LANES)
+                        copy_values(h_prev[q:q + LANES], hb[rb[r], j0:j0 + LANES], LANES)
                     for q in range(L):
                         m_out[q] = mod_fn(wx[:, q], rh[:, q], v[:, q], h_prev[q])
                     for r in range(nr):
@@ -176,11 +175,11 @@ def forward_group(cell, compute: str):
                     tile_2(r2_addr + jt * (H * G2 * LANES * ITEM), qrows_p, H, rh2_p,
                            b2_addr + jt * (G2 * LANES * ITEM))
                     for g in range(G):
-                        load(wx[g], wxs[jt, g], L)
+                        copy_values(wx[g], wxs[jt, g], L)
                         if FREE[g]:
-                            load(rh[g], rhs[jt, SLOT[g]], L)
+                            copy_values(rh[g], rhs[jt, SLOT[g]], L)
                         else:
-                            load(rh[g], rh2[SLOT[g]], L)
+                            copy_values(rh[g], rh2[SLOT[g]], L)
                     fused.gather_lanes(v, h_prev, c_prev, vec, hb, cb, rb, j0, V, LANES, True, STATE)
                     for q in range(L):
                         m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
@@ -203,7 +202,8 @@ def forward_group(cell, compute: str):
         extra[name] = cells.stack_buffer(NR)
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_n"):
         extra[name] = cells.stack_buffer(L)
-    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L, **extra)
+    return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L,
+                             fastmath={"contract"}, **extra)
 
 
 @functools.cache
