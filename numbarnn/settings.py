@@ -15,6 +15,7 @@
 | cpu_tune | NUMBARNN_CPU_TUNE | 0 / 1 | True: the cpu micro-kernel's tile measured per machine |
 | cpu_fused | NUMBARNN_CPU_FUSED | 0 / 1 | True: the cpu backend's fused time loops (0: its BLAS loops, to compare) |
 | cpu_side_by_side | NUMBARNN_CPU_SIDE_BY_SIDE | 0 / 1 | True: a bidirectional layer's directions at once on 2 threads |
+| cpu_torch_pool | NUMBARNN_CPU_TORCH_POOL | 0 / 1 | True: the cpu backend's threads are torch's OpenMP workers if any |
 | real_gpu | NUMBARNN_REAL_GPU | 0 / 1 | None: a GPU if numba finds one (1: must; 0: the simulator) |
 
 A setting is read from the environment when it is asked for (cheap: one lookup), so a variable exported before
@@ -41,6 +42,7 @@ SETTINGS = {
     "cpu_tune": ("NUMBARNN_CPU_TUNE", bool, True),
     "cpu_fused": ("NUMBARNN_CPU_FUSED", bool, True),
     "cpu_side_by_side": ("NUMBARNN_CPU_SIDE_BY_SIDE", bool, True),
+    "cpu_torch_pool": ("NUMBARNN_CPU_TORCH_POOL", bool, True),
     "real_gpu": ("NUMBARNN_REAL_GPU", ("0", "1"), None),
 }
 

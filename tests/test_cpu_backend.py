@@ -554,7 +554,21 @@ def test_blas_runs_on_numbas_thread_count_during_a_call(monkeypatch):
     assert [lib.num_threads for lib in libs] == before
 
 
-def test_side_by_side_runs_the_second_piece_on_the_helper_in_the_callers_settings():
+@pytest.fixture(params=["own", "torch"])
+def pool(request):
+    """The call's threads `threads.team` uses: numbarnn's own helpers (the setting cpu_torch_pool off), or torch's
+    OpenMP workers (torch imported; skipped where torch is absent or its parallel backend is not OpenMP)."""
+    from numbarnn import settings
+    from numbarnn.cpu import threads
+    if request.param == "torch":
+        pytest.importorskip("torch")
+        if threads._torch_openmp() is None:
+            pytest.skip("torch's parallel backend is not an OpenMP runtime numbarnn finds")
+    with settings.override(cpu_torch_pool=request.param == "torch"):
+        yield request.param
+
+
+def test_side_by_side_runs_the_second_piece_on_the_helper_in_the_callers_settings(pool):
     """threads.side_by_side: both results, the second on numbarnn's helper thread, in the caller's settings; an
     exception of either piece is raised in the caller, only once both have finished."""
     from numbarnn import settings
@@ -583,7 +597,7 @@ def test_side_by_side_runs_the_second_piece_on_the_helper_in_the_callers_setting
         threads.side_by_side(lambda: None, lambda: 1 / 0)
 
 
-def test_team_runs_its_pieces_at_once_on_as_many_threads():
+def test_team_runs_its_pieces_at_once_on_as_many_threads(pool):
     """threads.team: pieces[0] on the caller, every other on a helper of its own, all at once (a barrier of all
     pieces would time out otherwise), results in order, however many pieces (the helpers grow); a piece that asks
     for a team runs its pieces itself (a helper waiting on helpers could wait forever); the first error raised
@@ -618,7 +632,52 @@ def test_team_runs_its_pieces_at_once_on_as_many_threads():
     assert finished == [True, True]
 
 
-def test_relay_runs_each_chain_in_order_and_moves_chains_to_a_free_thread():
+def test_team_runs_on_torchs_openmp_workers_where_torch_has_them():
+    """With torch imported (its wheel's OpenMP runtime), a team's other pieces run on torch's OpenMP workers, not
+    numbarnn's helpers: the runtime is the one under torch's directory, the workers are OpenMP's (their thread
+    numbers), torch's thread count is what it was; the setting off gives numbarnn's helpers."""
+    torch = pytest.importorskip("torch")
+    from numbarnn import settings
+    from numbarnn.cpu import threads
+    openmp = threads._torch_openmp()
+    if openmp is None:
+        pytest.skip("torch's parallel backend is not an OpenMP runtime numbarnn finds")
+    assert os.path.realpath(openmp._name).startswith(os.path.dirname(os.path.realpath(torch.__file__)))
+    before = torch.get_num_threads()
+
+    def where():
+        return threading.current_thread().name, openmp.omp_get_thread_num(), threads._helping()
+
+    me = threading.current_thread().name
+    assert threads.team([where, where]) == [(me, 0, False), ("numbarnn-openmp-1", 1, True)]
+    assert torch.get_num_threads() == before
+    with settings.override(cpu_torch_pool=False):
+        name, number, helping = threads.team([where, where])[1]
+    assert name.startswith("numbarnn") and not name.startswith("numbarnn-openmp") and number == 0 and helping
+
+
+def test_a_forked_child_runs_its_teams_on_its_own_threads():
+    """libgomp's workers do not survive a fork: a child of a process whose team ran on torch's OpenMP workers
+    makes its own helpers (its team finishes, on numbarnn's helper threads)."""
+    import multiprocessing
+
+    pytest.importorskip("torch")
+    from numbarnn.cpu import threads
+    if threads._torch_openmp() is None:
+        pytest.skip("torch's parallel backend is not an OpenMP runtime numbarnn finds")
+    threads.team([functools.partial(time.sleep, 0.01)] * 2)       # torch's workers ran a team in the parent
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as child:
+        got = child.apply_async(_team_in_child).get(timeout=60)
+    assert got[0] is None and got[1][0] == 1 and got[1][1].startswith("numbarnn") and "openmp" not in got[1][1]
+
+
+def _team_in_child():
+    from numbarnn.cpu import threads
+    return threads._torch_openmp(), threads.team([lambda: 1, lambda: threading.current_thread().name])
+
+
+def test_relay_runs_each_chain_in_order_and_moves_chains_to_a_free_thread(pool):
     """threads.relay: every (chain, link) once, a chain's links in order and never two at once; a thread that is
     late leaves its chain to the others (here the helper sleeps before it takes anything: the caller runs both
     chains' first links meanwhile); each thread keeps its own chain when none is late; an error stops every
@@ -673,7 +732,7 @@ def test_relay_runs_each_chain_in_order_and_moves_chains_to_a_free_thread():
     assert len(failed) < 10                             # no new link after the error
 
 
-def test_helpers_leave_blas_alone():
+def test_helpers_leave_blas_alone(pool):
     """budget and serial_blas change nothing on a helper thread: threadpoolctl lets only the first thread that sets
     OpenBLAS's count change it while that thread lives, and a helper lives as long as the process."""
     from numbarnn.cpu import threads

@@ -1,13 +1,15 @@
-"""One thread budget per call: the fused loops run on the caller's count of threads, numbarnn's own, and BLAS
-uses at most that count.
+"""One thread budget per call: the fused loops run on the caller's count of threads (torch's OpenMP workers where
+torch has them, else numbarnn's own), and BLAS uses at most that count.
 
 A process holding numbarnn may have three thread pools: numba's, the BLAS library's that NumPy loaded
 (OpenBLAS) and, with PyTorch, torch's.  The caller chooses one count: ``numba.set_num_threads(n)`` for NumPy
 callers; inside ``numbarnn.torch``, ``torch.set_num_threads(n)``, which the modules hand to numba for the call.
-The fused loops split their work over that many threads of numbarnn's own (`team`: the caller's and helpers
-that wait on a lock when idle), and their backward's weight-gradient products run in slices on the same
-threads with BLAS on one thread each (`serial_blas`): no pool is started that would spin after its work on a
-core another pool, or torch's next operation, wants (bench/results/cpu.md).  Elsewhere (the BLAS loops)
+The fused loops split their work over that many threads (`team`), and their backward's weight-gradient products
+run in slices on the same threads with BLAS on one thread each (`serial_blas`): no pool is started that would
+spin after its work on a core another pool, or torch's next operation, wants (bench/results/cpu.md).  The threads
+are torch's own OpenMP workers where torch is imported and runs on OpenMP (`_torch_openmp`: one pool in the
+process, whose worker still spinning after torch's last operation takes numbarnn's work at once), else the
+caller's and numbarnn's helpers, which wait on a lock when idle.  Elsewhere (the BLAS loops)
 `budget` lowers BLAS's pool to the count for the call (through threadpoolctl, which finds the BLAS libraries
 NumPy loaded) and puts it back afterwards.  Nothing is raised above what it was.  Without threadpoolctl (an
 install without the dependency) BLAS keeps its own setting.
@@ -15,8 +17,12 @@ install without the dependency) BLAS keeps its own setting.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import itertools
 import os
+import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -144,25 +150,31 @@ def _forget_helper() -> None:
     global _helper_lock
     _helper.clear()
     _helper_lock = threading.Lock()
+    _openmp["torch"] = None                        # libgomp's workers do not survive a fork either
 
 
 os.register_at_fork(after_in_child=_forget_helper)
 
 
 def team(pieces) -> list:
-    """pieces[0]() here while every other piece runs on one of numbarnn's helper threads (in this thread's
-    settings), all finished on return -> their results, in order.  The call's threads, for independent pieces of
-    one call: row groups of a time loop, slices of a product, the two directions of a layer.  Compiled loops
-    release the GIL (`cells.cached_step`), NumPy's BLAS calls do (one BLAS thread each: `serial_blas`).
+    """pieces[0]() here while every other piece runs on a thread of its own (in this thread's settings), all
+    finished on return -> their results, in order: torch's OpenMP workers where torch is imported and has them
+    (`_torch_openmp`; the setting cpu_torch_pool), else numbarnn's helper threads.  The call's threads, for
+    independent pieces of one call: row groups of a time loop, slices of a product, the two directions of a layer.
+    Compiled loops release the GIL (`cells.cached_step`), NumPy's BLAS calls do (one BLAS thread each:
+    `serial_blas`).
 
     Why not numba's parallel loops and BLAS's own threads: each pool's idle workers spin after their work
     (libgomp's ~3-17 ms after a parallel region, OpenBLAS's ~0.1 s after a product) on the cores the next pool
-    wants; a helper waits on a lock and takes no core (bench/results/cpu.md).  A hand-off costs ~0.1 ms: the
-    callers split only work far larger.  On a helper thread (a piece that asks for a team) the pieces run here,
+    wants; a helper waits on a lock and takes no core, and torch's workers are the pool that spins anyway
+    (bench/results/cpu.md).  A hand-off costs ~0.1 ms: the callers split only work far larger.  On a helper thread (a piece that asks for a team) the pieces run here,
     one after the other.  An exception of any piece is raised here once all have finished."""
     if len(pieces) == 1 or _helping():
         return [piece() for piece in pieces]
     scope = settings.current()
+    openmp = _torch_openmp() if settings.get("cpu_torch_pool") else None
+    if openmp is not None:
+        return _openmp_team(openmp, pieces, scope)
 
     def run(piece):
         with settings.override(**scope):
@@ -178,6 +190,100 @@ def team(pieces) -> list:
         if error is not None:
             raise error
     return [here] + [f.result() for _, f in done]
+
+
+_openmp: dict = {}                                # "torch" -> torch's OpenMP runtime (ctypes), or None: none usable
+_openmp_jobs: dict = {}                           # key -> the work of a team running on OpenMP's threads
+_openmp_keys = itertools.count(1)
+
+
+def _torch_openmp():
+    """torch's OpenMP runtime, loaded by torch (a ctypes handle whose ``GOMP_parallel`` runs a function on torch's
+    thread pool), or None: torch not imported, its parallel backend not OpenMP, no such library in the process's
+    maps (Linux only), or this process forked from one whose pool ran (`_forget_helper`).  Looked up once torch is
+    imported.  GNU's libgomp, and LLVM's and Intel's runtimes, which export the same entry point.
+
+    Why: torch's operations leave its OpenMP worker spinning for a few ms on a core; numbarnn's helper thread
+    then shared that core with it (a layer's helper piece began ~3 ms late, bench/results/cpu.md).  On torch's
+    workers, the one still spinning takes numbarnn's piece at once, and the process has one pool."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        return _openmp["torch"]
+    except KeyError:
+        pass
+    _openmp["torch"] = found = _find_openmp(sys.modules["torch"])
+    return found
+
+
+def _find_openmp(torch):
+    """`_torch_openmp`'s search: the OpenMP runtime under torch's directory, or the only one in the process."""
+    try:
+        if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            return None
+        with open("/proc/self/maps") as maps:
+            paths = set(re.findall(r"(/\S*/lib(?:g|i|)omp[^/\s]*\.so[^/\s]*)$", maps.read(), re.MULTILINE))
+    except (AttributeError, OSError, RuntimeError):
+        return None
+    home = os.path.dirname(os.path.realpath(getattr(torch, "__file__", None) or "/nonexistent")) + os.sep
+    mine = sorted(p for p in paths if os.path.realpath(p).startswith(home))
+    path = mine[0] if mine else (paths.pop() if len(paths) == 1 else None)
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        lib.GOMP_parallel.argtypes = [_OPENMP_BODY_TYPE, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        lib.GOMP_parallel.restype = None
+        lib.omp_get_thread_num.restype = lib.omp_get_num_threads.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def _openmp_body(key) -> None:
+    """What each thread of an OpenMP team runs: the work `_openmp_team` left under `key`."""
+    _openmp_jobs[key]()
+
+
+_OPENMP_BODY_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_OPENMP_BODY = _OPENMP_BODY_TYPE(_openmp_body)   # kept alive here: OpenMP's threads call it
+
+
+def _openmp_team(openmp, pieces, scope) -> list:
+    """`team` on an OpenMP runtime's threads: ``GOMP_parallel`` with one thread per piece (ctypes releases the GIL
+    for the call; each thread takes it back to run Python and drops it in the compiled loops).  Thread i runs
+    piece i: pieces[0] on the caller (OpenMP's thread 0), every other on a worker named numbarnn-openmp-i, in the
+    caller's settings, as a helper (`_helping`); a team given fewer threads (a nested region, a thread limit)
+    runs the rest in turn on the threads it has.  An exception of any piece is raised here once all have
+    finished."""
+    n = len(pieces)
+    results, errors = [None] * n, {}
+
+    def work():
+        me, count = openmp.omp_get_thread_num(), openmp.omp_get_num_threads()
+        helper = me > 0
+        if helper:
+            threading.current_thread().name = f"numbarnn-openmp-{me}"
+        _on_helper.yes = helper
+        try:
+            with settings.override(**scope) if helper else contextlib.nullcontext():
+                for i in range(me, n, count):
+                    try:
+                        results[i] = pieces[i]()
+                    except BaseException as exc:   # raised in the caller, after every piece
+                        errors[i] = exc
+        finally:
+            _on_helper.yes = False
+
+    key = next(_openmp_keys)
+    _openmp_jobs[key] = work
+    try:
+        openmp.GOMP_parallel(_OPENMP_BODY, key, n, 0)
+    finally:
+        del _openmp_jobs[key]
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 def relay(run, chains: int, links: int) -> None:
