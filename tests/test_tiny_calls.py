@@ -174,6 +174,25 @@ def test_bias_sums_bit_for_bit_numpys(ct):
                 assert np.array_equal(got[c0:c1], bW[c0:c1]) and np.isnan(np.delete(got, np.s_[c0:c1])).all()
 
 
+@pytest.mark.parametrize("ct", [np.float32, np.float64])
+def test_sum_of_outer_is_numpys_product_and_a_step_of_one_row_its_outer_product(ct, monkeypatch):
+    """network.sum_of_outer: a^T b, NumPy's bits at K = 3 and a strided a; at K = 1 (a call of one step and one
+    row) the outer product without matmul, the same bits; a T=1 B=1 call's weight gradients take that path."""
+    rng = np.random.default_rng(0)
+    for K in (1, 3):
+        wide = rng.standard_normal((K, 14)).astype(ct)
+        a, b = wide[:, 2:9], rng.standard_normal((K, 5)).astype(ct)            # a [K, 7], strided
+        out = np.full((7, 5), np.nan, ct)
+        assert network.sum_of_outer(a, b, out) is out
+        assert np.array_equal(out, np.matmul(a.T, b))
+    used = []
+    real = network.sum_of_outer
+    monkeypatch.setattr(network, "sum_of_outer", lambda a, b, out: used.append(a.shape[0]) or real(a, b, out))
+    case = make_rnn_case(rnn_config(1, 16, 8, "lstm"), 1, 1, None, seed=0, dtype=ct)
+    run_backward(case, run_forward(case, "cpu"), "cpu")
+    assert used == [1, 1]                                # dW and dR
+
+
 def test_inference_outputs_written_whole_without_zeroing():
     """A full-length inference call no longer zeroes its y scratch: every element is written (poisoned scratch
     leaves no NaN); a ragged call of the same shape still gets zeros where no step runs."""
