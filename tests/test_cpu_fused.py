@@ -282,6 +282,28 @@ def test_row_groups_give_the_same_bits(monkeypatch, mode, groups):
         assert loop.group is group and len(group.overloads) == 1
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_torchs_openmp_workers_give_the_same_bits_as_numbarnns_helpers(monkeypatch, mode):
+    """Row groups, sides and product slices on torch's OpenMP workers (`threads._torch_openmp`) give the bits of
+    numbarnn's own helpers (the setting cpu_torch_pool off): forward, backward and the reserve, a bidirectional
+    layer with a projection, and the pieces past the first ran on OpenMP's workers."""
+    pytest.importorskip("torch")
+    if threads._torch_openmp() is None:
+        pytest.skip("torch's parallel backend is not an OpenMP runtime numbarnn finds")
+    monkeypatch.setattr(threads, "SPLIT_MIN_MACS", 0)
+    _use_row_groups(monkeypatch, 2)
+    case = _wide_case(mode, np.float32, num_proj=5 if mode == "lstm" else 0)
+    runs = []
+    for pool in (False, True):
+        ran = _count_helpers(monkeypatch)
+        with numbarnn_settings.override(cpu_torch_pool=pool):
+            fwd = run_forward(case, "cpu")
+            runs.append(named(fwd, run_backward(case, fwd, "cpu")) | {"reserve": reserve_contents(fwd[3])})
+        assert ran and all(name.startswith("numbarnn-openmp") == pool for name in ran)
+    for name, a in runs[0].items():
+        assert a.tobytes() == runs[1][name].tobytes(), name
+
+
 @pytest.mark.parametrize("mode, kw", [("lstm", dict(num_proj=5)), ("gru", {}), ("lstm", dict(input_mode="skip_input")),
                                       ("lstm", dict(zoneout=0.2, direction="unidirectional", layers=3))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

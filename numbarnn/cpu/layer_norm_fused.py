@@ -287,7 +287,7 @@ def forward_group(cell, compute: str):
     for name in ("lanes_h", "lanes_c", "lanes_m", "lanes_n"):
         extra[name] = cells.stack_buffer(L)
     return cells.cached_step(group, False, cells.njit_function(cell.forward, compute), G, S, VL, L,
-                             fastmath={"contract"}, **extra)
+                             fastmath={"contract"}, **extra)        # as fused.forward_group
 
 
 @functools.cache

@@ -167,8 +167,9 @@ def team(pieces) -> list:
     Why not numba's parallel loops and BLAS's own threads: each pool's idle workers spin after their work
     (libgomp's ~3-17 ms after a parallel region, OpenBLAS's ~0.1 s after a product) on the cores the next pool
     wants; a helper waits on a lock and takes no core, and torch's workers are the pool that spins anyway
-    (bench/results/cpu.md).  A hand-off costs ~0.1 ms: the callers split only work far larger.  On a helper thread (a piece that asks for a team) the pieces run here,
-    one after the other.  An exception of any piece is raised here once all have finished."""
+    (bench/results/cpu.md).  A hand-off costs ~0.1 ms: the callers split only work far larger.  On a helper
+    thread (a piece that asks for a team) the pieces run here, one after the other.  An exception of any piece is
+    raised here once all have finished."""
     if len(pieces) == 1 or _helping():
         return [piece() for piece in pieces]
     scope = settings.current()
