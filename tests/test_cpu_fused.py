@@ -159,6 +159,26 @@ def test_pack_lays_out_unit_tiles_with_zeros_past_H(V):
                 assert (out[jt, g // V, :, g % V, u] == want).all(), (jt, g, u)
 
 
+@pytest.mark.parametrize("G, U, V", [(1, 2, 2), (1, 2, 1), (2, 2, 2)])
+def test_pack_by_tiles_of_unit_tiles(G, U, V):
+    """pack(W, out, U): a tile's vector w holds gate w % G of unit tile jt*U + w // G, zeros past H (a one-gate
+    cell's forward pairs unit tiles, `microkernel.units_per_pass`); the forward's product of a packed tile then
+    gives W's rows in that order."""
+    H, K, LANES = 11, 3, 4
+    W = np.arange(G * H * K, dtype=np.float32).reshape(G * H, K) + 1
+    NT = 2                                                      # 2 tiles of U unit tiles: 16 units, 11 real
+    out = np.full((NT, G * U // V, K, V, LANES), np.nan, dtype=np.float32)
+    microkernel.pack(W, out, U)
+    for jt in range(NT):
+        for w in range(G * U):
+            g, unit_tile = w % G, jt * U + w // G
+            for u in range(LANES):
+                j = unit_tile * LANES + u
+                want = W[g * H + j] if j < H else np.zeros(K)
+                assert (out[jt, w // V, :, w % V, u] == want).all(), (jt, w, u)
+    assert microkernel.units_per_pass(1) == 2 and microkernel.units_per_pass(3) == 1
+
+
 @pytest.mark.parametrize("V", [1, 2])
 def test_pack_columns_lays_out_column_tiles_with_zeros_past_P(V):
     K, P, MV, LANES = 3, 11, 2, 4

@@ -128,12 +128,13 @@ def test_fused_prepare_matches_the_numpy_packing(ct, mode, proj, skip):
            np.full((1, HP), np.nan, ct), np.full((2, B, max(HP, P)), np.nan, ct), np.full((B, HP), np.nan, ct)]
     fused_plan.fused_prepare(params, spans, I, H, cfg.V, h, c if cfg.has_cell_state else np.zeros((0, 0), ct), *got,
                           True)
+    U = microkernel.units_per_pass(G)                   # 2 for rnn_tanh: its tiles pair unit tiles
     Rp = np.empty(z.R_panels, ct)
-    microkernel.pack(lp.R, Rp)
+    microkernel.pack(lp.R, Rp, U)
     np.testing.assert_array_equal(got[1], Rp)
     if not skip:
         Wp = np.empty(z.W_panels, ct)
-        microkernel.pack(lp.W, Wp)
+        microkernel.pack(lp.W, Wp, U)
         np.testing.assert_array_equal(got[0], Wp)
     if proj:
         Wq = np.empty(z.Wq_panels, ct)

@@ -6,8 +6,9 @@ steps goes through DRAM between the GEMM and the pointwise loop, and the pointwi
 OpenBLAS's other thread spins (measured: bench/results/cpu.md).
 
 Forward (`forward_loop`).  W and R are packed once per call into unit tiles (`pack`: the G gates of LANES
-units side by side for every k, zeros past H).  Per step, per unit tile j0 and tile of nr batch rows (NRW or NR,
-below):
+units side by side for every k, zeros past H; a one-gate cell's tiles hold two unit tiles, `units_per_pass`, so
+that a pass of the micro-kernel has two vectors).  Per step, per unit tile j0 and tile of nr batch rows (NRW or
+NR, below):
 
     acc_w[g, r, u] = sum_k W[g*H + j0+u, k] x[t_r, b_r, k]     `product_tile` (the micro-kernel below)
     acc_r[g, r, u] = sum_k R[g*H + j0+u, k] h[b_r, k]          the same over h (double-buffered)
@@ -52,7 +53,7 @@ from ..util import cdiv
 from . import cells
 from .cells import accumulate
 from . import threads
-from .microkernel import lanes_for, product_tile, rows_for, tile_shape, vectors_per_pass, wide_rows
+from .microkernel import lanes_for, product_tile, rows_for, tile_shape, units_per_pass, vectors_per_pass, wide_rows
 from .zoneout import NONE as ZONE_NONE
 from .zoneout import split_row, zone_lanes
 
@@ -66,8 +67,9 @@ lanes_w = lanes_r = lanes_q = lanes_h = lanes_c = lanes_m = lanes_o = lanes_V = 
 def _forward_key(cell, compute: str, has_proj: bool) -> str:
     """The fingerprint of forward_group's variant: the cell's and library's code (cells.variant_key), the vector
     width and the tiles."""
+    GU = cell.G * units_per_pass(cell.G)
     return (cells.variant_key(cell, compute, has_proj, False)
-            + f"fused {lanes_for(compute)} {tile_shape(cell.G)} {wide_rows(cell.G)} {COLUMN_VECTORS}")
+            + f"fused {lanes_for(compute)} {GU} {tile_shape(GU)} {wide_rows(GU)} {COLUMN_VECTORS}")
 
 
 @functools.cache
@@ -92,8 +94,10 @@ def forward_group(cell, compute: str, has_proj: bool = False):
     G, S, V = cell.G, cell.S, cell.V
     VL = max(V, 1)
     LANES = lanes_for(compute)
-    NR = rows_for(G)                            # rows of a tile (the projection's, a row group's last tiles)
-    NRW = wide_rows(G)                          # rows of a wide tile (NR where there is none)
+    U = units_per_pass(G)                       # unit tiles per pass of the products (2 for a one-gate cell)
+    GU = G * U                                  # vectors of a pass: gate w % G of unit tile jp*U + w // G
+    NR = rows_for(GU)                           # rows of a tile (the projection's, a row group's last tiles)
+    NRW = wide_rows(GU)                         # rows of a wide tile (NR where there is none)
     L = NRW * LANES                             # lanes of the pointwise loop: up to NRW rows x LANES units
     ITEM = np.dtype(compute).itemsize
     STATE = cell.cell_state
@@ -110,8 +114,8 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         lens,     # [B]     int32 sequence lengths
         steps,    # int     the longest length
         x,        # [T, B, I]      layer input, C-contiguous
-        Wp,       # [NT, G//V, I, V, LANES] W packed (`pack`; unused with skip input)
-        Rp,       # [NT, G//V, P, V, LANES] R packed (P = H without a projection)
+        Wp,       # [NT/U, GU//V, I, V, LANES] W packed by U unit tiles (`pack`; unused with skip input)
+        Rp,       # [NT/U, GU//V, P, V, LANES] R packed (P = H without a projection)
         bW,       # [NT, G, LANES] W-side bias by unit tiles, zeros past H (`bias_tiles`)
         bR,       # [NT, G, LANES] R-side bias
         vec,      # [VL, HP]       cell vectors, zeros past H
@@ -134,14 +138,14 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         KEY  # noqa: B018  (the variant's fingerprint, a closure value: it keys numba's cache, see cells.cached_step)
         B = lens.shape[0]
         I = x.shape[2]
-        NT = Rp.shape[0]
+        NTU = Rp.shape[0]                           # tiles of U unit tiles
         x_addr = i64(x.ctypes.data)
         h_addr = i64(hbuf.ctypes.data)
         w_addr = i64(Wp.ctypes.data)
         r_addr = i64(Rp.ctypes.data)
         bw_addr = i64(bW.ctypes.data)
         br_addr = i64(bR.ctypes.data)
-        GL = G * LANES * ITEM                       # bytes of a unit tile's biases
+        GL = GU * LANES * ITEM                      # bytes of a tile's biases (U unit tiles')
         q_addr = i64(Wq.ctypes.data)
         m_addr = i64(mbuf.ctypes.data)
         HB = hbuf.shape[2]
@@ -159,9 +163,9 @@ def forward_group(cell, compute: str, has_proj: bool = False):
         rb = numba.carray(rows_b(i64), NRW)  # [NRW] batch row of each lane group
         rt = numba.carray(rows_t(i64), NRW)  # [NRW] its time index
         wx_p = lanes_w(acc)
-        wx = numba.carray(wx_p, (G, L))     # [G, L] W_g x + bW_g
+        wx = numba.carray(wx_p, (GU, L))    # [GU, L] W_g x + bW_g of unit tile jp*U + w // G at w (g = w % G)
         rh_p = lanes_r(acc)
-        rh = numba.carray(rh_p, (G, L))     # [G, L] R_g h + bR_g
+        rh = numba.carray(rh_p, (GU, L))    # [GU, L] R_g h + bR_g
         v = numba.carray(lanes_V(acc), (VL, L))      # [V, L] cell vectors
         saved = numba.carray(lanes_S(acc), (S, L))   # [S, L] out: saved values
         h_prev = numba.carray(lanes_h(acc), L)       # [L] h
@@ -175,9 +179,7 @@ def forward_group(cell, compute: str, has_proj: bool = False):
             nxt = 1 - cur
             ng = active_prefix(rows_g, lens, s)     # the group's rows active at s: rows_g[:ng]
             nw = wide_tiles(ng, NRW, NR)            # the first nw tiles wide
-            for jt in range(NT):
-                j0 = jt * LANES
-                nu = min(LANES, H - j0)         # units of this tile that exist
+            for jp in range(NTU):
                 i0 = 0
                 k = 0
                 while i0 < ng:
@@ -190,43 +192,54 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                         rt[r] = t
                         xrows[r] = x_addr + ((t * B + b) * I) * ITEM
                         hrows[r] = h_addr + ((cur * B + b) * HB) * ITEM
-                    # the products with their biases: G x nr results, V*nr accumulators per pass over k
+                    # the products with their biases: GU x nr results, V*nr accumulators per pass over k
                     if skip:                                 # x reaches every gate as it is (I == H)
-                        for g in range(G):
+                        for w in range(GU):
+                            jt = jp * U + w // G
+                            j0 = jt * LANES
+                            nu = min(LANES, H - j0)
                             for r in range(nr):
                                 q = r * LANES
-                                wx[g, q:q + LANES] = zero
-                                load_lanes(wx[g, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu, LANES)
-                                accumulate(wx[g, q:q + LANES], bW[jt, g], LANES)
+                                wx[w, q:q + LANES] = zero
+                                if nu > 0:
+                                    load_lanes(wx[w, q:q + nu], x[rt[r], rb[r], j0:j0 + nu], nu, LANES)
+                                accumulate(wx[w, q:q + LANES], bW[jt, w % G], LANES)
                     elif nr == NRW:
-                        tile_w(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
+                        tile_w(w_addr + jp * (I * GU * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jp * GL)
                     else:
-                        tile_n(w_addr + jt * (I * G * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jt * GL)
+                        tile_n(w_addr + jp * (I * GU * LANES * ITEM), xrows_p, I, wx_p, bw_addr + jp * GL)
                     if nr == NRW:
-                        tile_w(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
+                        tile_w(r_addr + jp * (P * GU * LANES * ITEM), hrows_p, P, rh_p, br_addr + jp * GL)
                     else:
-                        tile_n(r_addr + jt * (P * G * LANES * ITEM), hrows_p, P, rh_p, br_addr + jt * GL)
-                    # the lanes' other inputs (a cell allowing a projection reads no h)
-                    gather_lanes(v, h_prev, c_prev, vec, hbuf[cur], cbuf, rb[:nr], j0, V, LANES, not PROJ, STATE)
-                    # the cell, one lane per (row, unit): reads and writes only the scratch
-                    for q in range(nr * LANES):
-                        m_out[q], c_out[q] = pointwise(wx[:, q], rh[:, q], v[:, q], h_prev[q], c_prev[q],
-                                                       saved[:, q])
-                    # scatter the active rows' results
-                    for r in range(min(nr, ng - i0)):
-                        b = rb[r]
-                        t = rt[r]
-                        q = r * LANES
-                        store_lanes(acts, cs, cbuf, saved, c_out, t, b, q, j0, nu, H, S, STATE, save, LANES)
-                        if PROJ:
-                            load_lanes(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
-                            if save:
-                                load_lanes(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
-                        else:
-                            if zone != ZONE_NONE:            # h' of zoneout, in place of h_new
-                                zone_lanes(zone, zp, zin, zmask, t, b, j0, nu, h_prev[q:q + nu], m_out[q:q + nu])
-                            load_lanes(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
-                            load_lanes(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
+                        tile_n(r_addr + jp * (P * GU * LANES * ITEM), hrows_p, P, rh_p, br_addr + jp * GL)
+                    for su in range(U):                  # the cell, unit tile by unit tile of the pass
+                        j0 = (jp * U + su) * LANES
+                        nu = min(LANES, H - j0)         # units of this tile that exist
+                        if nu <= 0:
+                            break
+                        # the lanes' other inputs (a cell allowing a projection reads no h)
+                        gather_lanes(v, h_prev, c_prev, vec, hbuf[cur], cbuf, rb[:nr], j0, V, LANES, not PROJ,
+                                     STATE)
+                        # the cell, one lane per (row, unit): reads and writes only the scratch
+                        g0 = su * G
+                        for q in range(nr * LANES):
+                            m_out[q], c_out[q] = pointwise(wx[g0:g0 + G, q], rh[g0:g0 + G, q], v[:, q], h_prev[q],
+                                                           c_prev[q], saved[:, q])
+                        # scatter the active rows' results
+                        for r in range(min(nr, ng - i0)):
+                            b = rb[r]
+                            t = rt[r]
+                            q = r * LANES
+                            store_lanes(acts, cs, cbuf, saved, c_out, t, b, q, j0, nu, H, S, STATE, save, LANES)
+                            if PROJ:
+                                load_lanes(mbuf[b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                                if save:
+                                    load_lanes(ms[t, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                            else:
+                                if zone != ZONE_NONE:            # h' of zoneout, in place of h_new
+                                    zone_lanes(zone, zp, zin, zmask, t, b, j0, nu, h_prev[q:q + nu], m_out[q:q + nu])
+                                load_lanes(hbuf[nxt, b, j0:j0 + nu], m_out[q:q + nu], nu, LANES)
+                                load_lanes(y[t, b, d * H + j0:d * H + j0 + nu], m_out[q:q + nu], nu, LANES)
                     i0 += nr
                     k += 1
             if PROJ:                                 # h' = W_proj m, once every unit's m is in mbuf
@@ -252,11 +265,11 @@ def forward_group(cell, compute: str, has_proj: bool = False):
                                     load_lanes(hbuf[nxt, b, c0:c0 + nc], qv, nc, LANES)
                                     load_lanes(y[t, b, d * P + c0:d * P + c0 + nc], qv, nc, LANES)
 
-    V_G = vectors_per_pass(G, NR)               # the panels' vectors per pass: both tiles read the same panels
-    extra = {"tile_w": product_tile(compute, G, NRW, LANES, V_G, bias=True),
-             "tile_n": product_tile(compute, G, NR, LANES, V_G, bias=True, out_rows=NRW),
-             "lanes_w": cells.stack_buffer(G * L),
-             "lanes_r": cells.stack_buffer(G * L), "tile_q": product_tile(compute, MQ, NR, LANES),
+    V_G = vectors_per_pass(GU, NR)              # the panels' vectors per pass: both tiles read the same panels
+    extra = {"tile_w": product_tile(compute, GU, NRW, LANES, V_G, bias=True),
+             "tile_n": product_tile(compute, GU, NR, LANES, V_G, bias=True, out_rows=NRW),
+             "lanes_w": cells.stack_buffer(GU * L),
+             "lanes_r": cells.stack_buffer(GU * L), "tile_q": product_tile(compute, MQ, NR, LANES),
              "lanes_q": cells.stack_buffer(MQ * NR * LANES)}
     for name in ("rows_x", "rows_h", "rows_b", "rows_t"):
         extra[name] = cells.stack_buffer(NRW)

@@ -61,12 +61,13 @@ def fused_sizes(cfg, I_l: int, ct, geometry: tuple) -> FusedSizes:
     tests the width)"""
     H, P, G = cfg.H, cfg.P, cfg.G
     LANES, MQ = microkernel.lanes_for(ct), fused.COLUMN_VECTORS
-    NT = cdiv(H, LANES)
-    NR = microkernel.rows_for(G)
+    U = microkernel.units_per_pass(G)
+    NT = cdiv(cdiv(H, LANES), U) * U            # unit tiles, whole tiles of U of them
+    NR = microkernel.rows_for(G * U)
     Wq = microkernel.panel_shape(cdiv(P, MQ * LANES), H, MQ, ct, NR) if cfg.has_proj else \
         microkernel.panel_shape(0, 0, MQ, ct, NR)
-    return FusedSizes(LANES, NT, NT * LANES, microkernel.panel_shape(NT, P, G, ct),
-                      microkernel.panel_shape(NT, I_l, G, ct), Wq, step_macs(cfg, I_l))
+    return FusedSizes(LANES, NT, NT * LANES, microkernel.panel_shape(NT // U, P, G * U, ct),
+                      microkernel.panel_shape(NT // U, I_l, G * U, ct), Wq, step_macs(cfg, I_l))
 
 
 def step_macs(cfg, I_l: int) -> int:
@@ -94,8 +95,9 @@ def fused_prepare(
     V,        # int  cell vectors
     h,        # [B, P]  the state h entering the layer
     c,        # [B, H]  the state c (no cell state: empty)
-    Wp,       # out: [NT, G//V, I_l, V, LANES] W by unit tiles (`microkernel.pack`; not written with skip input)
-    Rp,       # out: [NT, G//V, P, V, LANES]  R by unit tiles
+    Wp,       # out: [NT/U, G*U//V, I_l, V, LANES] W by tiles of U unit tiles (`microkernel.pack`; not written with
+              #      skip input; U = `microkernel.units_per_pass(G)`)
+    Rp,       # out: [NT/U, G*U//V, P, V, LANES]  R likewise
     Wq,       # out: W_proj^T by column tiles (`microkernel.pack_columns`; not written without a projection)
     bWt,      # out: [NT, G, LANES] bW by unit tiles, zeros past H (`microkernel.bias_tiles`)
     bRt,      # out: [NT, G, LANES] bR
@@ -109,12 +111,13 @@ def fused_prepare(
     did this one by one."""
     NT, G, LANES = bWt.shape
     P = h.shape[1]
+    U = Rp.shape[1] * Rp.shape[3] // G             # unit tiles per packed tile
     oW, oR, oQ, obW, obR, oV = spans[0], spans[1], spans[2], spans[3], spans[4], spans[5]
     GH = G * H
     if weights:
         if oW >= 0:
-            _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp)
-        _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp)
+            _pack(params[oW:oW + GH * I_l].reshape((GH, I_l)), Wp, U)
+        _pack(params[oR:oR + GH * P].reshape((GH, P)), Rp, U)
         if oQ >= 0:
             _pack_columns(params[oQ:oQ + P * H].reshape((P, H)).T, Wq)
         for jt in range(NT):
@@ -183,7 +186,7 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: b
     sides = layer_sides(call, threads, side)
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
         z = fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
-        NR = microkernel.rows_for(cfg.G)
+        NR = microkernel.rows_for(cfg.G * microkernel.units_per_pass(cfg.G))     # the forward tile's rows
         groups = 1 if sides[layer] else fused.row_groups(B, NR, int(n_active.sum()) * z.macs)
         loop = fused.forward_loop(cell, dtype_name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)

@@ -91,9 +91,19 @@ def tile_shape(G: int) -> tuple[int, int]:
 
 def geometry(G: int) -> tuple[int, int, int, int]:
     """(vector width in bytes, V, NR, NRW): what a fused loop's compiled code and its panels' shapes depend on
-    besides the call, for a product of G vectors.  The plans' caches key it (network.py): the tuner may change the
-    tile, and tests build the loops for another ISA's width in the same process."""
-    return (simd_bytes(),) + tile_shape(G) + (wide_rows(G),)
+    besides the call, for a product of G vectors (the forward's G gates of `units_per_pass(G)` unit tiles).  The
+    plans' caches key it (network.py): the tuner may change the tile, and tests build the loops for another ISA's
+    width in the same process."""
+    GU = G * units_per_pass(G)
+    return (simd_bytes(),) + tile_shape(GU) + (wide_rows(GU),)
+
+
+def units_per_pass(G: int) -> int:
+    """U, the unit tiles one pass of the fused forward's micro-kernel covers for a cell of G gates: 2 for a cell
+    of one gate (the tanh and relu RNNs: its two vectors a pass are two unit tiles, `pack`), else 1.  Why: a pass of
+    one vector broadcasts a row value per multiply-add (AVX2's 1 x 8 tile: 61 GFLOP/s on Zen 4 alone), two vectors
+    run the 2 x 6 tile (87-90, bench/results/cpu.md)."""
+    return 2 if G == 1 else 1
 
 
 def wide_rows(G: int) -> int:
@@ -280,17 +290,20 @@ def panel_shape(tiles: int, K: int, G: int, compute, NR: int | None = None) -> t
 @njit_cached
 def pack(
     W,        # [G*H, K]  a gate-stacked weight matrix (W or R)
-    out,      # [NT, G//V, K, V, LANES] out (`panel_shape`): unit tile jt holds units jt*LANES .. +LANES of
-              #           gate p*V + v at [jt, p, :, v], zeros past H
+    out,      # [NT, G*U//V, K, V, LANES] out (`panel_shape` of G*U vectors): tile jt holds, as its vector
+              #           w = p*V + v at [jt, p, :, v], units (jt*U + w // G)*LANES .. +LANES of gate w % G, zeros
+              #           past H (U = 1: gate p*V + v of unit tile jt)
+    U=1,      # int       unit tiles per tile (`units_per_pass`)
 ):
     NT, NP, K, V, LANES = out.shape
-    H = W.shape[0] // (NP * V)
+    G = NP * V // U
+    H = W.shape[0] // G
     for jt in range(NT):
         for p in range(NP):
             for v in range(V):
-                g = p * V + v
+                g = (p * V + v) % G
                 for u in range(LANES):
-                    j = jt * LANES + u
+                    j = (jt * U + (p * V + v) // G) * LANES + u
                     if j < H:
                         for k in range(K):
                             out[jt, p, k, v, u] = W[g * H + j, k]
