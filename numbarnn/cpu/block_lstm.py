@@ -15,6 +15,7 @@ import numpy as np
 
 from .cells import compute_dtype
 from .jitcache import njit_cached
+from .network import sum_of_outer
 
 
 @njit_cached(inline="always")
@@ -156,9 +157,9 @@ def backward(call, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
     if S * B:
         d2 = dgates.reshape(S * B, 4 * C)
         np.matmul(d2, w[:I].T, out=x_grad[:S].reshape(S * B, I))
-        np.matmul(x[:S].reshape(S * B, I).T, d2, out=w_grad[:I])
+        sum_of_outer(x[:S].reshape(S * B, I), d2, w_grad[:I])
         h_p_all = np.concatenate([h_prev[None], h[:S - 1]], axis=0)          # [S, B, C]
-        np.matmul(h_p_all.reshape(S * B, C).T, d2, out=w_grad[I:])
+        sum_of_outer(h_p_all.reshape(S * B, C), d2, w_grad[I:])
     b_grad = dgates.reshape(S * B, 4 * C).sum(axis=0)
     dt = call.dtype
     return tuple(a.astype(dt, copy=False) for a in (x_grad, dcs_next, dh_next, w_grad, peep[0], peep[1], peep[2],

@@ -53,6 +53,7 @@ class FusedSizes:
     W_panels: tuple         # shape of W packed by unit tiles (no W: skip input)
     Wq_panels: tuple        # shape of W_proj^T by column tiles (empty without a projection)
     macs: int               # multiply-adds per row and step
+    NR: int                 # rows of the forward's tile (of G * `microkernel.units_per_pass(G)` vectors)
 
 
 @functools.lru_cache(maxsize=256)
@@ -67,7 +68,7 @@ def fused_sizes(cfg, I_l: int, ct, geometry: tuple) -> FusedSizes:
     Wq = microkernel.panel_shape(cdiv(P, MQ * LANES), H, MQ, ct, NR) if cfg.has_proj else \
         microkernel.panel_shape(0, 0, MQ, ct, NR)
     return FusedSizes(LANES, NT, NT * LANES, microkernel.panel_shape(NT // U, P, G * U, ct),
-                      microkernel.panel_shape(NT // U, I_l, G * U, ct), Wq, step_macs(cfg, I_l))
+                      microkernel.panel_shape(NT // U, I_l, G * U, ct), Wq, step_macs(cfg, I_l), NR)
 
 
 def step_macs(cfg, I_l: int) -> int:
@@ -186,14 +187,13 @@ def forward_plan(call: RNNCall, ct, geometry: tuple, threads: int, cell, side: b
     sides = layer_sides(call, threads, side)
     for (p, layer, _), spans in zip(cfg.pseudo_layers(), _layer_spans(cfg, cell)):
         z = fused_sizes(cfg, cfg.layer_input_size(layer), ct, geometry)
-        NR = microkernel.rows_for(cfg.G * microkernel.units_per_pass(cfg.G))     # the forward tile's rows
-        groups = 1 if sides[layer] else fused.row_groups(B, NR, int(n_active.sum()) * z.macs)
+        groups = 1 if sides[layer] else fused.row_groups(B, z.NR, int(n_active.sum()) * z.macs)
         loop = fused.forward_loop(cell, dtype_name(ct), groups > 1, cfg.has_proj)
         offsets = np.array([-1 if sp is None else sp[0] for sp in spans], dtype=np.int64)
         small = ((z.NT, cfg.G, z.LANES), (z.NT, cfg.G, z.LANES), (max(cfg.V, 1), z.HP),
                  (2, B, max(z.HP, cfg.P)), (B, z.HP))
         small = (small, sum(math.prod(shape) for shape in small))
-        layers.append(FusedLayer(z, loop, fused.group_rows(order, groups, NR), offsets, spans[0] is None, small,
+        layers.append(FusedLayer(z, loop, fused.group_rows(order, groups, z.NR), offsets, spans[0] is None, small,
                                  np.zeros(z.Wq_panels, ct), np.zeros((0, z.HP), ct)))
     kept = tuple(((0,) * 5 if lay.skip else lay.z.W_panels, lay.z.R_panels, lay.z.Wq_panels) + lay.small[0][:3]
                  for lay in layers)
